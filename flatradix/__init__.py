@@ -1,0 +1,25 @@
+"""flatradix: SGLang's UnifiedRadixCache prefix cache on a Numba flat-array engine.
+
+Import everything from here::
+
+    from flatradix import UnifiedRadixCache, RadixKey, InsertParams, MatchPrefixParams
+"""
+
+__version__ = "0.1.0"
+
+from .cache import UnifiedRadixCache
+from .errors import CacheInvariantError, LockRefError, NodeAccessError
+from .pools import ReqToTokenPool, TokenToKVPoolAllocator
+from .requests import Req
+from .types import (
+    ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult,
+    EvictStep, IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams,
+    MatchResult, RadixKey,
+)
+
+__all__ = [
+    "UnifiedRadixCache", "RadixKey", "MatchPrefixParams", "MatchResult", "InsertParams",
+    "InsertResult", "EvictParams", "EvictResult", "EvictStep", "IncLockRefResult",
+    "DecLockRefParams", "DecLockRefResult", "ComponentType", "NodeAccessError",
+    "LockRefError", "CacheInvariantError", "TokenToKVPoolAllocator", "ReqToTokenPool", "Req",
+]

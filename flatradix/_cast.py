@@ -1,0 +1,109 @@
+"""Validate and cast inputs once, at the façade boundary.
+
+Kernels see only C-contiguous, writable int64 arrays (one Numba specialisation
+each); anything else is rejected here with a ``TypeError`` / ``ValueError``
+naming the argument, before any state changes.
+"""
+
+from array import array
+import operator
+
+import numpy as np
+
+_INT_KINDS = "iu"
+_MAX_BIGRAM_TOKEN = 1 << 31
+
+
+def is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+def _to_numpy(x, name):
+    """A 1-D integer numpy view or copy of ``x`` (list, array('q'), numpy, torch)."""
+    if isinstance(x, np.ndarray):
+        a = x
+    elif is_torch(x):
+        t = x.detach()
+        if t.is_cuda:
+            t = t.cpu()  # one device->host copy (see docs/architecture.md: CUDA)
+        if t.dtype.is_floating_point or t.dtype.is_complex or str(t.dtype) == "torch.bool":
+            raise TypeError(f"{name} must hold integers, got torch dtype {t.dtype}")
+        a = t.contiguous().numpy()
+    elif isinstance(x, array):
+        if x.typecode not in "bBhHiIlLqQ":
+            raise TypeError(f"{name} must hold integers, got array('{x.typecode}')")
+        a = np.frombuffer(x, dtype=np.dtype(x.typecode)) if len(x) else np.empty(0, np.int64)
+    elif isinstance(x, (list, tuple, range)):
+        if len(x) and not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
+            raise TypeError(f"{name} must hold integers")
+        try:
+            a = np.asarray(x, dtype=np.int64) if len(x) else np.empty(0, np.int64)
+        except OverflowError as e:
+            raise ValueError(f"{name}: integer out of int64 range") from e
+    else:
+        raise TypeError(f"{name} must be a 1-D integer sequence (list, array('q'), numpy "
+                        f"array or torch tensor), got {type(x).__name__}")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.dtype.kind not in _INT_KINDS:
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name}: integer out of int64 range")
+    return a
+
+
+def as_int64(x, name):
+    """``x`` as a C-contiguous, writable int64 1-D array (copies only when needed)."""
+    a = _to_numpy(x, name)
+    if a.dtype != np.int64 or not a.flags.c_contiguous or not a.flags.writeable:
+        a = np.array(a, dtype=np.int64, order="C")
+    return a
+
+
+def key_units(key, bigram_tree, name="key"):
+    """Logical units of ``key`` as int64.
+
+    Plain keys: the token ids. Bigram keys (or any key of an EAGLE cache): unit
+    ``i`` packs the pair ``(t[i], t[i+1])`` as ``t[i] << 32 | t[i+1]``; tokens must
+    lie in ``[0, 2**31)`` for that.
+    """
+    toks = _to_numpy(key.token_ids, f"{name}.token_ids")
+    if not (key.is_bigram or bigram_tree):
+        if toks.dtype != np.int64 or not toks.flags.c_contiguous or not toks.flags.writeable:
+            toks = np.array(toks, dtype=np.int64, order="C")
+        return toks, toks
+    t = toks.astype(np.int64)
+    if t.size and (t.min() < 0 or t.max() >= _MAX_BIGRAM_TOKEN):
+        raise ValueError(f"{name}.token_ids: bigram tokens must lie in [0, 2**31)")
+    if t.size < 2:
+        return np.empty(0, np.int64), t
+    return (t[:-1] << 32) | t[1:], t
+
+
+def as_count(x, name):
+    """A non-negative Python int (bool and floats are refused)."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    x = int(x)
+    if x < 0:
+        raise ValueError(f"{name} must be >= 0, got {x}")
+    return x
+
+
+def as_int(x, name):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    x = int(x)
+    if not -(1 << 62) <= x < (1 << 62):
+        raise ValueError(f"{name} out of range: {x}")
+    return x
+
+
+def as_node_id(x, name="node"):
+    """A node id: an int (NodeId) or an object with an int ``node_id``/``id``."""
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be a NodeId (int), got bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be a NodeId (int), got {type(x).__name__}") from None

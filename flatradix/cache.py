@@ -1,0 +1,633 @@
+"""The façade: SGLang's ``UnifiedRadixCache`` API over the flat-array kernels.
+
+Validates and casts inputs once (``_cast``), calls one kernel per public
+operation, turns status codes into exceptions, and hands freed KV indices to
+the attached allocator. Holds no tree logic. Thread-safe: every public method
+runs under one re-entrant lock (the kernels hold the GIL; see
+``docs/architecture.md``).
+"""
+
+import threading
+
+import numpy as np
+
+from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
+from ._cast import as_count, as_int, as_int64, as_node_id, is_torch, key_units
+from .errors import CacheInvariantError, LockRefError, NodeAccessError
+from .kernels import layout as L
+from .kernels.check import sanity_check as _k_check
+from .kernels.children import rebuild_children as _k_rebuild_children
+from .kernels.evict import evict as _k_evict
+from .kernels.evict import evict_end as _k_evict_end
+from .kernels.evict import evict_next as _k_evict_next
+from .kernels.evict import evict_start as _k_evict_start
+from .kernels.insert import insert as _k_insert
+from .kernels.lock import dec_lock_ref as _k_dec
+from .kernels.lock import inc_lock_ref as _k_inc
+from .kernels.match import match_prefix as _k_match
+from .kernels.query import path_device_indices as _k_path
+from .kernels.query import resolve_slot as _k_resolve
+from .kernels.state import compact_pool as _k_compact
+from .kernels.state import reset_tree as _k_reset
+from .requests import RequestCachingMixin
+from .types import (
+    ComponentType, DecLockRefResult, EvictParams, EvictResult, EvictStep,
+    IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams, MatchResult,
+    RadixKey,
+)
+
+_EMPTY = np.empty(0, dtype=np.int64)
+_POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
+                    "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
+
+
+class UnifiedRadixCache(RequestCachingMixin):
+    """Prefix cache of KV indices keyed by token ids (SGLang 0.5.23 ``UnifiedRadixCache``).
+
+    Parameters
+    ----------
+    page_size : int, >= 1
+        Keys are aligned down to whole pages; nodes hold whole pages.
+    components : tuple of ComponentType
+        ``(FULL,)`` (SWA and Mamba are not implemented yet: ``ValueError``).
+    eviction_policy : str
+        One of ``lru, lfu, fifo, mru, filo, priority, slru, tlru`` (case-insensitive).
+    eviction_policy_config : dict, optional
+        ``slru``: ``protected_threshold`` (2); ``tlru``: ``threshold`` (0),
+        ``next_prompt_estimate`` (0). Unknown keys raise ``TypeError``.
+    token_to_kv_pool_allocator : optional
+        Object with ``free(indices)`` (SGLang's or ``flatradix.TokenToKVPoolAllocator``).
+        When given, duplicate and evicted KV indices are freed through it; when
+        ``None`` they are returned in the results for the caller to free.
+    req_to_token_pool : optional
+        Needed by ``cache_finished_req`` / ``cache_unfinished_req``.
+    device : str
+        ``"cpu"`` (values live in host memory; CUDA tensors are accepted and
+        returned on their device, with one copy each way).
+    is_eagle : bool
+        EAGLE bigram tree: every key is viewed as bigrams.
+    disable : bool
+        Hold nothing: match returns empty, insert returns prefix_len 0.
+    node_capacity, pool_capacity : int
+        Initial sizes (grown by doubling on demand).
+    """
+
+    def __init__(self, page_size=1, components=(ComponentType.FULL,), eviction_policy="lru",
+                 token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
+                 is_eagle=False, eviction_policy_config=None, disable=False,
+                 node_capacity=1024, pool_capacity=1 << 16):
+        self.page_size = as_count(page_size, "page_size")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        comps = tuple(ComponentType(c) for c in components)
+        if comps != (ComponentType.FULL,):
+            raise ValueError(f"components: only (ComponentType.FULL,) is implemented, got {comps}")
+        self.components = comps
+        if not isinstance(eviction_policy, str) or eviction_policy.lower() not in L.POLICY_NAMES:
+            raise ValueError(f"eviction_policy must be one of {', '.join(L.POLICY_NAMES)}; "
+                             f"got {eviction_policy!r}")
+        self.eviction_policy = eviction_policy.lower()
+        self._policy_cfg = self._policy_config(self.eviction_policy, eviction_policy_config or {})
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.device = device
+        self.is_eagle = bool(is_eagle)
+        self.disable = bool(disable)
+        self._lock = threading.RLock()
+        self._ns = {(None, None): 0}
+        self._kind = getattr(token_to_kv_pool_allocator, "index_kind", None)
+        if self._kind is None and token_to_kv_pool_allocator is not None:
+            self._kind = "torch"  # SGLang's allocators hold torch tensors
+        self._torch_device = None
+        self._alloc_arrays(max(4, as_count(node_capacity, "node_capacity")),
+                           max(64, as_count(pool_capacity, "pool_capacity")))
+        self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
+        self._evict_walk_freed = 0
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _policy_config(name, cfg):
+        allowed = _POLICY_DEFAULTS.get(name, {})
+        bad = set(cfg) - set(allowed)
+        if bad:
+            raise TypeError(f"eviction_policy_config: unknown keys {sorted(bad)} for policy "
+                            f"{name!r} (allowed: {sorted(allowed)})")
+        out = dict(allowed)
+        out.update(cfg)
+        for k, v in out.items():
+            as_int(v, f"eviction_policy_config[{k!r}]")
+        if name == "tlru" and not out["threshold"] >= 0:
+            raise ValueError("eviction_policy_config['threshold'] must be >= 0")
+        return out
+
+    def _alloc_arrays(self, ncap, pcap):
+        self._nodes = np.zeros((ncap, L.NCOL), dtype=np.int64)
+        self._heap = np.full(ncap, -1, dtype=np.int64)
+        self._ctab = np.zeros((self._ct_capacity_for(ncap), L.CT_NCOL), dtype=np.int64)
+        self._pool = np.zeros((pcap, L.POOL_NCOL), dtype=np.int64)
+        self._out = np.zeros(pcap, dtype=np.int64)
+        meta = np.zeros(L.META_LEN, dtype=np.int64)
+        meta[L.M_CLOCK] = L.TICK
+        meta[L.M_PAGE] = self.page_size
+        meta[L.M_POLICY] = L.POLICY_NAMES.index(self.eviction_policy)
+        if self.eviction_policy == "slru":
+            meta[L.M_POLICY_A] = self._policy_cfg["protected_threshold"]
+        elif self.eviction_policy == "tlru":
+            meta[L.M_POLICY_A] = self._policy_cfg["threshold"]
+            meta[L.M_POLICY_B] = self._policy_cfg["next_prompt_estimate"]
+        self._meta = meta
+
+    @staticmethod
+    def _ct_capacity_for(nslots):
+        cap = 16
+        while cap * L.CT_MAX_LOAD < nslots + 2:
+            cap *= 2
+        return cap
+
+    def _grow(self, units_needed):
+        """Make room for one operation: 2 node slots, ``units_needed`` pool rows,
+        2 child-table entries. Doubles arrays (amortised O(1)); called only after a
+        kernel answered E_CAPACITY, so the hot path pays nothing."""
+        meta = self._meta
+        ncap = self._nodes.shape[0]
+        if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < 2:
+            new = np.zeros((ncap * 2, L.NCOL), dtype=np.int64)
+            new[:ncap] = self._nodes
+            self._nodes = new
+            heap = np.full(ncap * 2, -1, dtype=np.int64)
+            heap[:ncap] = self._heap
+            self._heap = heap
+        ccap = self._ctab.shape[0]
+        need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) + 2)
+        if need_ct > ccap or meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2 > L.CT_MAX_LOAD * ccap:
+            self._ctab = np.zeros((max(need_ct, ccap), L.CT_NCOL), dtype=np.int64)
+            self._ctab[:, L.CT_CHILD] = L.CT_EMPTY
+            _k_rebuild_children(self._nodes, self._ctab, self._pool, meta)
+        pcap = self._pool.shape[0]
+        top = int(meta[L.M_POOL_TOP])
+        if top + units_needed > pcap:
+            live = top - int(meta[L.M_POOL_DEAD])
+            new_cap = pcap
+            while live + units_needed > new_cap // 2 and live + units_needed > new_cap - new_cap // 4:
+                new_cap *= 2
+            new_pool = np.zeros((new_cap, L.POOL_NCOL), dtype=np.int64)
+            _k_compact(self._nodes, self._pool, new_pool, meta)
+            self._pool = new_pool
+            if self._out.shape[0] < new_cap:
+                self._out = np.zeros(new_cap, dtype=np.int64)
+
+    def _ensure_out(self, n):
+        if self._out.shape[0] < n:
+            self._out = np.zeros(max(n, 2 * self._out.shape[0]), dtype=np.int64)
+
+    # ------------------------------------------------------------------ casting
+    def _intern_ns(self, nk):
+        """Namespace id of ``(extra_key, cache_salt)``, creating it (after validation)."""
+        ns = self._ns.get(nk)
+        if ns is None:
+            ns = len(self._ns)
+            self._ns[nk] = ns
+        return ns
+
+    def _key(self, key, name="key"):
+        """``(units, aligned_len, ns_key, raw_tokens)`` of a RadixKey; changes nothing.
+
+        ``ns_key`` is the ``(extra_key, cache_salt)`` tuple: namespaces are compared
+        as tuples, never concatenated (known_bugs B5).
+        """
+        if not isinstance(key, RadixKey):
+            raise TypeError(f"{name} must be a flatradix.RadixKey, got {type(key).__name__}")
+        if key.is_bigram and not self.is_eagle:
+            raise ValueError(f"{name}: a bigram key given to a cache built with is_eagle=False "
+                             "(bigram and plain keys cannot be mixed)")
+        for attr in ("extra_key", "cache_salt"):
+            v = getattr(key, attr)
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"{name}.{attr} must be a str or None, got {type(v).__name__}")
+        units, raw = key_units(key, self.is_eagle, name)
+        n = units.shape[0]
+        n -= n % self.page_size
+        return units, n, (key.extra_key, key.cache_salt), raw
+
+    def _values_out(self, a):
+        """Return int64 indices in the cache's index kind (copy of scratch data)."""
+        if self._kind == "torch":
+            import torch
+
+            t = torch.from_numpy(a)
+            if self._torch_device is not None:
+                t = t.to(self._torch_device)
+            return t
+        return a
+
+    def _kv_limit(self):
+        """Exclusive upper bound of valid KV indices, from the allocator (None: no bound).
+        SGLang's KV pools have ``size + page_size`` rows (slot 0 is padding)."""
+        alloc = self.token_to_kv_pool_allocator
+        size = getattr(alloc, "size", None)
+        if size is None:
+            return None
+        return int(size) + int(getattr(alloc, "page_size", 1) or 1)
+
+    def _note_kind(self, value):
+        if self._kind is None:
+            self._kind = "torch" if is_torch(value) else "numpy"
+        if is_torch(value) and value.is_cuda:
+            self._torch_device = value.device
+
+    def _free_to_allocator(self, idx):
+        alloc = self.token_to_kv_pool_allocator
+        if alloc is None or idx.size == 0:
+            return
+        if getattr(alloc, "index_kind", "torch") == "numpy":
+            alloc.free(idx)
+        else:
+            import torch
+
+            t = torch.from_numpy(idx)
+            dev = getattr(alloc, "device", "cpu")
+            alloc.free(t.to(dev) if str(dev) != "cpu" else t)
+
+    def _stale(self, nid, name="node"):
+        return NodeAccessError(f"{name}: node id {nid} does not name a live node "
+                               "(evicted, split away, from before reset(), or never issued)")
+
+    # ------------------------------------------------------------------ match
+    def _empty_match(self):
+        r = self._root
+        return MatchResult(self._values_out(_EMPTY.copy()), r, r, r, 0, 0, 0, None)
+
+    def match_prefix(self, params):
+        """Longest cached prefix of ``params.key`` (a ``MatchPrefixParams`` or a ``RadixKey``).
+
+        Returns a ``MatchResult``; ``device_indices`` is int64 1-D of length
+        ``device_prefix_len`` (page-aligned). May split a node so the match ends on
+        a node boundary; refreshes recency of the matched path. O(len(key)).
+        Raises ``TypeError``/``ValueError`` for a malformed key (tree unchanged).
+        """
+        key = params.key if isinstance(params, MatchPrefixParams) else params
+        units, n, nk, _ = self._key(key, "params.key")
+        ns = self._ns.get(nk)
+        if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
+            return self._empty_match()
+        with self._lock:
+            while True:
+                st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
+                                                   self._meta, units, n, ns, self._out)
+                if st == L.OK:
+                    break
+                self._grow(0)
+            idx = self._out[:plen].copy()
+        vis = None if visited < 0 else visited
+        return MatchResult(self._values_out(idx), best, best, best, 0, plen, plen, vis)
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, params):
+        """Insert ``params.key`` -> ``params.value`` (an ``InsertParams``).
+
+        The key and value are page-aligned down (the unaligned tail stays the
+        caller's). Returns ``InsertResult(prefix_len, ..., last_device_node)``.
+        The slots ``value[prev_prefix_len:prefix_len]`` duplicate cached ones:
+        they are freed through the allocator when one is attached, else returned
+        in ``duplicate_indices``. O(len(key)).
+
+        Raises ``TypeError``/``ValueError`` naming the argument for a malformed
+        key or value (wrong type, dtype, shape or length, negative or
+        out-of-range KV index) before anything changes.
+        """
+        if not isinstance(params, InsertParams):
+            raise TypeError(f"params must be a flatradix.InsertParams, got {type(params).__name__}")
+        units, n, nk, raw = self._key(params.key, "params.key")
+        prev = as_count(params.prev_prefix_len, "params.prev_prefix_len")
+        inserted_len = as_count(params.inserted_len, "params.inserted_len")
+        priority = as_int(params.priority if params.priority is not None else 0, "params.priority")
+        if params.mamba_value is not None:
+            raise ValueError("params.mamba_value given, but this cache has no Mamba component")
+        nlog = units.shape[0]
+        if params.value is None:
+            value = raw[:nlog].astype(np.int64) if raw.dtype != np.int64 else raw[:nlog]
+            value = np.ascontiguousarray(value)
+        else:
+            value = as_int64(params.value, "params.value")
+            bigram = params.key.is_bigram or self.is_eagle
+            ok = value.shape[0] == nlog or (bigram and value.shape[0] == raw.shape[0])
+            if not ok:
+                raise ValueError(f"params.value has {value.shape[0]} entries but params.key has "
+                                 f"{nlog} logical units")
+            if value.shape[0] and value.min() < 0:
+                raise ValueError("params.value: KV indices must be >= 0")
+            limit = self._kv_limit()
+            if limit is not None and value.shape[0] and value.max() >= limit:
+                raise ValueError(f"params.value: KV index {int(value.max())} is outside the "
+                                 f"allocator's pool (indices must be < {limit})")
+            self._note_kind(params.value)
+        if self.disable:
+            return InsertResult(prefix_len=0)
+        with self._lock:
+            ns = self._intern_ns(nk)
+            while True:
+                st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
+                                             self._meta, units, value, n, ns, inserted_len, priority)
+                if st == L.OK:
+                    break
+                self._grow(n)
+            dup = value[prev:plen].copy() if prev < plen else _EMPTY
+            if self.token_to_kv_pool_allocator is not None:
+                self._free_to_allocator(dup)
+                dup_out = None
+            else:
+                dup_out = self._values_out(dup)
+        adopted = None
+        if params.track_adopted_ranges:
+            adopted = {ComponentType.FULL: [(plen, n)] if n > plen else []}
+        return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
+                            duplicate_indices=dup_out, mamba_exist=(n == 0))
+
+    # ------------------------------------------------------------------ evict
+    def evict(self, params):
+        """Evict least-priority unlocked leaves until ``num_tokens`` units are freed.
+
+        ``params``: ``EvictParams`` or an int. Freed KV indices go to the allocator
+        (or ``EvictResult.evicted_indices`` without one). Node-granular: may free
+        more than asked. Cost O(evicted nodes * log leaves), independent of the
+        tree's size. Raises ``ValueError`` for a negative count.
+        """
+        num = params.num_tokens if isinstance(params, EvictParams) else params
+        num = as_count(num, "params.num_tokens")
+        if self.disable or num == 0:
+            return EvictResult(0, 0, 0, None if self.token_to_kv_pool_allocator else self._values_out(_EMPTY.copy()))
+        with self._lock:
+            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
+            done, nout = _k_evict(self._nodes, self._ctab, self._pool, self._heap, self._meta,
+                                  num, self._out)
+            freed = self._out[:nout].copy()
+            if self.token_to_kv_pool_allocator is not None:
+                self._free_to_allocator(freed)
+                return EvictResult(int(done), 0, 0, None)
+        return EvictResult(int(done), 0, 0, self._values_out(freed))
+
+    def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
+        """Open a step-wise eviction round of ``num_tokens`` units for ``component``.
+
+        Raises ``RuntimeError("device eviction already in progress")`` when one is open.
+        """
+        self._check_component(component)
+        num = as_count(num_tokens, "num_tokens")
+        with self._lock:
+            if _k_evict_start(self._meta, num) != L.OK:
+                raise RuntimeError("device eviction already in progress")
+
+    def evict_device_next_node(self, component=ComponentType.FULL):
+        """Evict the next leaf of the open round; returns an ``EvictStep``.
+
+        The step's ``freed_indices`` are *not* freed by the cache: the controller
+        frees them (SGLang's "tree decides, cache executes"). ``node_id is None``
+        ends the round (request met, or nothing evictable).
+        """
+        self._check_component(component)
+        with self._lock:
+            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
+            st, nid, nout = _k_evict_next(self._nodes, self._ctab, self._pool, self._heap,
+                                          self._meta, self._out)
+            if st == L.E_NO_WALK:
+                raise RuntimeError("no device eviction in progress: call evict_device_start first")
+            freed = self._out[:nout].copy()
+        if nid < 0:
+            return EvictStep(None, self._values_out(_EMPTY.copy()), 0, False)
+        return EvictStep(int(nid), self._values_out(freed), int(nout), True)
+
+    def evict_device_end(self, component=ComponentType.FULL):
+        """Close the open round (idempotent); returns the units it evicted."""
+        self._check_component(component)
+        with self._lock:
+            return int(_k_evict_end(self._meta))
+
+    def evict_for_alloc(self, num_tokens):
+        """Evict until the allocator has ``num_tokens`` free slots (or nothing is left).
+
+        Needs an allocator with ``available_size()``. Returns the units evicted.
+        """
+        num = as_count(num_tokens, "num_tokens")
+        alloc = self.token_to_kv_pool_allocator
+        if alloc is None:
+            raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
+        short = num - alloc.available_size()
+        if short <= 0:
+            return 0
+        return self.evict(EvictParams(num_tokens=short)).num_tokens_evicted
+
+    def _check_component(self, component):
+        if ComponentType(component) not in self.components:
+            raise ValueError(f"component {component!r} is not configured")
+
+    # ------------------------------------------------------------------ locks
+    def inc_lock_ref(self, node, skip_lock_components=()):
+        """Lock the path root -> ``node`` against eviction; returns the receipt.
+
+        ``IncLockRefResult.delta``: units moved evictable -> protected. Locking the
+        root is a no-op. Raises ``NodeAccessError`` for a stale id. O(depth).
+        """
+        nid = as_node_id(node, "node")
+        if self.disable:
+            return IncLockRefResult(0, nid)
+        with self._lock:
+            st, delta = _k_inc(self._nodes, self._heap, self._meta, nid)
+        if st == L.E_STALE:
+            raise self._stale(nid)
+        return IncLockRefResult(int(delta), nid, tuple(skip_lock_components))
+
+    def dec_lock_ref(self, node, receipt=None, skip_swa=False):
+        """Release a lock taken by ``inc_lock_ref(node)``; returns ``DecLockRefResult``.
+
+        ``receipt`` (the ``IncLockRefResult`` or its ``to_dec_params()``) is optional
+        for Full-only caches; when given it must be anchored on ``node``. Raises
+        ``LockRefError`` (a ValueError) when the release would take a lock_ref below
+        zero (unlock without lock, double unlock) and ``NodeAccessError`` for a stale
+        id; the tree is unchanged then. O(depth).
+        """
+        nid = as_node_id(node, "node")
+        if receipt is not None:
+            anchor = getattr(receipt, "node_id", None)
+            if anchor is not None and anchor != nid:
+                raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
+        if self.disable:
+            return DecLockRefResult()
+        with self._lock:
+            st, delta = _k_dec(self._nodes, self._heap, self._meta, nid)
+            if st == L.E_LOCK_UNDERFLOW:
+                slot = int(delta)
+                bad = (int(self._nodes[slot, L.GEN]) << 32) | slot
+                raise LockRefError(f"FULL segment release hit lock_ref=0 on node {bad} "
+                                   f"(releasing node {nid}: unlock without lock, or twice)")
+        if st == L.E_STALE:
+            raise self._stale(nid)
+        return DecLockRefResult()
+
+    # ------------------------------------------------------------------ sizes
+    def evictable_size(self):
+        """Full units held by unlocked nodes."""
+        return int(self._meta[L.M_EVICTABLE + L.FULL])
+
+    def protected_size(self):
+        """Full units held by locked nodes."""
+        return int(self._meta[L.M_PROTECTED + L.FULL])
+
+    full_evictable_size = evictable_size
+    full_protected_size = protected_size
+
+    def component_evictable_size(self, component):
+        return int(self._meta[L.M_EVICTABLE + int(ComponentType(component))])
+
+    def component_protected_size(self, component):
+        return int(self._meta[L.M_PROTECTED + int(ComponentType(component))])
+
+    def swa_evictable_size(self):
+        return 0
+
+    swa_protected_size = mamba_evictable_size = mamba_protected_size = swa_evictable_size
+
+    def total_size(self):
+        """``(full_units, aux_units)`` held on device (aux is 0 for Full-only)."""
+        return int(self._meta[L.M_TOTAL + L.FULL]), 0
+
+    def node_count(self):
+        """Live nodes, root excluded."""
+        return int(self._meta[L.M_NLIVE]) - 1
+
+    def available_and_evictable_str(self):
+        alloc = self.token_to_kv_pool_allocator
+        avail = alloc.available_size() if alloc is not None else 0
+        ev = self.evictable_size()
+        return (f"Available full tokens: {avail + ev} (available: {avail} + evictable: {ev})\n")
+
+    def supports_swa(self):
+        return False
+
+    def supports_mamba(self):
+        return False
+
+    def supports_prefix_sharing(self):
+        return not self.disable
+
+    @property
+    def sliding_window_size(self):
+        return None
+
+    # ------------------------------------------------------------------ nodes
+    def root_node_handle(self, extra_key=None):
+        """NodeId of the root (one root for all namespaces; a new id after ``reset()``)."""
+        return self._root
+
+    def is_root(self, node):
+        return as_node_id(node) == self._root
+
+    def _slot(self, node, name="node"):
+        nid = as_node_id(node, name)
+        s = int(_k_resolve(self._nodes, self._meta, nid))
+        if s < 0:
+            raise self._stale(nid, name)
+        return s
+
+    def path_device_indices(self, node):
+        """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
+        nid = as_node_id(node, "node")
+        with self._lock:
+            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
+            st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
+            if st == L.E_STALE:
+                raise self._stale(nid)
+            return self._values_out(self._out[:n].copy())
+
+    def node_info(self, node):
+        """Debug view of one node: dict of its fields (key units, value, lock_ref, ...)."""
+        with self._lock:
+            s = self._slot(node)
+            row = self._nodes[s]
+            off, n = int(row[L.KEY_OFF]), int(row[L.KEY_LEN])
+            parent = int(row[L.PARENT])
+            return {
+                "node_id": as_node_id(node),
+                "parent": None if parent < 0 else (int(self._nodes[parent, L.GEN]) << 32) | parent,
+                "key": self._pool[off:off + n, L.TOK].copy(),
+                "value": self._pool[off:off + n, L.FULL_DEV].copy(),
+                "lock_ref": int(row[L.FULL_LOCK]),
+                "num_children": int(row[L.NCHILD]),
+                "last_access": int(row[L.LAST_ACCESS]),
+                "creation": int(row[L.CREATION]),
+                "hit_count": int(row[L.HIT_COUNT]),
+                "priority": int(row[L.PRIORITY]),
+                "evictable_leaf": bool(row[L.HEAP_POS] >= 0),
+            }
+
+    def _live_slots(self):
+        hwm = int(self._meta[L.M_HWM])
+        alive = (self._nodes[:hwm, L.FLAGS] & L.F_ALIVE) != 0
+        return np.nonzero(alive)[0]
+
+    def all_values_flatten(self):
+        """Every non-root node's Full device value, concatenated in DFS order."""
+        with self._lock:
+            parts = [self._pool[int(self._nodes[s, L.KEY_OFF]):
+                                int(self._nodes[s, L.KEY_OFF] + self._nodes[s, L.KEY_LEN]), L.FULL_DEV]
+                     for s, _ in self._dfs() if s != L.ROOT]
+            flat = np.concatenate(parts) if parts else _EMPTY.copy()
+        return self._values_out(flat)
+
+    def _dfs(self):
+        stack = [(L.ROOT, 0)]
+        nodes = self._nodes
+        while stack:
+            s, depth = stack.pop()
+            yield s, depth
+            kids = []
+            c = int(nodes[s, L.FIRST_CHILD])
+            while c != L.NIL:
+                kids.append(c)
+                c = int(nodes[c, L.NEXT_SIB])
+            for c in reversed(kids):
+                stack.append((c, depth + 1))
+
+    def pretty_print(self, file=None):
+        """Print one line per node in DFS order (format informative only)."""
+        lines = []
+        with self._lock:
+            for s, depth in self._dfs():
+                row = self._nodes[s]
+                nid = (int(row[L.GEN]) << 32) | s
+                off, n = int(row[L.KEY_OFF]), int(row[L.KEY_LEN])
+                head = self._pool[off:off + min(n, 8), L.TOK].tolist()
+                lines.append(f"{'  ' * depth}[{nid}] len={n} key={head}{'...' if n > 8 else ''} "
+                             f"full_lock={int(row[L.FULL_LOCK])} full=yes")
+            lines.append(f"#tokens: {self.total_size()[0]}, evictable: {self.evictable_size()}, "
+                         f"protected: {self.protected_size()}")
+        print("\n".join(lines), file=file)
+
+    def sanity_check(self):
+        """Recompute every invariant (tree links, child table, lock counts, the
+        evictable-leaf heap, size ledgers incl. evictable + protected == total,
+        free lists, pool accounting) in one kernel. Raises ``CacheInvariantError``
+        (an ``AssertionError``) naming the failed check and node. O(tree)."""
+        with self._lock:
+            code, slot = _k_check(self._nodes, self._ctab, self._pool, self._heap, self._meta)
+        if code != 0:
+            from .kernels import check
+
+            nid = None if slot < 0 else (int(self._nodes[slot, L.GEN]) << 32) | int(slot)
+            raise CacheInvariantError(f"Sanity check FAILED: code {int(code)} on node {nid} "
+                                      f"(see flatradix.kernels.check: {check.__doc__.split(chr(10))[0]})")
+
+    def reset(self):
+        """Drop the whole tree; every old node id goes stale and the root gets a new id.
+        Closes any open step-wise eviction round. O(nodes)."""
+        with self._lock:
+            self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
+
+    # ------------------------------------------------------------------ tests
+    def _snapshot(self):
+        """Copy of the whole state, for "unchanged after an error" tests."""
+        with self._lock:
+            return {
+                "nodes": self._nodes.copy(), "ctab": self._ctab.copy(), "pool": self._pool.copy(),
+                "heap": self._heap.copy(), "meta": self._meta.copy(), "ns": dict(self._ns),
+                "root": self._root,
+            }

@@ -1,0 +1,73 @@
+"""Full device eviction: whole rounds (``evict``) and step-wise rounds.
+
+Victims come from the incrementally kept heap of evictable device leaves
+(``kernels/order.py``); when a leaf is deleted its parent re-enters the heap
+if it became a leaf, so chains collapse bottom-up. Freed KV indices are written
+to ``out``; the façade hands them to the allocator.
+"""
+
+from ._jit import kernel
+from .layout import (
+    E_NO_WALK, E_WALK_OPEN, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, OK,
+)
+from .order import heap_pop
+from .state import node_id
+from .tree import delete_leaf
+
+
+@kernel
+def evict(nodes, ctab, pool, heap, meta, num_tokens, out):
+    """Delete least-priority leaves until ``num_tokens`` units are freed or none is left.
+
+    Returns ``(evicted_units, n_out)``; ``out[:n_out]`` holds the freed KV
+    indices in eviction order. Node-granular: may exceed the request.
+    O(evicted nodes * log(leaves)).
+    """
+    done = 0
+    nout = 0
+    while done < num_tokens and meta[M_HEAP_N] > 0:
+        s = heap_pop(nodes, heap, meta)
+        before = nout
+        nout = delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout)
+        done += nout - before
+    return done, nout
+
+
+@kernel
+def evict_start(meta, num_tokens):
+    """Open a step-wise Full eviction round for ``num_tokens`` units."""
+    if meta[M_EVICT_WALK]:
+        return E_WALK_OPEN
+    meta[M_EVICT_WALK] = 1
+    meta[M_EVICT_REQ] = num_tokens
+    meta[M_EVICT_DONE] = 0
+    return OK
+
+
+@kernel
+def evict_next(nodes, ctab, pool, heap, meta, out):
+    """Evict the next leaf of the open round.
+
+    Returns ``(status, node_id, n_out)``; ``node_id`` is -1 when the round's
+    request is met or no evictable leaf is left. ``out[:n_out]`` holds the
+    leaf's freed KV indices.
+    """
+    if not meta[M_EVICT_WALK]:
+        return E_NO_WALK, -1, 0
+    if meta[M_EVICT_DONE] >= meta[M_EVICT_REQ] or meta[M_HEAP_N] == 0:
+        return OK, -1, 0
+    s = heap_pop(nodes, heap, meta)
+    nid = node_id(nodes, s)
+    nout = delete_leaf(nodes, ctab, pool, heap, meta, s, out, 0)
+    meta[M_EVICT_DONE] += nout
+    return OK, nid, nout
+
+
+@kernel
+def evict_end(meta):
+    """Close the open round; returns the units it evicted (0 when none was open)."""
+    done = meta[M_EVICT_DONE] if meta[M_EVICT_WALK] else 0
+    meta[M_EVICT_WALK] = 0
+    meta[M_EVICT_REQ] = 0
+    meta[M_EVICT_DONE] = 0
+    return done

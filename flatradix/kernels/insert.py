@@ -1,0 +1,59 @@
+"""``insert``: add a page-aligned key and its KV indices, reusing the cached prefix."""
+
+from ._jit import kernel
+from .children import find_child
+from .layout import (
+    E_CAPACITY, HIT_COUNT, KEY_LEN, LAST_ACCESS, M_PAGE, M_POOL_TOP, OK, PRIORITY,
+    ROOT,
+)
+from .order import fix
+from .state import free_slots, node_id, tick
+from .tree import add_leaf, edge_match_len, split_node
+
+
+@kernel
+def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, priority):
+    """Insert ``key[:n]`` -> ``value[:n]`` (n page-aligned) in namespace ``ns``.
+
+    Walk (SGLang §5.2): touch each walked node with a fresh tick, split a
+    partially matched node, raise ``priority`` along the path, and count a hit
+    on every walked node that ends past ``inserted_len``. Commit: the unmatched
+    rest becomes one new leaf whose value is a copy of ``value[prefix_len:n]``.
+    The duplicates the caller must free are exactly
+    ``value[max(prev_prefix_len, 0):prefix_len]`` (the façade does that).
+
+    Returns ``(status, prefix_len, target_node_id)`` where the target is the new
+    leaf, else the node the key ended on (the root for an empty key). Requires
+    two free slots and ``n`` free pool rows; E_CAPACITY otherwise, nothing changed.
+    """
+    if free_slots(meta, nodes.shape[0]) < 2 or meta[M_POOL_TOP] + n > pool.shape[0]:
+        return E_CAPACITY, 0, -1
+    page = meta[M_PAGE]
+    nodes[ROOT, LAST_ACCESS] = tick(meta)
+    if priority > nodes[ROOT, PRIORITY]:
+        nodes[ROOT, PRIORITY] = priority
+    node = ROOT
+    length = 0
+    while length < n:
+        child = find_child(nodes, ctab, pool, node, ns, key, length, page)
+        if child < 0:
+            break
+        nodes[child, LAST_ACCESS] = tick(meta)
+        m = edge_match_len(nodes, pool, child, key, length, n, page)
+        if m < nodes[child, KEY_LEN]:
+            child = split_node(nodes, ctab, pool, heap, meta, child, m)
+        if priority > nodes[child, PRIORITY]:
+            nodes[child, PRIORITY] = priority
+        if length + m > inserted_len:
+            nodes[child, HIT_COUNT] += 1
+        fix(nodes, heap, meta, child)
+        length += m
+        node = child
+    prefix_len = length
+    target = node
+    if length < n:
+        target = add_leaf(nodes, ctab, pool, heap, meta, node, ns, key, value, length, n, priority)
+        if n > inserted_len:
+            nodes[target, HIT_COUNT] += 1
+            fix(nodes, heap, meta, target)
+    return OK, prefix_len, node_id(nodes, target)

@@ -1,0 +1,180 @@
+"""Eviction order of the evictable device leaves: an indexed binary min-heap.
+
+Owns ``heap``, ``nodes[:, HEAP_POS]`` and ``meta[M_HEAP_N]``. The heap holds
+exactly the *evictable device leaves* (SGLang's ``evictable_device_leaves``:
+non-root, Full device value present, every component's lock_ref == 0, no child
+holding a Full device value). Membership is refreshed by ``refresh_leaf`` after
+every mutation that can change it, and a node whose policy inputs change
+(``LAST_ACCESS``, ``HIT_COUNT``, ``PRIORITY``) is re-sifted by ``fix``. So the
+order is maintained incrementally and an eviction round pops in
+O(log leaves) per evicted node instead of re-heapifying every leaf as SGLang's
+cores do at each round start.
+
+Priority keys (smaller is evicted first; SGLang 0.5.23 ``evict_policy.py``,
+``rust_tree_core_notes.md`` §5), ties broken by slot index as in SGLang's Rust
+core:
+
+========  ===============================================================
+lru       (last_access, 0)
+lfu       (hit_count, last_access)
+fifo      (creation, 0)
+mru       (-last_access, 0)
+filo      (-creation, 0)
+priority  (priority, last_access)
+slru      (1 if hit_count >= A else 0, last_access)     A = protected_threshold
+tlru      (-1 if (cached - key_len) >= max(hist + B - A, 0) else 0, last_access)
+          A = threshold, B = next_prompt_estimate
+========  ===============================================================
+"""
+
+from ._jit import helper
+from .layout import (
+    CREATION, F_ALIVE, F_HAS_FULL_DEV, FLAGS, HEAP_POS, HIT_COUNT, KEY_LEN,
+    LAST_ACCESS, LOCK_REF, M_HEAP_N, M_POLICY, M_POLICY_A, M_POLICY_B,
+    N_COMPONENTS, N_TIERS, NDEVCHILD, NIL, POLICY_FIFO, POLICY_FILO, POLICY_LFU,
+    POLICY_LRU, POLICY_MRU, POLICY_PRIORITY, POLICY_SLRU, PRIORITY, ROOT,
+    TLRU_CACHED, TLRU_HIST,
+)
+
+
+@helper
+def priority_key(nodes, meta, s):
+    """The policy's ``(k0, k1)`` priority of slot ``s``."""
+    p = meta[M_POLICY]
+    la = nodes[s, LAST_ACCESS]
+    if p == POLICY_LRU:
+        return la, 0
+    if p == POLICY_LFU:
+        return nodes[s, HIT_COUNT], la
+    if p == POLICY_FIFO:
+        return nodes[s, CREATION], 0
+    if p == POLICY_MRU:
+        return -la, 0
+    if p == POLICY_FILO:
+        return -nodes[s, CREATION], 0
+    if p == POLICY_PRIORITY:
+        return nodes[s, PRIORITY], la
+    if p == POLICY_SLRU:
+        return (1 if nodes[s, HIT_COUNT] >= meta[M_POLICY_A] else 0), la
+    # tlru
+    budget = nodes[s, TLRU_HIST] + meta[M_POLICY_B] - meta[M_POLICY_A]
+    if budget < 0:
+        budget = 0
+    safe = (nodes[s, TLRU_CACHED] - nodes[s, KEY_LEN]) >= budget
+    return (-1 if safe else 0), la
+
+
+@helper
+def _less(nodes, meta, a, b):
+    a0, a1 = priority_key(nodes, meta, a)
+    b0, b1 = priority_key(nodes, meta, b)
+    if a0 != b0:
+        return a0 < b0
+    if a1 != b1:
+        return a1 < b1
+    return a < b
+
+
+@helper
+def _place(nodes, heap, i, s):
+    heap[i] = s
+    nodes[s, HEAP_POS] = i
+
+
+@helper
+def _sift_up(nodes, heap, meta, i):
+    s = heap[i]
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _less(nodes, meta, s, heap[p]):
+            break
+        _place(nodes, heap, i, heap[p])
+        i = p
+    _place(nodes, heap, i, s)
+
+
+@helper
+def _sift_down(nodes, heap, meta, i):
+    n = meta[M_HEAP_N]
+    s = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _less(nodes, meta, heap[c + 1], heap[c]):
+            c += 1
+        if not _less(nodes, meta, heap[c], s):
+            break
+        _place(nodes, heap, i, heap[c])
+        i = c
+    _place(nodes, heap, i, s)
+
+
+@helper
+def heap_push(nodes, heap, meta, s):
+    i = meta[M_HEAP_N]
+    meta[M_HEAP_N] = i + 1
+    _place(nodes, heap, i, s)
+    _sift_up(nodes, heap, meta, i)
+
+
+@helper
+def heap_remove(nodes, heap, meta, s):
+    i = nodes[s, HEAP_POS]
+    nodes[s, HEAP_POS] = NIL
+    n = meta[M_HEAP_N] - 1
+    meta[M_HEAP_N] = n
+    if i == n:
+        return
+    _place(nodes, heap, i, heap[n])
+    fix_at(nodes, heap, meta, i)
+
+
+@helper
+def fix_at(nodes, heap, meta, i):
+    if i > 0 and _less(nodes, meta, heap[i], heap[(i - 1) >> 1]):
+        _sift_up(nodes, heap, meta, i)
+    else:
+        _sift_down(nodes, heap, meta, i)
+
+
+@helper
+def fix(nodes, heap, meta, s):
+    """Re-sift slot ``s`` after its priority inputs changed (no-op when not in the heap)."""
+    i = nodes[s, HEAP_POS]
+    if i >= 0:
+        fix_at(nodes, heap, meta, i)
+
+
+@helper
+def heap_pop(nodes, heap, meta):
+    """Remove and return the slot with the smallest priority (-1 when empty)."""
+    if meta[M_HEAP_N] == 0:
+        return -1
+    s = heap[0]
+    heap_remove(nodes, heap, meta, s)
+    return s
+
+
+@helper
+def is_device_leaf(nodes, s):
+    """SGLang's D-leaf predicate, O(1) through the NDEVCHILD counter."""
+    if s == ROOT or not (nodes[s, FLAGS] & F_ALIVE) or not (nodes[s, FLAGS] & F_HAS_FULL_DEV):
+        return False
+    if nodes[s, NDEVCHILD] != 0:
+        return False
+    for c in range(N_COMPONENTS):
+        if nodes[s, LOCK_REF + c * N_TIERS] != 0:
+            return False
+    return True
+
+
+@helper
+def refresh_leaf(nodes, heap, meta, s):
+    """Bring ``s``'s heap membership in line with the D-leaf predicate."""
+    leaf = is_device_leaf(nodes, s)
+    inside = nodes[s, HEAP_POS] >= 0
+    if leaf and not inside:
+        heap_push(nodes, heap, meta, s)
+    elif inside and not leaf:
+        heap_remove(nodes, heap, meta, s)

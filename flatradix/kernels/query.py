@@ -1,0 +1,34 @@
+"""Read-only queries: path indices, node lookup by key without side effects."""
+
+from ._jit import kernel
+from .layout import E_STALE, FULL_DEV, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
+from .state import resolve
+
+
+@kernel
+def path_device_indices(nodes, pool, meta, nid, out):
+    """KV indices on the path root -> ``nid``, written to ``out``. Returns ``(status, n)``."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    n = 0
+    a = s
+    while a != ROOT:
+        n += nodes[a, KEY_LEN]
+        a = nodes[a, PARENT]
+    end = n
+    a = s
+    while a != ROOT:
+        ln = nodes[a, KEY_LEN]
+        off = nodes[a, KEY_OFF]
+        for i in range(ln):
+            out[end - ln + i] = pool[off + i, FULL_DEV]
+        end -= ln
+        a = nodes[a, PARENT]
+    return OK, n
+
+
+@kernel
+def resolve_slot(nodes, meta, nid):
+    """Slot of node ``nid`` or -1 when stale (for the façade's read-only helpers)."""
+    return resolve(nodes, meta, nid)

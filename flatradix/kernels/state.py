@@ -1,0 +1,205 @@
+"""Slots, handles, the clock, and whole-table maintenance (init, reset, compaction).
+
+Owns ``nodes[:, GEN]``, ``FLAGS & F_ALIVE``, the free-slot list (linked through
+``NEXT_SIB``), the sibling links, ``meta[M_CLOCK]``, ``meta[M_HWM]``,
+``meta[M_FREE_HEAD]``, ``meta[M_NFREE]``, ``meta[M_NLIVE]`` and the pool
+counters.
+"""
+
+import numpy as np
+
+from ._jit import helper, kernel
+from .layout import (
+    CREATION, CT_CHILD, CT_EMPTY, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS,
+    FULL, GEN, HEAP_POS, HIT_COUNT, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB,
+    M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
+    M_HWM, M_NFREE, M_NLIVE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL,
+    MAMBA_SLOT, N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
+    PARENT, PREV_SIB, PRIORITY, ROOT, SWA_UUID, TICK, TLRU_CACHED, TLRU_HIST,
+)
+
+SLOT_MASK = (1 << 32) - 1
+
+
+@helper
+def tick(meta):
+    """Read the logical clock and advance it by one tick."""
+    t = meta[M_CLOCK]
+    meta[M_CLOCK] = t + TICK
+    return t
+
+
+@helper
+def node_id(nodes, s):
+    return (nodes[s, GEN] << 32) | s
+
+
+@helper
+def resolve(nodes, meta, nid):
+    """Slot of the live node ``nid``, or -1 for a stale / never-issued id. O(1)."""
+    if nid < 0:
+        return -1
+    s = nid & SLOT_MASK
+    if s >= meta[M_HWM]:
+        return -1
+    if not (nodes[s, FLAGS] & F_ALIVE) or nodes[s, GEN] != (nid >> 32):
+        return -1
+    return s
+
+
+@helper
+def free_slots(meta, capacity):
+    return meta[M_NFREE] + capacity - meta[M_HWM]
+
+
+@helper
+def _clear_row(nodes, s):
+    gen = nodes[s, GEN]
+    for c in range(nodes.shape[1]):
+        nodes[s, c] = 0
+    nodes[s, GEN] = gen
+    nodes[s, PARENT] = NIL
+    nodes[s, FIRST_CHILD] = NIL
+    nodes[s, NEXT_SIB] = NIL
+    nodes[s, PREV_SIB] = NIL
+    nodes[s, HEAP_POS] = NIL
+    for i in range(N_COMPONENTS * N_TIERS):
+        nodes[s, LRU_PREV + i] = NIL
+        nodes[s, LRU_NEXT + i] = NIL
+    for t in range(N_TIERS):
+        nodes[s, MAMBA_SLOT + t] = NIL
+
+
+@helper
+def node_alloc(nodes, meta):
+    """Take a free slot (the façade reserved capacity), clear it and mark it alive."""
+    if meta[M_NFREE] > 0:
+        s = meta[M_FREE_HEAD]
+        meta[M_FREE_HEAD] = nodes[s, NEXT_SIB]
+        meta[M_NFREE] -= 1
+    else:
+        s = meta[M_HWM]
+        meta[M_HWM] = s + 1
+    _clear_row(nodes, s)
+    nodes[s, FLAGS] = F_ALIVE
+    meta[M_NLIVE] += 1
+    return s
+
+
+@helper
+def node_free(nodes, meta, s):
+    """Retire slot ``s``: bump its generation (old ids go stale) and push it on the free list."""
+    nodes[s, FLAGS] = 0
+    nodes[s, GEN] += 1
+    nodes[s, NEXT_SIB] = meta[M_FREE_HEAD]
+    meta[M_FREE_HEAD] = s
+    meta[M_NFREE] += 1
+    meta[M_NLIVE] -= 1
+
+
+@helper
+def link_child(nodes, parent, s):
+    """Attach ``s`` at the head of ``parent``'s child list (counters not touched)."""
+    nodes[s, PARENT] = parent
+    head = nodes[parent, FIRST_CHILD]
+    nodes[s, NEXT_SIB] = head
+    nodes[s, PREV_SIB] = NIL
+    if head != NIL:
+        nodes[head, PREV_SIB] = s
+    nodes[parent, FIRST_CHILD] = s
+
+
+@helper
+def unlink_child(nodes, s):
+    """Detach ``s`` from its parent's child list (counters not touched)."""
+    p = nodes[s, PARENT]
+    prv = nodes[s, PREV_SIB]
+    nxt = nodes[s, NEXT_SIB]
+    if prv != NIL:
+        nodes[prv, NEXT_SIB] = nxt
+    else:
+        nodes[p, FIRST_CHILD] = nxt
+    if nxt != NIL:
+        nodes[nxt, PREV_SIB] = prv
+    nodes[s, PREV_SIB] = NIL
+    nodes[s, NEXT_SIB] = NIL
+
+
+@helper
+def _make_root(nodes, meta):
+    s = node_alloc(nodes, meta)  # slot 0 on a fresh table
+    nodes[s, FLAGS] = F_ALIVE | F_HAS_FULL_DEV
+    nodes[s, PRIORITY] = INT64_MIN
+    for c in range(N_COMPONENTS):
+        nodes[s, LOCK_REF + c * N_TIERS] = 1
+    nodes[s, LAST_ACCESS] = tick(meta)
+    nodes[s, CREATION] = tick(meta)
+    return s
+
+
+@kernel
+def reset_tree(nodes, ctab, meta):
+    """Drop every node (all their ids go stale), then lay out a new root.
+
+    Also lays out the first tree on fresh (zeroed) arrays.
+
+    Slots are kept with bumped generations, so no id is ever reissued, also
+    across resets. The clock keeps running. O(slots used). Returns the new
+    root's NodeId.
+    """
+    hwm = meta[M_HWM]
+    for s in range(hwm):
+        if nodes[s, FLAGS] & F_ALIVE:
+            nodes[s, GEN] += 1
+        nodes[s, FLAGS] = 0
+    meta[M_HWM] = 0
+    meta[M_FREE_HEAD] = NIL
+    meta[M_NFREE] = 0
+    meta[M_NLIVE] = 0
+    meta[M_POOL_TOP] = 0
+    meta[M_POOL_DEAD] = 0
+    meta[M_HEAP_N] = 0
+    meta[M_CT_LIVE] = 0
+    meta[M_CT_TOMB] = 0
+    meta[M_EVICT_WALK] = 0
+    meta[M_EVICT_REQ] = 0
+    meta[M_EVICT_DONE] = 0
+    for c in range(N_COMPONENTS):
+        meta[M_EVICTABLE + c] = 0
+        meta[M_PROTECTED + c] = 0
+        meta[M_TOTAL + c] = 0
+    ctab[:, CT_CHILD] = CT_EMPTY
+    s = _make_root(nodes, meta)  # slot 0, its generation bumped above
+    # Every other used slot goes on the free list, lowest slot at the head.
+    for f in range(hwm - 1, ROOT, -1):
+        nodes[f, NEXT_SIB] = meta[M_FREE_HEAD]
+        meta[M_FREE_HEAD] = f
+        meta[M_NFREE] += 1
+    if hwm > 1:
+        meta[M_HWM] = hwm
+    return node_id(nodes, s)
+
+
+@kernel
+def compact_pool(nodes, pool, new_pool, meta):
+    """Copy every live edge span into ``new_pool`` back to back and repoint KEY_OFF.
+
+    Reclaims the rows of removed nodes (``meta[M_POOL_DEAD]``). O(live units).
+    Returns the new pool top.
+    """
+    top = 0
+    ncol = pool.shape[1]
+    for s in range(meta[M_HWM]):
+        if not (nodes[s, FLAGS] & F_ALIVE):
+            continue
+        n = nodes[s, KEY_LEN]
+        off = nodes[s, KEY_OFF]
+        for i in range(n):
+            for c in range(ncol):
+                new_pool[top + i, c] = pool[off + i, c]
+        nodes[s, KEY_OFF] = top
+        top += n
+    meta[M_POOL_TOP] = top
+    meta[M_POOL_DEAD] = 0
+    return top

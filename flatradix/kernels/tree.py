@@ -1,0 +1,147 @@
+"""Shared tree mutations used by several entry kernels: node split, new leaf, leaf delete.
+
+``split_node`` and ``add_leaf`` are written by the insert path (and match, for a
+split); ``delete_leaf`` by every eviction path. They keep the child table, the
+sibling lists, the NCHILD / NDEVCHILD counters, the size ledgers and the
+eviction heap consistent.
+"""
+
+from ._jit import helper
+from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
+from .layout import (
+    CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
+    FULL_DEV, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS, LOCK_REF,
+    M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
+    N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
+    PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
+)
+from .order import fix, heap_remove, refresh_leaf
+from .state import link_child, node_alloc, node_free, tick, unlink_child
+
+# Value-presence bits a split's upper part inherits (Mamba state stays below).
+_SPLIT_FLAGS = F_HAS(FULL) | F_HAS(FULL, HOST) | F_HAS(SWA) | F_HAS(SWA, HOST)
+
+
+@helper
+def edge_match_len(nodes, pool, s, key, start, n, page):
+    """Units of ``s``'s edge equal to ``key[start:n]``, rounded down to a page."""
+    off = nodes[s, KEY_OFF]
+    lim = min(nodes[s, KEY_LEN], n - start)
+    i = 0
+    while i < lim and pool[off + i, TOK] == key[start + i]:
+        i += 1
+    return i - i % page
+
+
+@helper
+def split_node(nodes, ctab, pool, heap, meta, child, m):
+    """Split ``child`` after ``m`` units; returns the new upper node's slot.
+
+    The child keeps its NodeId and becomes the lower part (running requests
+    hold its id). The upper part U takes the child's place under the parent,
+    inherits creation / hit_count / priority and the Full and SWA lock counts
+    (every path lock through the child also covers U), and the child gets a
+    fresh access tick (SGLang ``split_node``).
+    """
+    u = node_alloc(nodes, meta)
+    p = nodes[child, PARENT]
+    repoint_child_entry(nodes, ctab, pool, meta, child, u)
+    nodes[u, KEY_OFF] = nodes[child, KEY_OFF]
+    nodes[u, KEY_LEN] = m
+    nodes[u, NS] = nodes[child, NS]
+    nodes[child, KEY_OFF] += m
+    nodes[child, KEY_LEN] -= m
+    # U takes the child's place in the parent's sibling list.
+    prv = nodes[child, PREV_SIB]
+    nxt = nodes[child, NEXT_SIB]
+    nodes[u, PARENT] = p
+    nodes[u, PREV_SIB] = prv
+    nodes[u, NEXT_SIB] = nxt
+    if prv != NIL:
+        nodes[prv, NEXT_SIB] = u
+    else:
+        nodes[p, FIRST_CHILD] = u
+    if nxt != NIL:
+        nodes[nxt, PREV_SIB] = u
+    nodes[child, PARENT] = u
+    nodes[child, PREV_SIB] = NIL
+    nodes[child, NEXT_SIB] = NIL
+    nodes[u, FIRST_CHILD] = child
+    nodes[u, NCHILD] = 1
+    nodes[u, NDEVCHILD] = 1 if nodes[child, FLAGS] & F_HAS_FULL_DEV else 0
+    nodes[u, FLAGS] = F_ALIVE | (nodes[child, FLAGS] & _SPLIT_FLAGS)
+    nodes[u, LAST_ACCESS] = tick(meta)
+    nodes[u, CREATION] = nodes[child, CREATION]
+    nodes[u, HIT_COUNT] = nodes[child, HIT_COUNT]
+    nodes[u, PRIORITY] = nodes[child, PRIORITY]
+    for i in range(2 * N_TIERS):  # Full and SWA, both tiers
+        nodes[u, LOCK_REF + i] = nodes[child, LOCK_REF + i]
+    if meta[M_POLICY] == POLICY_TLRU:
+        nodes[u, TLRU_CACHED] = nodes[p, TLRU_CACHED] + m
+        nodes[u, TLRU_HIST] = nodes[child, TLRU_HIST]
+    add_child_entry(ctab, meta, u, nodes[u, NS], edge_page_key(nodes, pool, meta, child), child)
+    nodes[child, LAST_ACCESS] = tick(meta)
+    fix(nodes, heap, meta, child)
+    return u
+
+
+@helper
+def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, priority):
+    """Create a leaf under ``parent`` holding ``key[start:n]`` -> ``value[start:n]``."""
+    s = node_alloc(nodes, meta)
+    length = n - start
+    top = meta[M_POOL_TOP]
+    for i in range(length):
+        pool[top + i, TOK] = key[start + i]
+        pool[top + i, FULL_DEV] = value[start + i]
+    meta[M_POOL_TOP] = top + length
+    nodes[s, KEY_OFF] = top
+    nodes[s, KEY_LEN] = length
+    nodes[s, NS] = ns
+    nodes[s, FLAGS] = F_ALIVE | F_HAS_FULL_DEV
+    nodes[s, LAST_ACCESS] = tick(meta)
+    nodes[s, CREATION] = tick(meta)
+    nodes[s, PRIORITY] = priority
+    link_child(nodes, parent, s)
+    nodes[parent, NCHILD] += 1
+    nodes[parent, NDEVCHILD] += 1
+    add_child_entry(ctab, meta, parent, ns, edge_page_key(nodes, pool, meta, s), s)
+    meta[M_EVICTABLE + FULL] += length
+    meta[M_TOTAL + FULL] += length
+    if meta[M_POLICY] == POLICY_TLRU:
+        depth = nodes[parent, TLRU_CACHED] + length
+        nodes[s, TLRU_CACHED] = depth
+        nodes[s, TLRU_HIST] = depth
+        a = parent
+        while a != ROOT and nodes[a, TLRU_HIST] < depth:
+            nodes[a, TLRU_HIST] = depth
+            fix(nodes, heap, meta, a)
+            a = nodes[a, PARENT]
+    refresh_leaf(nodes, heap, meta, parent)
+    refresh_leaf(nodes, heap, meta, s)
+    return s
+
+
+@helper
+def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout):
+    """Remove the unlocked device leaf ``s``; its KV indices go to ``out[nout:]``.
+
+    Returns the new ``nout``. The parent re-enters the heap if it became a leaf.
+    """
+    n = nodes[s, KEY_LEN]
+    off = nodes[s, KEY_OFF]
+    for i in range(n):
+        out[nout + i] = pool[off + i, FULL_DEV]
+    meta[M_EVICTABLE + FULL] -= n
+    meta[M_TOTAL + FULL] -= n
+    meta[M_POOL_DEAD] += n
+    if nodes[s, HEAP_POS] >= 0:
+        heap_remove(nodes, heap, meta, s)
+    remove_child_entry(nodes, ctab, pool, meta, s)
+    p = nodes[s, PARENT]
+    unlink_child(nodes, s)
+    nodes[p, NCHILD] -= 1
+    nodes[p, NDEVCHILD] -= 1
+    node_free(nodes, meta, s)
+    refresh_leaf(nodes, heap, meta, p)
+    return nout + n

@@ -1,0 +1,218 @@
+"""Request-level caching, as SGLang's scheduler calls it (spec §5.8).
+
+``cache_unfinished_req`` / ``cache_finished_req`` are the names schedulers up
+to SGLang 0.5.22 call; 0.5.23 calls them ``checkpoint`` and
+``release_kv_cache``. All four are offered, over one implementation.
+
+A request is anything with the attributes of ``flatradix.Req`` (a duck-typed
+SGLang ``Req`` works): ``origin_input_ids``, ``output_ids``, ``fill_ids``,
+``req_pool_idx``, ``prefix_indices``, ``last_node``, ``extra_key``,
+``cache_salt``, ``priority``; optional ``cache_protected_len``,
+``cache_inserted_len``, ``kv_committed_len``, ``kv_allocated_len``.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import numpy as np
+
+from ._cast import as_count, as_int64, is_torch
+from .types import ComponentType, InsertParams, RadixKey
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class Req:
+    """The request fields the cache reads and writes (a subset of SGLang's ``Req``).
+
+    Token lists are Python lists or ``array('q')``. ``prefix_indices``: the KV
+    indices of the request's cached prefix (int64 1-D; set by the scheduler from
+    ``match_prefix``). ``last_node``: the NodeId the request holds a lock on.
+    ``cache_protected_len``: prefix units whose slots belong to the tree (``None``
+    = ``len(prefix_indices)``). ``kv_committed_len``: tokens with KV (``None`` =
+    ``len(origin_input_ids) + len(output_ids) - 1``, the last sampled token has
+    none yet). ``kv_allocated_len``: row slots allocated (``None`` = committed).
+    """
+
+    origin_input_ids: Any
+    output_ids: Any = field(default_factory=list)
+    fill_ids: Any = None
+    req_pool_idx: Optional[int] = None
+    prefix_indices: Any = None
+    last_node: Optional[int] = None
+    extra_key: Optional[str] = None
+    cache_salt: Optional[str] = None
+    priority: Optional[int] = None
+    cache_protected_len: Optional[int] = None
+    cache_inserted_len: int = 0
+    kv_committed_len: Optional[int] = None
+    kv_allocated_len: Optional[int] = None
+    rid: Any = None
+
+    def __post_init__(self):
+        if self.fill_ids is None:
+            self.fill_ids = list(self.origin_input_ids)
+        if self.prefix_indices is None:
+            self.prefix_indices = _EMPTY.copy()
+
+
+def _tokens(x, name):
+    return as_int64(x, name)
+
+
+class RequestCachingMixin:
+    """Mixed into ``UnifiedRadixCache``: needs ``req_to_token_pool`` and an allocator."""
+
+    # ------------------------------------------------------------------ rows
+    def _need_pools(self, what):
+        if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
+            raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
+
+    def _row(self, req, n):
+        """``req_to_token[req.req_pool_idx, :n]`` as an int64 numpy copy."""
+        idx = req.req_pool_idx
+        if idx is None:
+            raise ValueError("req.req_pool_idx is None: the request holds no row")
+        table = self.req_to_token_pool.req_to_token
+        if n > table.shape[1]:
+            raise ValueError(f"req: {n} tokens exceed the row length {table.shape[1]}")
+        row = table[idx, :n]
+        if is_torch(row):
+            row = row.cpu().numpy()
+        return np.array(row, dtype=np.int64)
+
+    def _write_row(self, req, start, values):
+        if values.size == 0:
+            return
+        table = self.req_to_token_pool.req_to_token
+        if is_torch(table):
+            import torch
+
+            table[req.req_pool_idx, start:start + values.size] = torch.from_numpy(values).to(
+                device=table.device, dtype=table.dtype)
+        else:
+            table[req.req_pool_idx, start:start + values.size] = values
+
+    def _free_slots(self, slots):
+        if slots.size:
+            self._free_to_allocator(np.ascontiguousarray(slots))
+
+    @staticmethod
+    def _committed_len(req):
+        c = getattr(req, "kv_committed_len", None)
+        if c is not None:
+            return as_count(c, "req.kv_committed_len")
+        return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+
+    def _protected_len(self, req):
+        p = getattr(req, "cache_protected_len", None)
+        if p is None:
+            p = len(req.prefix_indices) if req.prefix_indices is not None else 0
+        return as_count(p, "req.cache_protected_len")
+
+    def _request_key(self, req, token_ids):
+        return RadixKey(token_ids, getattr(req, "extra_key", None), getattr(req, "cache_salt", None),
+                        is_bigram=self.is_eagle)
+
+    # ------------------------------------------------------------------ core
+    def checkpoint(self, req, up_to, *, finished=False):
+        """Insert the request's tokens ``[0, up_to)`` with its row's KV indices and
+        re-anchor its lock (SGLang 0.5.23 ``checkpoint``).
+
+        Steps: insert the page-aligned key (duplicate slots from
+        ``cache_protected_len`` up to the reused prefix are freed); on a Full-only
+        tree re-insert the page-aligned prompt with ``priority + 1`` so the prompt
+        and the output live in separate nodes; rewrite the row with the tree's
+        canonical slots; move the lock from ``req.last_node`` to the new last node
+        (released instead when ``finished``). Sets ``req.prefix_indices``,
+        ``req.last_node``, ``req.cache_protected_len``, ``req.cache_inserted_len``.
+        The unaligned tail ``[aligned, up_to)`` stays owned by the request.
+        Returns the page-aligned length cached.
+        """
+        self._need_pools("checkpoint")
+        up_to = as_count(up_to, "up_to")
+        # fill_ids is a prefix of origin_input_ids + output_ids; a finished request's
+        # fill_ids may be stale (shorter), then the full list is used.
+        if req.fill_ids is not None and len(req.fill_ids) >= up_to:
+            all_ids = _tokens(req.fill_ids, "req.fill_ids")
+        else:
+            all_ids = _tokens(list(req.origin_input_ids) + list(req.output_ids), "req.output_ids")
+        if up_to > all_ids.size:
+            raise ValueError(f"up_to={up_to} exceeds the request's {all_ids.size} tokens")
+        token_ids = all_ids[:up_to]
+        protected = self._protected_len(req)
+        inserted = as_count(getattr(req, "cache_inserted_len", 0) or 0, "req.cache_inserted_len")
+        priority = getattr(req, "priority", None) or 0
+        row = self._row(req, up_to)
+        key = self._request_key(req, token_ids)
+        units = len(key)
+        aligned = units - units % self.page_size
+        old_node = req.last_node
+        with self._lock:
+            if aligned <= 0:
+                new_node, path = old_node, _EMPTY
+            else:
+                values = row[:aligned]
+                result = self.insert(InsertParams(key=key[:aligned], value=values,
+                                                  prev_prefix_len=protected,
+                                                  inserted_len=inserted, priority=priority))
+                if self.components == (ComponentType.FULL,):
+                    prompt_units = len(req.origin_input_ids) - (1 if self.is_eagle else 0)
+                    prompt = prompt_units - prompt_units % self.page_size
+                    if 0 < prompt < aligned:
+                        self.insert(InsertParams(key=key[:prompt], value=values[:prompt],
+                                                 prev_prefix_len=prompt, inserted_len=prompt,
+                                                 priority=min(priority + 1, (1 << 62) - 1)))
+                new_node = result.last_device_node
+                path = self.path_device_indices(new_node)
+                path = path.numpy() if is_torch(path) else path
+                if path.size != aligned:
+                    raise AssertionError(f"checkpoint: path holds {path.size} indices, expected {aligned}")
+                self._write_row(req, protected, np.ascontiguousarray(path[protected:]))
+                row[:aligned] = path
+                req.cache_inserted_len = max(inserted, aligned)
+            if old_node is not None:
+                self.dec_lock_ref(old_node)
+            if not finished and new_node is not None:
+                self.inc_lock_ref(new_node)
+            req.last_node = None if finished else new_node
+            req.cache_protected_len = max(aligned, 0) if aligned > 0 else protected
+            req.prefix_indices = self._values_out(np.ascontiguousarray(row[:up_to]))
+        return max(aligned, 0)
+
+    def release_kv_cache(self, req, checkpoint=True):
+        """Finish a request (SGLang 0.5.23 ``release_kv_cache``): cache its committed
+        tokens when ``checkpoint``, free every row slot the tree does not own
+        (unaligned tail, over-allocated slots, or everything past the protected
+        prefix when not checkpointing), unlock, and free the request row."""
+        self._need_pools("release_kv_cache")
+        committed = self._committed_len(req)
+        allocated = getattr(req, "kv_allocated_len", None)
+        allocated = committed if allocated is None else as_count(allocated, "req.kv_allocated_len")
+        if allocated < committed:
+            raise ValueError(f"req.kv_allocated_len={allocated} < committed length {committed}")
+        with self._lock:
+            row = self._row(req, allocated)
+            if checkpoint:
+                self.checkpoint(req, committed, finished=True)
+                keep = self._protected_len(req)
+            else:
+                keep = self._protected_len(req)
+                if req.last_node is not None:
+                    self.dec_lock_ref(req.last_node)
+                req.last_node = None
+            self._free_slots(row[keep:allocated])
+            self.req_to_token_pool.free(req.req_pool_idx)
+            req.req_pool_idx = None
+
+    # ------------------------------------------------------------------ old names
+    def cache_unfinished_req(self, req, chunked=False):
+        """Cache a running request's ``fill_ids`` (SGLang <= 0.5.22 name of
+        ``checkpoint(req, len(req.fill_ids))``)."""
+        return self.checkpoint(req, len(req.fill_ids))
+
+    def cache_finished_req(self, req, is_insert=True):
+        """Cache a finished request and release it (SGLang <= 0.5.22 name of
+        ``release_kv_cache(req, checkpoint=is_insert)``)."""
+        return self.release_kv_cache(req, checkpoint=is_insert)

@@ -1,0 +1,220 @@
+"""Parameter and result types, named and shaped as SGLang 0.5.23's.
+
+See ``docs/architecture.md`` for which fields flatradix fills.
+"""
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, NamedTuple, Optional
+
+
+class ComponentType(IntEnum):
+    """Tree components (SGLang ``ComponentType``): FULL is always present."""
+
+    FULL = 0
+    SWA = 1
+    MAMBA = 2
+
+
+class RadixKey:
+    """A key: token ids plus the namespace they live in.
+
+    Parameters
+    ----------
+    token_ids : sequence of int
+        ``array('q')``, list, 1-D integer numpy array or 1-D integer torch tensor.
+        Not copied here; the cache converts it once per call.
+    extra_key : str or None
+        Namespace (LoRA id, ...). ``None`` and ``""`` are *different* namespaces,
+        as in SGLang.
+    cache_salt : str or None
+        Second namespace component; ``""`` is normalised to ``None`` (SGLang).
+    is_bigram : bool
+        EAGLE bigram view: logical unit ``i`` is the pair ``(t[i], t[i+1])``, so the
+        logical length is ``len(token_ids) - 1``.
+
+    Two keys share cached prefixes only when ``(extra_key, cache_salt)`` are equal
+    (compared as a tuple, never concatenated: ``known_bugs.md`` B5).
+    """
+
+    __slots__ = ("token_ids", "extra_key", "cache_salt", "is_bigram")
+
+    def __init__(self, token_ids, extra_key=None, cache_salt=None, is_bigram=False):
+        self.token_ids = token_ids
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt if cache_salt != "" else None
+        self.is_bigram = bool(is_bigram)
+
+    def __len__(self):
+        raw = len(self.token_ids)
+        if self.is_bigram:
+            return max(raw - 1, 0)
+        return raw
+
+    def __getitem__(self, idx):
+        if not isinstance(idx, slice):
+            raise TypeError("RadixKey indices must be slices")
+        if idx.step not in (None, 1):
+            raise ValueError("RadixKey slices must have step 1")
+        start, stop, _ = idx.indices(len(self))
+        if self.is_bigram:
+            ids = self.token_ids[start:stop + 1] if stop > start else self.token_ids[0:0]
+        else:
+            ids = self.token_ids[start:stop]
+        return RadixKey(ids, self.extra_key, self.cache_salt, self.is_bigram)
+
+    def page_aligned(self, page_size):
+        """The key truncated to ``floor(len / page_size) * page_size`` logical units."""
+        n = len(self)
+        return self[: n - n % page_size] if page_size > 1 else self
+
+    def __repr__(self):
+        ids = list(self.token_ids[:10])
+        more = "..." if len(self.token_ids) > 10 else ""
+        return (f"RadixKey({ids}{more}, extra_key={self.extra_key!r}, "
+                f"cache_salt={self.cache_salt!r}, is_bigram={self.is_bigram})")
+
+
+@dataclass
+class MatchPrefixParams:
+    key: RadixKey
+    cow_mamba: bool = False
+    req: Any = None
+
+
+class MatchResult(NamedTuple):
+    """Result of ``match_prefix``.
+
+    ``device_indices``: int64 1-D, the matched KV indices (numpy or torch, the
+    kind the cache's values were inserted as), length ``device_prefix_len``.
+    Node fields are NodeIds (ints). Without a host tier,
+    ``last_device_node == last_host_node == best_match_node``.
+    """
+
+    device_indices: Any
+    last_device_node: int
+    last_host_node: int
+    best_match_node: int
+    host_hit_length: int = 0
+    device_prefix_len: int = 0
+    full_kv_hit_length: int = 0
+    last_visited_node_id: Optional[int] = None
+    swa_host_hit_length: int = 0
+    swa_branching_seqlen: Optional[int] = None
+    mamba_host_hit_length: int = 0
+    mamba_branching_seqlen: Optional[int] = None
+    cache_protected_len: Optional[int] = None
+    full_device_match_len: Optional[int] = None
+
+
+@dataclass
+class InsertParams:
+    """Parameters of ``insert``.
+
+    ``value``: int32/int64 1-D KV indices, one per logical unit of ``key``
+    (for a bigram key, ``len(token_ids)`` entries are accepted too: the last
+    raw token has no unit). ``None`` uses the token ids themselves (debug).
+    ``prev_prefix_len``: the caller already owns tree copies of
+    ``[0, prev_prefix_len)``; those positions are not freed as duplicates.
+    ``inserted_len``: the same request already inserted ``[0, inserted_len)``;
+    hits are counted only on nodes ending past it. ``priority``: max'ed along
+    the path (``priority`` eviction policy).
+    """
+
+    key: RadixKey = None
+    value: Any = None
+    prev_prefix_len: int = 0
+    priority: int = 0
+    inserted_len: int = 0
+    track_adopted_ranges: bool = False
+    mamba_value: Any = None
+    swa_branching_seqlen: Optional[int] = None
+    session_id: Any = None
+
+
+class InsertResult(NamedTuple):
+    """Result of ``insert``.
+
+    ``prefix_len``: logical units of the (page-aligned) key already cached.
+    ``duplicate_indices``: the slots ``value[prev_prefix_len:prefix_len]`` that
+    duplicate what the tree holds. With an allocator attached the cache has
+    already freed them and this is ``None``; without one the caller must free
+    them (flatradix extension; SGLang always frees through its allocator).
+    """
+
+    prefix_len: int = 0
+    total_len: int = 0
+    last_device_node: Optional[int] = None
+    mamba_exist: bool = False
+    swa_branch_inserted: bool = False
+    adopted_ranges: Optional[dict] = None
+    duplicate_indices: Any = None
+
+
+@dataclass
+class EvictParams:
+    num_tokens: int = 0
+    swa_num_tokens: int = 0
+    mamba_num: int = 0
+
+
+class EvictResult(NamedTuple):
+    """Result of ``evict``: device units freed per component (node-granular, so
+    possibly more than asked). ``evicted_indices``: the freed KV indices in
+    eviction order when no allocator is attached (else ``None``: they went to the
+    allocator)."""
+
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
+    evicted_indices: Any = None
+
+
+@dataclass
+class DecLockRefParams:
+    node_id: Optional[int] = None
+    skipped_lock_components: tuple = ()
+    component_lock_uuids: dict = field(default_factory=dict)
+    component_host_lock_uuids: dict = field(default_factory=dict)
+
+    def get_lock_uuid(self, component, lock_host=False):
+        table = self.component_host_lock_uuids if lock_host else self.component_lock_uuids
+        return table[component]
+
+
+@dataclass
+class IncLockRefResult:
+    """The lock *receipt*. ``delta``: Full units newly moved evictable -> protected."""
+
+    delta: int = 0
+    node_id: Optional[int] = None
+    skipped_lock_components: tuple = ()
+    component_lock_uuids: dict = field(default_factory=dict)
+    component_host_lock_uuids: dict = field(default_factory=dict)
+
+    def to_dec_params(self):
+        return DecLockRefParams(self.node_id, tuple(self.skipped_lock_components),
+                                dict(self.component_lock_uuids),
+                                dict(self.component_host_lock_uuids))
+
+
+@dataclass
+class DecLockRefResult:
+    delta: Optional[int] = None
+
+
+@dataclass
+class EvictStep:
+    """One step of a step-wise eviction round (``evict_device_next_node``).
+
+    ``node_id``: the evicted node (``None`` when the round's request is met or
+    nothing evictable is left). ``freed_indices``: its KV indices; the caller
+    (the controller) frees them. ``made_progress``: a node was evicted.
+    ``needs_backup``: always False for Full-only trees (kept for the host tier).
+    """
+
+    node_id: Optional[int]
+    freed_indices: Any
+    num_tokens: int
+    made_progress: bool
+    needs_backup: bool = False

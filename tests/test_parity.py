@@ -1,0 +1,151 @@
+"""Randomised lock-step parity: flatradix.UnifiedRadixCache vs tests/reference.py.
+
+Every operation of a seeded random stream (insert, match, lock, unlock, evict,
+path queries on possibly-stale handles, reset) is applied to both caches and
+the results are compared exactly after each op: prefix lengths, matched /
+duplicate / evicted KV indices (in order), size ledgers, node counts, lock
+deltas, error classes, and node identity (as a consistent bijection). Also
+runs flatradix's ``sanity_check()`` after every op.
+"""
+
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from flatradix import InsertParams, RadixKey
+
+from .parity import POLICY_CASES, Pair, policy_id, run_stream
+
+STEPS = 220
+
+CONFIGS = [(p, False) for p in (1, 4, 16)] + [(p, True) for p in (1, 4)]
+
+
+def _seed(*parts):
+    """Deterministic per-case seed (independent of PYTHONHASHSEED)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+@pytest.mark.parametrize("namespaces", [False, True], ids=["ns0", "ns"])
+@pytest.mark.parametrize("page_size,is_eagle", CONFIGS,
+                         ids=[f"p{p}{'-eagle' if e else ''}" for p, e in CONFIGS])
+@pytest.mark.parametrize("policy_case", POLICY_CASES, ids=[policy_id(c) for c in POLICY_CASES])
+def test_random_stream_parity(policy_case, page_size, is_eagle, namespaces):
+    policy, cfg = policy_case
+    seed = _seed(policy_id(policy_case), page_size, is_eagle, namespaces)
+    pair = Pair(page_size, policy, cfg, is_eagle)
+    try:
+        run_stream(pair, random.Random(seed), STEPS, namespaces=namespaces)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nseed={seed}\nlast ops:\n{pair.history()}") from e
+
+
+@pytest.mark.parametrize("policy_case", [("lru", None), ("lfu", None),
+                                         ("tlru", {"threshold_pages": 3,
+                                                   "next_prompt_estimate_pages": 1})],
+                         ids=policy_id)
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_random_stream_parity_with_allocator(policy_case, page_size):
+    """Freed duplicates / evicted indices go through an attached allocator, in order."""
+    policy, cfg = policy_case
+    seed = _seed("alloc", policy_id(policy_case), page_size)
+    pair = Pair(page_size, policy, cfg, False, allocator=True)
+    try:
+        run_stream(pair, random.Random(seed), STEPS, namespaces=True)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nseed={seed}\nlast ops:\n{pair.history()}") from e
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_long_stream_lru_page1(seed):
+    """Longer streams with a larger tree before forced eviction."""
+    pair = Pair(1, "lru", None, False)
+    try:
+        run_stream(pair, random.Random(1000 + seed), 600, namespaces=True, max_total=1500)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nseed={seed}\nlast ops:\n{pair.history()}") from e
+
+
+# ---------------------------------------------------------------- hand-made cases
+def _key(toks, **kw):
+    return RadixKey(list(toks), **kw)
+
+
+@pytest.mark.parametrize("policy_case", POLICY_CASES, ids=[policy_id(c) for c in POLICY_CASES])
+def test_chain_collapses_bottom_up(policy_case):
+    """A parent that becomes a leaf during an evict competes in the same call."""
+    policy, cfg = policy_case
+    pair = Pair(1, policy, cfg)
+    pair.insert(_key([1, 2, 3]), np.array([10, 11, 12]))
+    pair.insert(_key([1, 2, 3, 4, 5]), np.array([20, 21, 22, 23, 24]))
+    pair.insert(_key([1, 2, 9]), np.array([30, 31, 32]))
+    pair.insert(_key([7, 7]), np.array([40, 41]))
+    pair.match(_key([1, 2, 3, 4]))
+    pair.check()
+    for n in (1, 1, 2, 100):
+        pair.evict(n)
+        pair.check()
+    assert pair.f.total_size()[0] == 0 and pair.f.node_count() == 0
+
+
+def test_split_keeps_lower_node_identity():
+    pair = Pair(1, "lru", None)
+    leaf, _ = pair.insert(_key([1, 2, 3, 4]), np.array([10, 11, 12, 13]))
+    upper, plen = pair.match(_key([1, 2, 5]))
+    assert plen == 2 and upper != leaf
+    again, plen = pair.match(_key([1, 2, 3, 4, 5]))
+    assert again == leaf and plen == 4
+    pair.path(leaf)
+    pair.path(upper)
+    pair.check()
+
+
+def test_namespaces_are_tuples():
+    """("a", None), (None, "a") and ("", None) are different namespaces; cache_salt ""
+    is None."""
+    pair = Pair(1, "lru", None)
+    pair.insert(_key([1, 2, 3], extra_key="a"), np.array([1, 2, 3]))
+    for kw in ({}, {"cache_salt": "a"}, {"extra_key": ""}, {"extra_key": "a", "cache_salt": "x"}):
+        _, plen = pair.match(_key([1, 2, 3], **kw))
+        assert plen == 0
+    _, plen = pair.match(_key([1, 2, 3], extra_key="a", cache_salt=""))
+    assert plen == 3
+    pair.check()
+
+
+def test_eagle_bigram_units():
+    pair = Pair(2, "lru", None, is_eagle=True)
+    _, plen = pair.insert(_key([5, 6, 7, 8, 9]), np.array([1, 2, 3, 4]))
+    assert plen == 0
+    _, plen = pair.match(RadixKey([5, 6, 7, 8, 1], is_bigram=True))
+    assert plen == 2
+    _, plen = pair.insert(_key([5, 6, 7, 8, 9, 10]), np.array([11, 12, 13, 14, 15, 16]))
+    assert plen == 4
+    pair.check()
+
+
+def test_lock_underflow_and_stale_handles():
+    pair = Pair(4, "lfu", None)
+    node, _ = pair.insert(_key(range(8)), np.arange(8))
+    assert pair.inc(node)
+    assert pair.dec(node)
+    assert not pair.dec(node)          # LockRefError on both
+    pair.evict(100)
+    assert not pair.inc(node)          # NodeAccessError on both
+    pair.path(node)
+    pair.reset()
+    pair.path(pair.root)
+    pair.check()
+
+
+def test_insert_priority_and_inserted_len():
+    pair = Pair(1, "priority", None)
+    pair.insert(_key([1, 2, 3, 4]), np.array([1, 2, 3, 4]), priority=5)
+    pair.insert(_key([1, 2, 9, 9]), np.array([5, 6, 7, 8]), priority=-1, prev_prefix_len=1,
+                inserted_len=3)
+    pair.insert(_key([8]), np.array([9]), priority=2)
+    for _ in range(4):
+        pair.evict(1)
+        pair.check()
