@@ -216,15 +216,16 @@ class Workload:
     NAMESPACES = [(None, None), ("", None), ("lora-a", None), (None, "salt"),
                   ("lora-a", "salt"), ("", "")]
 
-    def __init__(self, rng, page_size, is_eagle, namespaces):
+    def __init__(self, rng, page_size, is_eagle, namespaces, n_prompts=4, vocab=4):
         self.rng = rng
         self.page_size = page_size
         self.is_eagle = is_eagle
+        self.vocab = vocab
         self.namespaces = self.NAMESPACES if namespaces else [(None, None)]
         self.prompts = []
-        for i in range(4):
-            n = rng.randint(1, 5) * page_size + rng.randint(0, page_size)
-            self.prompts.append([rng.randint(0, 3) for _ in range(n)])
+        for i in range(n_prompts):
+            n = rng.randint(2, 6) * page_size + rng.randint(0, page_size)
+            self.prompts.append([rng.randint(0, vocab - 1) for _ in range(n)])
         if is_eagle:  # exercise the bigram packing with tokens near 2**31
             self.prompts.append([(1 << 31) - 1 - rng.randint(0, 2) for _ in range(3 * page_size)])
         self.recent = []
@@ -232,20 +233,26 @@ class Workload:
 
     def tokens(self):
         rng = self.rng
-        if self.recent and rng.random() < 0.35:
+        if self.recent and rng.random() < 0.4:
             toks, ns = rng.choice(self.recent)
             toks = list(toks)
             r = rng.random()
             if r < 0.3:
                 toks = toks[: rng.randint(0, len(toks))]
             elif r < 0.6:
-                toks = toks + [rng.randint(0, 3) for _ in range(rng.randint(1, 2 * self.page_size + 1))]
+                toks = toks + [rng.randint(0, self.vocab - 1) for _ in range(rng.randint(1, 2 * self.page_size + 1))]
             if rng.random() < 0.15:
                 ns = rng.choice(self.namespaces)
             return toks, ns
         prompt = rng.choice(self.prompts)
-        cut = len(prompt) if rng.random() < 0.5 else rng.randint(0, len(prompt))
-        suffix = [rng.randint(0, 3) for _ in range(rng.randint(0, 3 * self.page_size + 2))]
+        r = rng.random()
+        if r < 0.4:
+            cut = len(prompt)
+        elif r < 0.7:  # near a page boundary
+            cut = min(len(prompt), rng.randint(1, 4) * self.page_size + rng.randint(-1, 1))
+        else:
+            cut = rng.randint(0, len(prompt))
+        suffix = [rng.randint(0, self.vocab - 1) for _ in range(rng.randint(0, 2 * self.page_size + 2))]
         return prompt[:cut] + suffix, rng.choice(self.namespaces)
 
     def key(self):
@@ -271,9 +278,12 @@ class Workload:
         return v if rng.random() < 0.7 else v.tolist()
 
 
-def run_stream(pair, rng, steps, namespaces=True, max_total=400):
-    """Random operation stream applied to ``pair``; checks after every op."""
-    wl = Workload(rng, pair.page_size, pair.is_eagle, namespaces)
+def run_stream(pair, rng, steps, namespaces=True, max_total=None, **workload):
+    """Random operation stream applied to ``pair``; checks after every op. When the
+    tree holds more than ``max_total`` units, half of that is evicted."""
+    if max_total is None:
+        max_total = max(800, 60 * pair.page_size)
+    wl = Workload(rng, pair.page_size, pair.is_eagle, namespaces, **workload)
     held = []      # (fid, rid) of locks we took
     known = []     # recent handles (possibly stale later)
 
@@ -310,7 +320,13 @@ def run_stream(pair, rng, steps, namespaces=True, max_total=400):
                 pair.dec(node)
         elif x < 0.78:
             total = pair.f.total_size()[0]
-            num = rng.choice([0, 1, pair.page_size, rng.randint(0, total + 1), total + 3])
+            r = rng.random()
+            if r < 0.05:
+                num = total + 3
+            elif r < 0.5:
+                num = rng.choice([0, 1, pair.page_size, 2 * pair.page_size])
+            else:
+                num = rng.randint(0, total // 4 + 1)
             pair.evict(num, as_params=rng.random() < 0.5)
         elif x < 0.86:
             if known:
@@ -332,7 +348,7 @@ def run_stream(pair, rng, steps, namespaces=True, max_total=400):
         elif x < 0.95:
             pair.inc(pair.root)
             pair.dec(pair.root)
-        elif x < 0.955:
+        elif x < 0.952:
             pair.reset()
             held.clear()
         else:

@@ -58,12 +58,16 @@ def test_random_stream_parity_with_allocator(policy_case, page_size):
         raise AssertionError(f"{e}\nseed={seed}\nlast ops:\n{pair.history()}") from e
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_long_stream_lru_page1(seed):
-    """Longer streams with a larger tree before forced eviction."""
-    pair = Pair(1, "lru", None, False)
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "tlru"])
+def test_long_stream_wide_tree(policy, page_size, seed):
+    """Longer streams over more prompts, with a larger tree before forced eviction."""
+    cfg = {"threshold_pages": 3, "next_prompt_estimate_pages": 1} if policy == "tlru" else None
+    pair = Pair(page_size, policy, cfg, False)
     try:
-        run_stream(pair, random.Random(1000 + seed), 600, namespaces=True, max_total=1500)
+        run_stream(pair, random.Random(1000 + seed), 1500, namespaces=True, max_total=3000,
+                   n_prompts=12, vocab=6)
     except AssertionError as e:
         raise AssertionError(f"{e}\nseed={seed}\nlast ops:\n{pair.history()}") from e
 
