@@ -21,6 +21,7 @@ from .kernels.evict import evict as _k_evict
 from .kernels.evict import evict_end as _k_evict_end
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
+from .kernels.hashing import hash_node as _k_hash_node
 from .kernels.insert import insert as _k_insert
 from .kernels.lock import dec_lock_ref as _k_dec
 from .kernels.lock import inc_lock_ref as _k_inc
@@ -66,6 +67,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         returned on their device, with one copy each way).
     is_eagle : bool
         EAGLE bigram tree: every key is viewed as bigrams.
+    enable_kv_cache_events : bool
+        Queue ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events
+        (``flatradix.events``; needs msgspec), drained by ``take_events()``. When
+        off, no hashing work is done at all.
     disable : bool
         Hold nothing: match returns empty, insert returns prefix_len 0.
     node_capacity, pool_capacity : int
@@ -75,7 +80,7 @@ class UnifiedRadixCache(RequestCachingMixin):
     def __init__(self, page_size=1, components=(ComponentType.FULL,), eviction_policy="lru",
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
-                 node_capacity=1024, pool_capacity=1 << 16):
+                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16):
         self.page_size = as_count(page_size, "page_size")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -93,6 +98,16 @@ class UnifiedRadixCache(RequestCachingMixin):
         self.device = device
         self.is_eagle = bool(is_eagle)
         self.disable = bool(disable)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events) and not self.disable
+        self._events = []
+        self._seeds = {}
+        if self.enable_kv_cache_events:
+            from . import events as _events  # msgspec is needed only with events on
+
+            self._ev = _events
+            self._hmsg = np.zeros(self.page_size * 16 + 128, dtype=np.uint8)
+            self._hstate = np.zeros(8, dtype=np.uint64)
+            self._hw = np.zeros(64, dtype=np.uint64)
         self._lock = threading.RLock()
         self._ns = {(None, None): 0}
         self._kind = getattr(token_to_kv_pool_allocator, "index_kind", None)
@@ -102,7 +117,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._alloc_arrays(max(4, as_count(node_capacity, "node_capacity")),
                            max(64, as_count(pool_capacity, "pool_capacity")))
         self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
-        self._evict_walk_freed = 0
+        self._queue_event_cleared()
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -124,9 +139,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._nodes = np.zeros((ncap, L.NCOL), dtype=np.int64)
         self._heap = np.full(ncap, -1, dtype=np.int64)
         self._ctab = np.zeros((self._ct_capacity_for(ncap), L.CT_NCOL), dtype=np.int64)
-        self._pool = np.zeros((pcap, L.POOL_NCOL), dtype=np.int64)
+        self._pool = np.zeros((pcap, self._pool_ncol()), dtype=np.int64)
         self._out = np.zeros(pcap, dtype=np.int64)
+        self._spans = np.zeros((ncap if self.enable_kv_cache_events else 0, 2), dtype=np.int64)
         meta = np.zeros(L.META_LEN, dtype=np.int64)
+        meta[L.M_EVENTS] = int(self.enable_kv_cache_events)
+        meta[L.M_BIGRAM] = int(self.is_eagle)
         meta[L.M_CLOCK] = L.TICK
         meta[L.M_PAGE] = self.page_size
         meta[L.M_POLICY] = L.POLICY_NAMES.index(self.eviction_policy)
@@ -136,6 +154,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             meta[L.M_POLICY_A] = self._policy_cfg["threshold"]
             meta[L.M_POLICY_B] = self._policy_cfg["next_prompt_estimate"]
         self._meta = meta
+
+    def _pool_ncol(self):
+        return L.POOL_NCOL_EVENTS if self.enable_kv_cache_events else L.POOL_NCOL
 
     @staticmethod
     def _ct_capacity_for(nslots):
@@ -157,6 +178,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             heap = np.full(ncap * 2, -1, dtype=np.int64)
             heap[:ncap] = self._heap
             self._heap = heap
+            if self.enable_kv_cache_events:
+                self._spans = np.zeros((ncap * 2, 2), dtype=np.int64)
         ccap = self._ctab.shape[0]
         need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) + 2)
         if need_ct > ccap or meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2 > L.CT_MAX_LOAD * ccap:
@@ -170,7 +193,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             new_cap = pcap
             while live + units_needed > new_cap // 2 and live + units_needed > new_cap - new_cap // 4:
                 new_cap *= 2
-            new_pool = np.zeros((new_cap, L.POOL_NCOL), dtype=np.int64)
+            new_pool = np.zeros((new_cap, self._pool_ncol()), dtype=np.int64)
             _k_compact(self._nodes, self._pool, new_pool, meta)
             self._pool = new_pool
             if self._out.shape[0] < new_cap:
@@ -331,6 +354,8 @@ class UnifiedRadixCache(RequestCachingMixin):
                 if st == L.OK:
                     break
                 self._grow(n)
+            if self.enable_kv_cache_events and n > plen:
+                self._queue_event_stored(target, nk)
             dup = value[prev:plen].copy() if prev < plen else _EMPTY
             if self.token_to_kv_pool_allocator is not None:
                 self._free_to_allocator(dup)
@@ -358,9 +383,11 @@ class UnifiedRadixCache(RequestCachingMixin):
             return EvictResult(0, 0, 0, None if self.token_to_kv_pool_allocator else self._values_out(_EMPTY.copy()))
         with self._lock:
             self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
-            done, nout = _k_evict(self._nodes, self._ctab, self._pool, self._heap, self._meta,
-                                  num, self._out)
+            done, nout, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
+                                          self._meta, num, self._out, self._spans)
             freed = self._out[:nout].copy()
+            if nspans:
+                self._queue_event_removed(nspans)
             if self.token_to_kv_pool_allocator is not None:
                 self._free_to_allocator(freed)
                 return EvictResult(int(done), 0, 0, None)
@@ -387,11 +414,13 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._check_component(component)
         with self._lock:
             self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
-            st, nid, nout = _k_evict_next(self._nodes, self._ctab, self._pool, self._heap,
-                                          self._meta, self._out)
+            st, nid, nout, nspans = _k_evict_next(self._nodes, self._ctab, self._pool, self._heap,
+                                                  self._meta, self._out, self._spans)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             freed = self._out[:nout].copy()
+            if nspans:
+                self._queue_event_removed(nspans)
         if nid < 0:
             return EvictStep(None, self._values_out(_EMPTY.copy()), 0, False)
         return EvictStep(int(nid), self._values_out(freed), int(nout), True)
@@ -621,6 +650,70 @@ class UnifiedRadixCache(RequestCachingMixin):
         Closes any open step-wise eviction round. O(nodes)."""
         with self._lock:
             self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
+            self._queue_event_cleared()
+
+    # ------------------------------------------------------------------ events
+    def take_events(self):
+        """Return and clear the queued KV events (oldest first); ``[]`` when events
+        are off. Stores of chained pages and consecutive removals are merged as
+        SGLang does."""
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def _queue_event_cleared(self):
+        if self.enable_kv_cache_events:
+            self._ev.enqueue(self._events, self._ev.AllBlocksCleared())
+
+    def _seed(self, nk):
+        seed = self._seeds.get(nk)
+        if seed is None:
+            words = self._ev.namespace_seed(*nk)
+            seed = (np.array(words if words else [0, 0, 0, 0], dtype=np.int64), words is not None)
+            self._seeds[nk] = seed
+        return seed
+
+    def block_hashes(self):
+        """Event block hashes of every page cached on device (KV events on), as a set.
+        What a router that applied every event so far believes is cached."""
+        if not self.enable_kv_cache_events:
+            raise ValueError("block_hashes() needs enable_kv_cache_events=True")
+        with self._lock:
+            out = set()
+            for s in self._live_slots():
+                if s != L.ROOT:
+                    out.update(self._page_hashes(int(self._nodes[s, L.KEY_OFF]),
+                                                 int(self._nodes[s, L.KEY_LEN])))
+            return out
+
+    def _page_hashes(self, off, n):
+        return self._pool[off:off + n:self.page_size, L.HASH0].tolist()
+
+    def _queue_event_stored(self, nid, nk):
+        seed, has_seed = self._seed(nk)
+        _k_hash_node(self._nodes, self._pool, self._meta, nid, seed, has_seed,
+                     self._hmsg, self._hstate, self._hw)
+        s = nid & 0xFFFFFFFF
+        off, n = int(self._nodes[s, L.KEY_OFF]), int(self._nodes[s, L.KEY_LEN])
+        p = int(self._nodes[s, L.PARENT])
+        parent_hash = None
+        if p != L.ROOT:
+            last = int(self._nodes[p, L.KEY_OFF] + self._nodes[p, L.KEY_LEN]) - self.page_size
+            parent_hash = int(self._pool[last, L.HASH0])
+        toks = self._pool[off:off + n, L.TOK]
+        if self.is_eagle:
+            token_ids = [[int(u) >> 32, int(u) & 0xFFFFFFFF] for u in toks]
+        else:
+            token_ids = toks.tolist()
+        self._ev.enqueue(self._events, self._ev.BlockStored(
+            block_hashes=self._page_hashes(off, n), parent_block_hash=parent_hash,
+            token_ids=token_ids, block_size=self.page_size, lora_id=None, medium="GPU",
+            cache_salt=nk[1]))
+
+    def _queue_event_removed(self, nspans):
+        for off, n in self._spans[:nspans].tolist():
+            self._ev.enqueue(self._events, self._ev.BlockRemoved(
+                block_hashes=self._page_hashes(off, n), medium="GPU"))
 
     # ------------------------------------------------------------------ tests
     def _snapshot(self):

@@ -16,21 +16,20 @@ from .tree import delete_leaf
 
 
 @kernel
-def evict(nodes, ctab, pool, heap, meta, num_tokens, out):
+def evict(nodes, ctab, pool, heap, meta, num_tokens, out, spans):
     """Delete least-priority leaves until ``num_tokens`` units are freed or none is left.
 
-    Returns ``(evicted_units, n_out)``; ``out[:n_out]`` holds the freed KV
-    indices in eviction order. Node-granular: may exceed the request.
+    Returns ``(evicted_units, n_out, n_spans)``; ``out[:n_out]`` holds the freed
+    KV indices in eviction order, ``spans[:n_spans]`` the deleted nodes' pool
+    spans (KV events only). Node-granular: may exceed the request.
     O(evicted nodes * log(leaves)).
     """
-    done = 0
     nout = 0
-    while done < num_tokens and meta[M_HEAP_N] > 0:
+    nspans = 0
+    while nout < num_tokens and meta[M_HEAP_N] > 0:
         s = heap_pop(nodes, heap, meta)
-        before = nout
-        nout = delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout)
-        done += nout - before
-    return done, nout
+        nout, nspans = delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout, spans, nspans)
+    return nout, nout, nspans
 
 
 @kernel
@@ -45,22 +44,22 @@ def evict_start(meta, num_tokens):
 
 
 @kernel
-def evict_next(nodes, ctab, pool, heap, meta, out):
+def evict_next(nodes, ctab, pool, heap, meta, out, spans):
     """Evict the next leaf of the open round.
 
-    Returns ``(status, node_id, n_out)``; ``node_id`` is -1 when the round's
-    request is met or no evictable leaf is left. ``out[:n_out]`` holds the
-    leaf's freed KV indices.
+    Returns ``(status, node_id, n_out, n_spans)``; ``node_id`` is -1 when the
+    round's request is met or no evictable leaf is left. ``out[:n_out]`` holds
+    the leaf's freed KV indices (``spans`` as in ``evict``).
     """
     if not meta[M_EVICT_WALK]:
-        return E_NO_WALK, -1, 0
+        return E_NO_WALK, -1, 0, 0
     if meta[M_EVICT_DONE] >= meta[M_EVICT_REQ] or meta[M_HEAP_N] == 0:
-        return OK, -1, 0
+        return OK, -1, 0, 0
     s = heap_pop(nodes, heap, meta)
     nid = node_id(nodes, s)
-    nout = delete_leaf(nodes, ctab, pool, heap, meta, s, out, 0)
+    nout, nspans = delete_leaf(nodes, ctab, pool, heap, meta, s, out, 0, spans, 0)
     meta[M_EVICT_DONE] += nout
-    return OK, nid, nout
+    return OK, nid, nout, nspans
 
 
 @kernel

@@ -115,6 +115,10 @@ F_HAS_FULL_DEV = 1 << 1
 TOK = 0           # key units
 FULL_DEV = 1      # Full device value (KV pool slot per unit)
 POOL_NCOL = 2
+#: With KV events on, 4 more columns hold each page's SHA-256 digest at the page's
+#: first row (kernels/hashing.py); ``pool[row, HASH0]`` is the event block hash.
+HASH0 = 2
+POOL_NCOL_EVENTS = 6
 
 # ---------------------------------------------------------------- child table
 CT_PARENT = 0
@@ -148,6 +152,8 @@ M_TOTAL = 20          # + c: units held on device per component (evictable + pro
 M_EVICT_WALK = 24     # 1 while a step-wise Full eviction round is open
 M_EVICT_REQ = 25      # request of the open round
 M_EVICT_DONE = 26     # units evicted so far in the open round
+M_EVENTS = 27         # 1 when KV events are on: eviction kernels report removed spans
+M_BIGRAM = 28         # 1 for an EAGLE bigram tree (units pack two tokens)
 META_LEN = 32
 
 #: Clock units per tick. A match stamps its best node with a fresh tick ``t`` and

@@ -11,7 +11,7 @@ from .children import add_child_entry, edge_page_key, remove_child_entry, repoin
 from .layout import (
     CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
     FULL_DEV, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS, LOCK_REF,
-    M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
+    M_EVENTS, M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
     N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
     PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
 )
@@ -123,13 +123,19 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
 
 
 @helper
-def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout):
+def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout, spans, nspans):
     """Remove the unlocked device leaf ``s``; its KV indices go to ``out[nout:]``.
 
-    Returns the new ``nout``. The parent re-enters the heap if it became a leaf.
+    With KV events on, its pool span ``(off, len)`` goes to ``spans[nspans]`` (the
+    rows keep their page digests until the next compaction). Returns the new
+    ``(nout, nspans)``. The parent re-enters the heap if it became a leaf.
     """
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
+    if meta[M_EVENTS]:
+        spans[nspans, 0] = off
+        spans[nspans, 1] = n
+        nspans += 1
     for i in range(n):
         out[nout + i] = pool[off + i, FULL_DEV]
     meta[M_EVICTABLE + FULL] -= n
@@ -144,4 +150,4 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout):
     nodes[p, NDEVCHILD] -= 1
     node_free(nodes, meta, s)
     refresh_leaf(nodes, heap, meta, p)
-    return nout + n
+    return nout + n, nspans
