@@ -11,6 +11,7 @@ import operator
 import numpy as np
 
 _INT_KINDS = "iu"
+_I64 = np.dtype(np.int64)
 _MAX_BIGRAM_TOKEN = 1 << 31
 
 
@@ -54,6 +55,10 @@ def _to_numpy(x, name):
 
 def as_int64(x, name):
     """``x`` as a C-contiguous, writable int64 1-D array (copies only when needed)."""
+    if type(x) is np.ndarray and x.dtype is _I64 and x.ndim == 1:
+        flags = x.flags
+        if flags.c_contiguous and flags.writeable:
+            return x
     a = _to_numpy(x, name)
     if a.dtype != np.int64 or not a.flags.c_contiguous or not a.flags.writeable:
         a = np.array(a, dtype=np.int64, order="C")
@@ -67,7 +72,13 @@ def key_units(key, bigram_tree, name="key"):
     ``i`` packs the pair ``(t[i], t[i+1])`` as ``t[i] << 32 | t[i+1]``; tokens must
     lie in ``[0, 2**31)`` for that.
     """
-    toks = _to_numpy(key.token_ids, f"{name}.token_ids")
+    toks = key.token_ids
+    if type(toks) is np.ndarray and toks.dtype is _I64 and toks.ndim == 1 and not (
+            key.is_bigram or bigram_tree):
+        flags = toks.flags  # fast path: already what the kernels take
+        if flags.c_contiguous and flags.writeable:
+            return toks, toks
+    toks = _to_numpy(toks, f"{name}.token_ids")
     if not (key.is_bigram or bigram_tree):
         if toks.dtype != np.int64 or not toks.flags.c_contiguous or not toks.flags.writeable:
             toks = np.array(toks, dtype=np.int64, order="C")

@@ -38,6 +38,8 @@ from .types import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_tuple_new = tuple.__new__
+assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
                     "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
 
@@ -223,14 +225,15 @@ class UnifiedRadixCache(RequestCachingMixin):
         if key.is_bigram and not self.is_eagle:
             raise ValueError(f"{name}: a bigram key given to a cache built with is_eagle=False "
                              "(bigram and plain keys cannot be mixed)")
-        for attr in ("extra_key", "cache_salt"):
-            v = getattr(key, attr)
-            if v is not None and not isinstance(v, str):
-                raise TypeError(f"{name}.{attr} must be a str or None, got {type(v).__name__}")
+        ek, salt = key.extra_key, key.cache_salt
+        if ek is not None and type(ek) is not str:
+            raise TypeError(f"{name}.extra_key must be a str or None, got {type(ek).__name__}")
+        if salt is not None and type(salt) is not str:
+            raise TypeError(f"{name}.cache_salt must be a str or None, got {type(salt).__name__}")
         units, raw = key_units(key, self.is_eagle, name)
         n = units.shape[0]
         n -= n % self.page_size
-        return units, n, (key.extra_key, key.cache_salt), raw
+        return units, n, (ek, salt), raw
 
     def _values_out(self, a):
         """Return int64 indices in the cache's index kind (copy of scratch data)."""
@@ -278,7 +281,8 @@ class UnifiedRadixCache(RequestCachingMixin):
     # ------------------------------------------------------------------ match
     def _empty_match(self):
         r = self._root
-        return MatchResult(self._values_out(_EMPTY.copy()), r, r, r, 0, 0, 0, None)
+        return _tuple_new(MatchResult, (self._values_out(_EMPTY.copy()), r, r, r, 0, 0, 0, None,
+                                        0, None, 0, None, None, None))
 
     def match_prefix(self, params):
         """Longest cached prefix of ``params.key`` (a ``MatchPrefixParams`` or a ``RadixKey``).
@@ -288,7 +292,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         a node boundary; refreshes recency of the matched path. O(len(key)).
         Raises ``TypeError``/``ValueError`` for a malformed key (tree unchanged).
         """
-        key = params.key if isinstance(params, MatchPrefixParams) else params
+        key = params.key if type(params) is MatchPrefixParams else params
         units, n, nk, _ = self._key(key, "params.key")
         ns = self._ns.get(nk)
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
@@ -302,7 +306,11 @@ class UnifiedRadixCache(RequestCachingMixin):
                 self._grow(0)
             idx = self._out[:plen].copy()
         vis = None if visited < 0 else visited
-        return MatchResult(self._values_out(idx), best, best, best, 0, plen, plen, vis)
+        if self._kind == "torch":
+            idx = self._values_out(idx)
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
+        return _tuple_new(MatchResult, (idx, best, best, best, 0, plen, plen, vis,
+                                        0, None, 0, None, None, None))
 
     # ------------------------------------------------------------------ insert
     def insert(self, params):
@@ -463,7 +471,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             st, delta = _k_inc(self._nodes, self._heap, self._meta, nid)
         if st == L.E_STALE:
             raise self._stale(nid)
-        return IncLockRefResult(int(delta), nid, tuple(skip_lock_components))
+        skip = skip_lock_components if type(skip_lock_components) is tuple else tuple(skip_lock_components)
+        return IncLockRefResult(delta, nid, skip)
 
     def dec_lock_ref(self, node, receipt=None, skip_swa=False):
         """Release a lock taken by ``inc_lock_ref(node)``; returns ``DecLockRefResult``.

@@ -5,6 +5,7 @@ See ``docs/architecture.md`` for which fields flatradix fills.
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from types import MappingProxyType
 from typing import Any, NamedTuple, Optional
 
 
@@ -182,20 +183,37 @@ class DecLockRefParams:
         return table[component]
 
 
-@dataclass
-class IncLockRefResult:
-    """The lock *receipt*. ``delta``: Full units newly moved evictable -> protected."""
+_NO_UUIDS = MappingProxyType({})
 
-    delta: int = 0
-    node_id: Optional[int] = None
-    skipped_lock_components: tuple = ()
-    component_lock_uuids: dict = field(default_factory=dict)
-    component_host_lock_uuids: dict = field(default_factory=dict)
+
+class IncLockRefResult:
+    """The lock *receipt*. ``delta``: Full units newly moved evictable -> protected.
+    ``component_lock_uuids`` / ``component_host_lock_uuids``: per-component lock
+    boundaries (empty, read-only mappings for Full-only caches)."""
+
+    __slots__ = ("delta", "node_id", "skipped_lock_components", "component_lock_uuids",
+                 "component_host_lock_uuids")
+
+    def __init__(self, delta=0, node_id=None, skipped_lock_components=(),
+                 component_lock_uuids=_NO_UUIDS, component_host_lock_uuids=_NO_UUIDS):
+        self.delta = delta
+        self.node_id = node_id
+        self.skipped_lock_components = skipped_lock_components
+        self.component_lock_uuids = component_lock_uuids
+        self.component_host_lock_uuids = component_host_lock_uuids
 
     def to_dec_params(self):
         return DecLockRefParams(self.node_id, tuple(self.skipped_lock_components),
                                 dict(self.component_lock_uuids),
                                 dict(self.component_host_lock_uuids))
+
+    def __eq__(self, other):
+        return type(other) is IncLockRefResult and all(
+            getattr(self, f) == getattr(other, f) for f in self.__slots__)
+
+    def __repr__(self):
+        return (f"IncLockRefResult(delta={self.delta}, node_id={self.node_id}, "
+                f"skipped_lock_components={self.skipped_lock_components})")
 
 
 @dataclass
