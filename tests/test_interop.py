@@ -1,0 +1,74 @@
+"""Values as torch tensors or numpy arrays come back in the kind inserted; keys
+as lists, array('q'), numpy or torch; and the kernels compile once, then later
+processes load them from Numba's cache."""
+
+import os
+import subprocess
+import sys
+from array import array
+
+import numpy as np
+import pytest
+import torch
+
+from flatradix import (
+    EvictParams, InsertParams, MatchPrefixParams, RadixKey, Req, ReqToTokenPool,
+    TokenToKVPoolAllocator, UnifiedRadixCache,
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_torch_values_round_trip(dtype):
+    c = UnifiedRadixCache(page_size=1)
+    c.insert(InsertParams(key=RadixKey(torch.tensor([1, 2, 3, 4])), value=torch.tensor([5, 6, 7, 8], dtype=dtype)))
+    m = c.match_prefix(MatchPrefixParams(key=RadixKey(array("q", [1, 2, 3, 9]))))
+    assert isinstance(m.device_indices, torch.Tensor) and m.device_indices.dtype == torch.int64
+    assert m.device_indices.tolist() == [5, 6, 7]
+    r = c.evict(EvictParams(num_tokens=10))
+    assert isinstance(r.evicted_indices, torch.Tensor)
+    assert sorted(r.evicted_indices.tolist()) == [5, 6, 7, 8]
+
+
+def test_numpy_values_round_trip_and_results_do_not_alias_scratch():
+    c = UnifiedRadixCache(page_size=1)
+    c.insert(InsertParams(key=RadixKey([1, 2, 3]), value=np.array([5, 6, 7], dtype=np.int32)))
+    m1 = c.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3])))
+    c.insert(InsertParams(key=RadixKey([9, 9, 9]), value=np.array([1, 1, 1])))
+    c.match_prefix(MatchPrefixParams(key=RadixKey([9, 9, 9])))
+    assert isinstance(m1.device_indices, np.ndarray) and m1.device_indices.tolist() == [5, 6, 7]
+
+
+def test_torch_allocator_and_request_flow():
+    alloc = TokenToKVPoolAllocator(64, index_kind="torch")
+    rtp = ReqToTokenPool(4, 32, index_kind="torch")
+    c = UnifiedRadixCache(page_size=2, token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp)
+    req = Req(origin_input_ids=[1, 2, 3, 4, 5], output_ids=[6, 7, 8])
+    req.req_pool_idx = rtp.alloc(1)[0]
+    slots = alloc.alloc(7)
+    rtp.req_to_token[req.req_pool_idx, :7] = slots
+    req.last_node = c.root_node_handle()
+    c.cache_finished_req(req)
+    assert c.total_size()[0] == 6  # 7 committed -> 6 page-aligned, prompt split at 4
+    assert alloc.available_size() + c.evictable_size() == 64
+    m = c.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4, 5, 6, 7])))
+    assert isinstance(m.device_indices, torch.Tensor) and m.device_prefix_len == 6
+    c.sanity_check()
+
+
+def test_first_process_compiles_later_processes_load_from_cache(tmp_path):
+    code = ("import numpy as np\n"
+            "from flatradix import UnifiedRadixCache, RadixKey, InsertParams, MatchPrefixParams\n"
+            "c = UnifiedRadixCache()\n"
+            "c.insert(InsertParams(key=RadixKey(np.arange(4)), value=np.arange(4)))\n"
+            "c.match_prefix(MatchPrefixParams(key=RadixKey(np.arange(4))))\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1")
+
+    def run():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, check=True).stdout
+
+    first = run()
+    assert "[cache] data saved" in first
+    second = run()
+    assert "[cache] data saved" not in second
+    assert "[cache] data loaded" in second
