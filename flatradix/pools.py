@@ -49,8 +49,11 @@ class TokenToKVPoolAllocator:
         # Stack of free slots; the top is the end. Lowest slots are handed out first.
         self._stack = np.arange(self.size, 0, -1, dtype=np.int64)
         self._top = self.size
-        self._is_free = np.ones(self.size + 1, dtype=bool)
-        self._is_free[0] = False
+        # _mark[s] != 0 <=> slot s is free (slot 0 never is). One int array serves as
+        # the free-mask and as the scratch of free()'s duplicate check.
+        dt = np.int32 if self.size < 2**31 - 1 else np.int64
+        self._mark = np.ones(self.size + 1, dtype=dt)
+        self._mark[0] = 0
 
     def available_size(self):
         """Free slots."""
@@ -67,7 +70,7 @@ class TokenToKVPoolAllocator:
         top = self._top
         idx = self._stack[top - n: top][::-1].copy()
         self._top = top - n
-        self._is_free[idx] = False
+        self._mark[idx] = 0
         return self._out(idx)
 
     def free(self, free_index):
@@ -79,18 +82,24 @@ class TokenToKVPoolAllocator:
             return
         if idx.min() < 1 or idx.max() > self.size:
             raise ValueError(f"free_index: slots must lie in [1, {self.size}]")
-        if self._is_free[idx].any():
-            bad = idx[self._is_free[idx]][:5]
+        mark = self._mark
+        was = mark.take(idx)
+        if was.any():
+            bad = idx[was != 0][:5]
             raise ValueError(f"free_index: double free of slot(s) {bad.tolist()}")
-        if n > 1 and np.unique(idx).size != n:
+        # Mark slot idx[k] free with stamp k + 1: a slot given twice keeps only its
+        # later stamp, which catches duplicates in O(n) without sorting.
+        stamp = np.arange(1, n + 1, dtype=mark.dtype)
+        mark[idx] = stamp
+        if n > 1 and not np.array_equal(mark.take(idx), stamp):
+            mark[idx] = 0  # undo: every slot was allocated before
             raise ValueError("free_index: a slot is given more than once")
-        self._is_free[idx] = True
         self._stack[self._top: self._top + n] = idx
         self._top += n
 
     def is_free(self, indices):
         """Boolean mask: which of ``indices`` are free (for tests and checks)."""
-        return self._is_free[as_int64(indices, "indices")]
+        return self._mark[as_int64(indices, "indices")] != 0
 
 
 class ReqToTokenPool:
