@@ -1,0 +1,7 @@
+"""``python -m flatradix ...`` is the ``flatradix`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,21 @@
+"""Trace replay: the project's main job (``flatradix replay``).
+
+Replays request workloads through ``flatradix.UnifiedRadixCache`` the way a
+serving scheduler drives it (match, lock, allocate, evict, cache the finished
+request), through the public API only, and reports hit ratio, evictions and
+per-operation latency.
+
+* ``trace``: :func:`load_mooncake` (Mooncake JSONL) and :func:`synthetic_workload`
+* ``sim``: :func:`replay`, the scheduler emulation
+* ``report``: text report, capacity :func:`sweep` and its plot
+"""
+
+from .report import format_report, format_sweep, parse_capacity, plot_sweep, sweep
+from .sim import ReplayResult, default_cache_factory, replay, unbounded_pool_slots
+from .trace import TraceFormatError, Workload, load_mooncake, synthetic_workload
+
+__all__ = [
+    "Workload", "TraceFormatError", "load_mooncake", "synthetic_workload", "replay",
+    "ReplayResult", "default_cache_factory", "unbounded_pool_slots", "sweep",
+    "format_report", "format_sweep", "parse_capacity", "plot_sweep",
+]
