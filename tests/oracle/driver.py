@@ -1,0 +1,703 @@
+"""Differential driver: flatradix against SGLang 0.5.23's own ``UnifiedRadixCache``.
+
+Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``), where both
+flatradix and sglang import::
+
+    export SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never \\
+           PYTHONPATH=$VENV/peer_stubs
+    $VENV/bin/python -m tests.oracle.driver --config p16-lru --backend rust --ops 100000
+    $VENV/bin/python -m tests.oracle.driver --config all --backend python --ops 2000
+    $VENV/bin/python -m tests.oracle.driver --replay repro.json   # re-run a reproducer
+
+A seeded generator produces an operation stream shaped like a scheduler's:
+requests that match a prefix (locked while they run), prefill in chunks
+(``cache_unfinished_req`` after each chunk), decode (sometimes checkpointed) and
+finish (``cache_finished_req``, or abort without insert); prompts built from
+shared system prompts, growing multi-turn conversations, fan-out forks and
+random tails; namespaces via ``extra_key`` / ``cache_salt``; raw inserts with
+``prev_prefix_len`` / ``inserted_len`` / priority, matches that take locks held
+across later inserts, explicit evictions and evictions forced by a KV budget,
+and rare ``reset()`` s. Each op runs on both engines, which are compared after
+every op (``normalize.py`` lists the only differences accepted):
+
+* match: matched length, KV indices, node (by id bijection);
+* insert: ``prefix_len``, node; lock: delta;
+* requests: matched prefix at admission, then after each checkpoint the
+  protected length, last node and the request's whole req->token row;
+* evict: tokens evicted; every op: the freed KV indices *in order* (the
+  eviction order of the policy), evictable and protected sizes, the KV event
+  stream (``enable_kv_cache_events=True``); total size every
+  ``TOTAL_EVERY`` ops (SGLang's Python core walks the whole tree for it) and at
+  episode ends; flatradix's ``sanity_check()`` every ``CHECK_EVERY`` ops.
+
+The stream is cut into episodes of ``--episode`` ops, each on freshly built
+engines, so a divergence replays from an empty cache. On a divergence the
+episode's op list is shrunk by delta debugging (fresh engines per try; the same
+divergence label must reappear) and printed as a Python literal, and written
+to ``--repro-dir``. The last stdout line per configuration is
+``ORACLE_RESULT {json}``.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+
+from .engines import FlatEngine, SglEngine
+from .normalize import (
+    Divergence, EventHashMap, NodeIdMap, coalesce_removed, compare, event_tuples,
+)
+
+# --------------------------------------------------------------------------- configs
+# Every eviction policy appears; page sizes 1, 16 and 64 each appear with several
+# policies; two EAGLE (bigram) trees. KV events are on everywhere. tlru: SGLang's
+# Rust adapter clamps ``threshold - next_prompt_estimate`` at 0 while its Python
+# strategy does not (the cores differ when next_prompt_estimate > threshold), so
+# the configs keep threshold >= next_prompt_estimate, where both cores agree.
+CONFIGS = {
+    "p1-lru": dict(page_size=1, policy="lru"),
+    "p16-lru": dict(page_size=16, policy="lru"),
+    "p64-lru": dict(page_size=64, policy="lru"),
+    "p1-lfu": dict(page_size=1, policy="lfu"),
+    "p16-fifo": dict(page_size=16, policy="fifo"),
+    "p1-mru": dict(page_size=1, policy="mru"),
+    "p16-filo": dict(page_size=16, policy="filo"),
+    "p64-priority": dict(page_size=64, policy="priority"),
+    "p16-slru": dict(page_size=16, policy="slru", policy_config={"protected_threshold": 3}),
+    "p1-tlru": dict(page_size=1, policy="tlru",
+                    policy_config={"threshold": 48, "next_prompt_estimate": 16}),
+    "p64-tlru": dict(page_size=64, policy="tlru",
+                     policy_config={"threshold": 3 * 64, "next_prompt_estimate": 64}),
+    "p1-eagle-lru": dict(page_size=1, policy="lru", eagle=True),
+    "p16-eagle-lfu": dict(page_size=16, policy="lfu", eagle=True),
+}
+
+# Self-test: flatradix-only changes the driver must catch (a configuration plus
+# ``mutant``, see engines.FlatEngine). Policy swaps check that the eviction order
+# is really compared; dropped insert arguments check hit counts (lfu/slru),
+# priorities and duplicate frees.
+MUTANTS = {
+    "lru-as-fifo": ("p1-lru", dict(policy="fifo")),
+    "slru-as-lfu": ("p16-slru", dict(policy="lfu", policy_config=None)),
+    "slru-threshold-2": ("p16-slru", dict(policy_config={"protected_threshold": 2})),
+    "tlru-as-lru": ("p64-tlru", dict(policy="lru", policy_config=None)),
+    "tlru-threshold": ("p1-tlru", dict(policy_config={"threshold": 40, "next_prompt_estimate": 16})),
+    "mru-as-filo": ("p1-mru", dict(policy="filo")),
+    "priority-dropped": ("p64-priority", dict(drop_priority=True)),
+    "inserted_len-dropped": ("p1-lfu", dict(drop_inserted_len=True)),
+    "prev_prefix_len-dropped": ("p16-lru", dict(drop_prev=True)),
+}
+
+# (extra_key, cache_salt) namespaces; index 0 is the default namespace.
+NAMESPACES = [(None, None), ("lora-a", None), (None, "salt-1"), ("lora-a", "salt-1"),
+              ("", None), ("lora-b", None)]
+NS_WEIGHTS = [10, 2, 2, 1, 1, 1]
+
+MAX_LIVE = 6          # requests in flight
+MAX_LOCKS = 8         # extra locks held by "match+lock" ops
+SELFTEST_OPS = 5000  # a mutant must diverge within this many ops
+TOTAL_EVERY = 16
+CHECK_EVERY = 64
+
+
+def geometry(P):
+    """Length scale of a config: (unit tokens, max context, KV budget in pages)."""
+    if P == 1:
+        return 8, 400, 1200
+    if P == 16:
+        return 16, 1024, 160
+    return 64, 1536, 64
+
+
+# --------------------------------------------------------------------------- executor
+class ReqState:
+    __slots__ = ("rid", "prompt", "ns", "prio", "row", "protected", "extend_end",
+                 "output", "committed", "admitted")
+
+    def __init__(self, rid, prompt, ns, prio):
+        self.rid, self.prompt, self.ns, self.prio = rid, prompt, ns, prio
+        self.row = []
+        self.protected = 0
+        self.extend_end = 0
+        self.output = []
+        self.committed = 0
+        self.admitted = 0
+
+
+class Executor:
+    """Applies abstract ops to both engines and compares them. Every decision it
+    takes (slot numbers, budget evictions) depends only on the ops and on values
+    already found equal, so an op list replays identically on fresh engines.
+    Ops that do not apply to the current state (a request that is gone, ...) are
+    skipped, which lets the shrinker delete ops freely."""
+
+    def __init__(self, cfg, backend):
+        self.cfg = cfg
+        self.P = cfg["page_size"]
+        self.eagle = cfg.get("eagle", False)
+        self.unit, self.max_ctx, self.cap_pages = geometry(self.P)
+        nrows = MAX_LIVE + 2
+        self.f = FlatEngine(cfg, nrows, self.max_ctx + 2 * self.P)
+        self.s = SglEngine(cfg, nrows, self.max_ctx + 2 * self.P, backend)
+        self.ids = NodeIdMap()
+        self.ids.bind("root", self.f.root(), self.s.root())
+        self.hmap = EventHashMap()
+        self.coalesce = backend == "rust"
+        self.next_page = 1
+        self.reqs = {}
+        self.locks = []
+        self.nops = 0
+        self.stats = Counter()
+        self._sync("init", (None, None))
+
+    # ----------------------------------------------------------- helpers
+    def _both(self, what, fn_f, fn_s):
+        """Call one operation on each engine; an exception on either side is a divergence."""
+        try:
+            a = fn_f()
+        except Exception as e:  # noqa: BLE001 - any engine error is a finding
+            a = e
+        try:
+            b = fn_s()
+        except Exception as e:  # noqa: BLE001
+            b = e
+        if isinstance(a, Exception) or isinstance(b, Exception):
+            fa = f"{type(a).__name__}: {a}" if isinstance(a, Exception) else "ok"
+            fb = f"{type(b).__name__}: {b}" if isinstance(b, Exception) else "ok"
+            side = ("both" if isinstance(a, Exception) and isinstance(b, Exception)
+                    else "flatradix" if isinstance(a, Exception) else "sglang")
+            err = a if isinstance(a, Exception) else b
+            raise Divergence(f"{what}.raised.{side}.{type(err).__name__}",
+                             f"flatradix: {fa} | SGLang: {fb}")
+        return a, b
+
+    def _slots(self, row, start, end):
+        """KV slots for row positions [start, end): whole pages from the shared
+        counter, a partial page continued in place (as a paged allocator does)."""
+        P = self.P
+        out = []
+        for pos in range(start, end):
+            if pos % P == 0:
+                out.append(self.next_page * P)
+                self.next_page += 1
+                if self.next_page * P >= (1 << 31) - P:  # SGLang rows are int32
+                    self.next_page = 1
+            else:
+                out.append((row[pos - 1] if pos - 1 < len(row) else out[-1]) + 1)
+        return out
+
+    @staticmethod
+    def _new_pages(start, end, P):
+        return max(0, -(-end // P) - (-(-start // P)))
+
+    def _usage_pages(self):
+        ev, prot = self.f.sizes()
+        used = (ev + prot) // self.P
+        for r in self.reqs.values():
+            used += max(0, -(-r.committed // self.P) - r.protected // self.P)
+        return used
+
+    def _make_room(self, pages):
+        """Evict what a scheduler would before allocating ``pages`` pages."""
+        over = self._usage_pages() + pages - self.cap_pages
+        if over > 0:
+            self.stats["budget_evict"] += 1
+            a, b = self._both("budget_evict", lambda: self.f.evict(over * self.P),
+                              lambda: self.s.evict(over * self.P))
+            compare("budget_evict.num_evicted", a, b)
+            self.stats["evicted_tokens"] += a
+
+    def _sync(self, what, ns):
+        """Compare frees, sizes and events accumulated since the last sync."""
+        compare(f"{what}.freed_indices", self.f.take_frees(), self.s.take_frees())
+        compare(f"{what}.sizes(evictable,protected)", self.f.sizes(), self.s.sizes())
+        fe = event_tuples(self.f.take_events())
+        se = event_tuples(self.s.take_events())
+        learn = ns[0] is not None
+        fe = self.hmap.translate(fe, se, learn)
+        if self.coalesce:
+            fe, se = coalesce_removed(fe), coalesce_removed(se)
+        compare(f"{what}.events", fe, se)
+
+    def check_total(self, what):
+        compare(f"{what}.total_size", self.f.total(), self.s.total())
+        ev, prot = self.f.sizes()
+        compare(f"{what}.total==evictable+protected", self.f.total(), ev + prot)
+
+    def key_units(self, toks):
+        return max(0, len(toks) - 1) if self.eagle else len(toks)
+
+    # ----------------------------------------------------------- ops
+    def apply(self, op):
+        kind = op[0]
+        getattr(self, "op_" + kind)(*op[1:])
+        self.nops += 1
+        self.stats[kind] += 1
+        if self.nops % TOTAL_EVERY == 0:
+            self.check_total(kind)
+        if self.nops % CHECK_EVERY == 0:
+            self.f.check()
+
+    def op_match(self, toks, nsi, lock):
+        ns = NAMESPACES[nsi]
+        (fl, fi, fn), (sl, si, sn) = self._both("match", lambda: self.f.match(toks, ns),
+                                                lambda: self.s.match(toks, ns))
+        compare("match.prefix_len", fl, sl)
+        compare("match.indices", fi, si)
+        self.ids.bind("match", fn, sn)
+        self.stats["match_tokens"] += fl
+        if lock and len(self.locks) < MAX_LOCKS:
+            (fh, fd), (sh, sd) = self._both("lock", lambda: self.f.lock(fn), lambda: self.s.lock(sn))
+            compare("lock.delta", fd, sd)
+            self.locks.append((fh, sh))
+        self._sync("match", ns)
+
+    def op_unlock(self, k):
+        if not self.locks:
+            return
+        fh, sh = self.locks.pop(k % len(self.locks))
+        self._both("unlock", lambda: self.f.unlock(fh), lambda: self.s.unlock(sh))
+        self._sync("unlock", (None, None))
+
+    def op_insert(self, toks, nsi, prev, inserted, prio):
+        ns = NAMESPACES[nsi]
+        n = self.key_units(toks)
+        self._make_room(self._new_pages(0, n, self.P))
+        values = self._slots([], 0, n)
+        (fl, fn), (sl, sn) = self._both(
+            "insert", lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio),
+            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio))
+        compare("insert.prefix_len", fl, sl)
+        self.ids.bind("insert", fn, sn)
+        self._sync("insert", ns)
+
+    def op_evict(self, n):
+        a, b = self._both("evict", lambda: self.f.evict(n), lambda: self.s.evict(n))
+        compare("evict.num_evicted", a, b)
+        self.stats["evicted_tokens"] += a
+        self._sync("evict", (None, None))
+
+    def op_admit(self, rid, prompt, nsi, prio):
+        if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt:
+            return
+        ns = NAMESPACES[nsi]
+        (fl, fi, fn), (sl, si, sn) = self._both(
+            "admit", lambda: self.f.req_admit(rid, prompt, ns, prio),
+            lambda: self.s.req_admit(rid, prompt, ns, prio))
+        compare("admit.prefix_len", fl, sl)
+        compare("admit.indices", fi, si)
+        self.ids.bind("admit", fn, sn)
+        r = ReqState(rid, prompt, ns, prio)
+        r.row = list(fi)
+        r.protected = r.extend_end = r.committed = r.admitted = fl
+        self.reqs[rid] = r
+        self.stats["admit_hit_tokens"] += fl
+        self.stats["admit_tokens"] += len(prompt)
+        if fi:
+            self._both("admit.write", lambda: self.f.req_write(rid, 0, fi),
+                       lambda: self.s.req_write(rid, 0, fi))
+        self._sync("admit", ns)
+
+    def _grow(self, r, end):
+        """Commit row positions [r.committed, end) with fresh slots."""
+        start = r.committed
+        self._make_room(self._new_pages(start, end, self.P))
+        slots = self._slots(r.row, start, end)
+        del r.row[start:]
+        r.row.extend(slots)
+        r.committed = end
+        self._both("write", lambda: self.f.req_write(r.rid, start, slots),
+                   lambda: self.s.req_write(r.rid, start, slots))
+
+    def _progress(self, r):
+        self._both("progress", lambda: self.f.req_progress(r.rid, r.output, r.committed),
+                   lambda: self.s.req_progress(r.rid, r.output, r.committed))
+
+    def _checkpoint(self, r, what):
+        up_to = r.committed
+        (fp, fn, frow), (sp, sn, srow) = self._both(
+            what, lambda: self.f.req_checkpoint(r.rid, up_to),
+            lambda: self.s.req_checkpoint(r.rid, up_to))
+        compare(f"{what}.cache_protected_len", fp, sp)
+        self.ids.bind(what, fn, sn)
+        compare(f"{what}.req_to_token_row", frow, srow)
+        r.protected = fp
+        r.row[:up_to] = frow
+        self.stats["checkpoint"] += 1
+
+    def op_extend(self, rid, n, first_tok, ckpt_at_end):
+        """One prefill chunk of ``n`` prompt tokens (chunk ends page-aligned, as
+        SGLang's PrefillAdder truncates them); a chunk that does not finish the
+        prompt is cached with ``cache_unfinished_req``."""
+        r = self.reqs.get(rid)
+        if r is None or r.extend_end >= len(r.prompt):
+            return
+        P, L = self.P, len(r.prompt)
+        a = r.extend_end
+        b = min(a + max(1, n), L)
+        if b < L and P > 1:
+            b = b // P * P
+            if b <= a:
+                b = min(L, (a // P + 1) * P)
+        self._grow(r, b)
+        r.extend_end = b
+        if b == L:
+            r.output.append(first_tok)  # the first sampled token (no KV yet)
+        self._progress(r)
+        if b < L or ckpt_at_end:
+            self._checkpoint(r, "cache_unfinished_req")
+        self._sync("extend", r.ns)
+
+    def op_decode(self, rid, toks, ckpt):
+        r = self.reqs.get(rid)
+        if r is None or r.extend_end < len(r.prompt):
+            return
+        k = min(len(toks), self.max_ctx - r.committed - 1)
+        if k <= 0:
+            return
+        self._grow(r, r.committed + k)  # KV of the previously sampled tokens
+        r.output.extend(toks[:k])
+        self._progress(r)
+        if ckpt:
+            self._checkpoint(r, "cache_unfinished_req(decode)")
+        self._sync("decode", r.ns)
+
+    def op_finish(self, rid, insert):
+        r = self.reqs.get(rid)
+        if r is None or r.extend_end <= r.admitted:
+            return  # nothing allocated yet: a scheduler prefills in the admitting batch
+        del self.reqs[rid]
+        self._both("cache_finished_req" if insert else "abort",
+                   lambda: self.f.req_release(rid, insert), lambda: self.s.req_release(rid, insert))
+        self._sync("finish", r.ns)
+
+    def op_reset(self):
+        """Finish every request and drop every lock (a scheduler flushes only when
+        idle), then ``reset()`` both trees."""
+        for rid in sorted(self.reqs):
+            if self.reqs[rid].extend_end <= self.reqs[rid].admitted:
+                self.op_extend(rid, 1, 1, False)
+            self.op_finish(rid, True)
+        while self.locks:
+            self.op_unlock(0)
+        self.check_total("reset")
+        self._both("reset", self.f.reset, self.s.reset)
+        self.ids.bind("reset.root", self.f.root(), self.s.root())
+        self._sync("reset", (None, None))
+
+    def finish_episode(self):
+        self.check_total("episode_end")
+        self.f.check()
+
+
+# --------------------------------------------------------------------------- generator
+class Generator:
+    """Seeded scheduler-shaped op stream. Reads the executor's state only to pick
+    plausible ops; the executor skips ops that no longer apply."""
+
+    def __init__(self, cfg, rng):
+        self.rng = rng
+        self.P = cfg["page_size"]
+        self.eagle = cfg.get("eagle", False)
+        self.unit, self.max_ctx, _ = geometry(self.P)
+        self.sys_prompts = [self.tokens(self.span(1, 8)) for _ in range(4)]
+        self.convs = []          # [ns index, tokens]
+        self.req_conv = {}       # rid -> conv slot (or None)
+        self.next_rid = 0
+
+    def span(self, lo_units, hi_units):
+        """A length between lo and hi units, not page-aligned in general."""
+        return self.rng.randint(lo_units * self.unit, hi_units * self.unit) + self.rng.randrange(self.unit)
+
+    def tokens(self, n):
+        rng = self.rng
+        r = rng.random()
+        if r < 0.2:  # small alphabet: many accidental partial matches, mid-page splits
+            return tuple(rng.randint(1, 3) for _ in range(n))
+        if r < 0.22:  # ids at the edges of the token domain
+            if self.eagle:  # flatradix's documented EAGLE domain (normalize.py, point 6)
+                return tuple(rng.choice((0, 2 ** 31 - 1, rng.randrange(2 ** 31))) for _ in range(n))
+            return tuple(rng.choice((0, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, rng.randrange(2 ** 32)))
+                         for _ in range(n))
+        return tuple(rng.randrange(1, 150000) for _ in range(n))
+
+    def ns(self):
+        return self.rng.choices(range(len(NAMESPACES)), NS_WEIGHTS)[0]
+
+    def cut(self, toks):
+        return toks[:self.rng.randint(0, len(toks))]
+
+    def source_key(self, ex):
+        """A key for a raw insert / match, and its namespace."""
+        rng = self.rng
+        r = rng.random()
+        if r < 0.3 and self.convs:
+            nsi, toks = rng.choice(self.convs)
+            key = self.cut(toks) + (self.tokens(self.span(0, 2)) if rng.random() < 0.5 else ())
+        elif r < 0.5:
+            nsi, key = self.ns(), self.cut(rng.choice(self.sys_prompts)) + self.tokens(self.span(0, 2))
+        elif r < 0.7 and ex.reqs:
+            req = ex.reqs[rng.choice(sorted(ex.reqs))]
+            nsi = NAMESPACES.index(req.ns)
+            key = self.cut(req.prompt + tuple(req.output))
+        elif r < 0.75:
+            nsi, key = self.ns(), self.tokens(rng.randrange(0, self.P + 2))  # short / sub-page
+        else:
+            nsi, key = self.ns(), self.tokens(self.span(0, 4))
+        if rng.random() < 0.15:
+            nsi = self.ns()  # same tokens, maybe another namespace
+        return key[: self.max_ctx], nsi
+
+    def prompt(self, ex):
+        rng = self.rng
+        r = rng.random()
+        conv = None
+        if r < 0.35 and self.convs:  # next turn of a conversation
+            conv = rng.randrange(len(self.convs))
+            nsi, hist = self.convs[conv]
+            prompt = hist + self.tokens(self.span(0, 2) + 1)
+        elif r < 0.6:  # new conversation on a shared system prompt
+            nsi = self.ns()
+            prompt = rng.choice(self.sys_prompts) + self.tokens(self.span(0, 3) + 1)
+        elif r < 0.75 and (self.convs or ex.reqs):  # fan-out from a history / running prompt
+            if self.convs and (not ex.reqs or rng.random() < 0.5):
+                nsi, base = rng.choice(self.convs)
+            else:
+                req = ex.reqs[rng.choice(sorted(ex.reqs))]
+                nsi, base = NAMESPACES.index(req.ns), req.prompt
+            prompt = self.cut(base) + self.tokens(self.span(0, 2) + 1)
+        elif r < 0.85 and self.convs:  # exact repeat
+            nsi, prompt = rng.choice(self.convs)
+        else:
+            nsi, prompt = self.ns(), self.tokens(self.span(0, 4) + 1)
+        limit = self.max_ctx * 2 // 3
+        if len(prompt) > limit:
+            prompt = prompt[len(prompt) - limit:] if rng.random() < 0.5 else prompt[:limit]
+            conv = None
+        if conv is None and len(prompt) < limit // 2:
+            if len(self.convs) < 40:
+                self.convs.append([nsi, prompt])
+                conv = len(self.convs) - 1
+            elif rng.random() < 0.3:
+                conv = rng.randrange(len(self.convs))
+                self.convs[conv] = [nsi, prompt]
+        return prompt or (1,), nsi, conv
+
+    def next(self, ex):
+        rng = self.rng
+        prefill = [rid for rid, r in ex.reqs.items() if r.extend_end < len(r.prompt)]
+        decode = [rid for rid, r in ex.reqs.items() if r.extend_end >= len(r.prompt)]
+        choices = []
+        if len(ex.reqs) < MAX_LIVE:
+            choices.append(("admit", 0.10 if ex.reqs else 0.5))
+        if prefill:
+            choices.append(("extend", 0.15))
+        if decode:
+            choices.append(("decode", 0.22))
+            choices.append(("finish", 0.07))
+        if ex.reqs:
+            choices.append(("abort", 0.01))
+        choices += [("insert", 0.12), ("match", 0.16), ("evict", 0.05), ("reset", 0.002)]
+        if ex.locks:
+            choices.append(("unlock", 0.05))
+        kind = rng.choices([c[0] for c in choices], [c[1] for c in choices])[0]
+        if kind == "admit":
+            prompt, nsi, conv = self.prompt(ex)
+            rid = self.next_rid
+            self.next_rid += 1
+            self.req_conv[rid] = conv
+            prio = rng.choice((0, 0, 0, 1, 2, 3, -1))
+            return ("admit", rid, prompt, nsi, prio)
+        if kind == "extend":
+            return ("extend", rng.choice(sorted(prefill)), self.span(0, 3) + 1,
+                    rng.randrange(1, 150000), rng.random() < 0.1)
+        if kind == "decode":
+            rid = rng.choice(sorted(decode))
+            n = rng.choice((1, 1, 2, 3, self.unit, rng.randint(1, 2 * self.unit)))
+            return ("decode", rid, self.tokens(n), rng.random() < 0.1)
+        if kind in ("finish", "abort"):
+            rid = rng.choice(sorted(decode if kind == "finish" else ex.reqs))
+            insert = kind == "finish" and rng.random() < 0.95
+            r = ex.reqs[rid]
+            conv = self.req_conv.pop(rid, None)
+            if insert and conv is not None and conv < len(self.convs):
+                hist = r.prompt + tuple(r.output)
+                if len(hist) < self.max_ctx * 2 // 3:
+                    self.convs[conv] = [NAMESPACES.index(r.ns), hist]
+            return ("finish", rid, insert)
+        if kind == "insert":
+            key, nsi = self.source_key(ex)
+            n = max(0, len(key) - 1) if self.eagle else len(key)
+            P = self.P
+            prev = rng.choice((0, 0, rng.randint(0, n)))
+            inserted = rng.choice((0, 0, rng.randint(0, n)))
+            if P > 1:  # schedulers pass page-aligned lengths
+                prev, inserted = prev // P * P, inserted // P * P
+            return ("insert", key, nsi, prev, inserted, rng.choice((0, 0, 1, 2, 5)))
+        if kind == "match":
+            key, nsi = self.source_key(ex)
+            return ("match", key, nsi, rng.random() < 0.3)
+        if kind == "unlock":
+            return ("unlock", rng.randrange(1 << 16))
+        if kind == "evict":
+            n = rng.choice((1, self.P, rng.randint(1, 4 * self.unit), 10 ** 6 if rng.random() < 0.1 else 1))
+            return ("evict", n)
+        return ("reset",)
+
+
+# --------------------------------------------------------------------------- running
+def episode_seed(seed, config, backend, ep):
+    h = hashlib.sha256(f"{seed}/{config}/{ep}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def replay(cfg, backend, ops):
+    """Run ``ops`` on fresh engines; return the Divergence raised, or None."""
+    try:
+        ex = Executor(cfg, backend)
+        for op in ops:
+            ex.apply(op)
+        ex.finish_episode()
+    except Divergence as d:
+        return d
+    return None
+
+
+def shrink(cfg, backend, ops, sig, budget_s, log=print):
+    """Delta-debug ``ops`` to a short list that still raises a divergence labelled
+    ``sig`` (complement removal at growing granularity, then single ops)."""
+    t_end = time.monotonic() + budget_s
+    tries = 0
+
+    def fails(cand):
+        nonlocal tries
+        tries += 1
+        d = replay(cfg, backend, cand)
+        return d is not None and d.sig == sig
+
+    cur = list(ops)
+    n = 2
+    while len(cur) >= 2 and time.monotonic() < t_end:
+        chunk = max(1, len(cur) // n)
+        removed = False
+        start = 0
+        while start < len(cur) and time.monotonic() < t_end:
+            cand = cur[:start] + cur[start + chunk:]
+            if cand and fails(cand):
+                cur = cand
+                removed = True
+                log(f"  shrink: {len(cur)} ops ({tries} tries)")
+            else:
+                start += chunk
+        if removed:
+            n = max(n - 1, 2)
+        elif chunk == 1:
+            break
+        else:
+            n = min(len(cur), n * 2)
+    return cur, tries, time.monotonic() < t_end
+
+
+def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log=print, cfg=None):
+    cfg = dict(CONFIGS[name] if cfg is None else cfg)
+    t0 = time.monotonic()
+    done = 0
+    ep = 0
+    stats = Counter()
+    result = dict(config=name, backend=backend, seed=seed, episode=episode)
+    while done < total_ops:
+        n = min(episode, total_ops - done)
+        rng = random.Random(episode_seed(seed, name, backend, ep))
+        ex = Executor(cfg, backend)
+        gen = Generator(cfg, rng)
+        ops = []
+        try:
+            for _ in range(n):
+                op = gen.next(ex)
+                ops.append(op)
+                ex.apply(op)
+            ex.finish_episode()
+        except Divergence as d:
+            log(f"DIVERGENCE {name}/{backend} episode {ep} op #{len(ops) - 1}: {d}")
+            log(f"  op: {ops[-1]!r}"[:2000])
+            small, tries, complete = shrink(cfg, backend, ops, d.sig, shrink_s, log)
+            again = replay(cfg, backend, small)
+            repro = dict(config=name, backend=backend, sig=d.sig, cfg=cfg,
+                         detail=str(again) if again else str(d), ops=small)
+            path = None
+            if repro_dir:
+                os.makedirs(repro_dir, exist_ok=True)
+                path = os.path.join(repro_dir, f"repro-{name}-{backend}-{seed}-{ep}.json")
+                with open(path, "w") as fh:
+                    json.dump(repro, fh)
+            log(f"SHRUNK to {len(small)} ops ({tries} replays, {'minimal' if complete else 'time budget hit'}):")
+            log(f"  divergence: {again if again else d}")
+            log("  ops = " + repr(small))
+            if path:
+                log(f"  written to {path}; replay: python -m tests.oracle.driver --replay {path}")
+            stats.update(ex.stats)
+            result.update(ops=done + len(ops) - 1, divergences=1, sig=d.sig,
+                          reproducer=dict(repro, path=path), seconds=round(time.monotonic() - t0, 1),
+                          stats=dict(stats))
+            return result
+        stats.update(ex.stats)
+        done += n
+        ep += 1
+    result.update(ops=done, divergences=0, episodes=ep, seconds=round(time.monotonic() - t0, 1),
+                  stats=dict(stats))
+    return result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="all", help="name, comma list, or 'all': " + ", ".join(CONFIGS))
+    ap.add_argument("--backend", default="python", choices=("python", "rust"))
+    ap.add_argument("--ops", type=int, default=2000, help="operations per configuration")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--episode", type=int, default=5000, help="ops per fresh pair of engines")
+    ap.add_argument("--shrink-seconds", type=float, default=600)
+    ap.add_argument("--repro-dir", default=os.environ.get(
+        "FLATRADIX_ORACLE_REPRO_DIR", os.path.join(tempfile.gettempdir(), "flatradix-oracle-repro")))
+    ap.add_argument("--replay", help="a reproducer JSON written by a failing run")
+    ap.add_argument("--self-test", action="store_true",
+                    help="also check that every deliberately wrong flatradix (MUTANTS) is caught")
+    args = ap.parse_args(argv)
+
+    if args.replay:
+        with open(args.replay) as fh:
+            rep = json.load(fh)
+        ops = [tuple(tuple(x) if isinstance(x, list) else x for x in op) for op in rep["ops"]]
+        cfg = rep.get("cfg") or CONFIGS[rep["config"]]
+        d = replay(dict(cfg), rep["backend"], ops)
+        print(f"{len(ops)} ops on {rep['config']}/{rep['backend']}: {d if d else 'no divergence'}")
+        return 1 if d else 0
+
+    names = list(CONFIGS) if args.config == "all" else args.config.split(",")
+    for nm in names:
+        if nm not in CONFIGS:
+            ap.error(f"unknown config {nm!r}; known: {', '.join(CONFIGS)}")
+    failed = 0
+    if args.self_test:
+        st = {}
+        for mname, (base, mut) in MUTANTS.items():
+            res = run_config(f"mutant:{mname}", args.backend, args.seed, SELFTEST_OPS, args.episode,
+                             15, None, log=lambda *a: None, cfg=dict(CONFIGS[base], mutant=mut))
+            st[mname] = dict(caught=bool(res["divergences"]), after_ops=res["ops"], sig=res.get("sig"),
+                             shrunk_ops=len(res.get("reproducer", {}).get("ops", [])))
+            failed += not res["divergences"]
+        print("ORACLE_SELFTEST " + json.dumps(st), flush=True)
+    for nm in names:
+        res = run_config(nm, args.backend, args.seed, args.ops, args.episode, args.shrink_seconds,
+                         args.repro_dir)
+        failed += res["divergences"]
+        print("ORACLE_RESULT " + json.dumps(res, default=str), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

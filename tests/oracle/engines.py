@@ -1,0 +1,356 @@
+"""The two engines behind one small interface, as a scheduler drives them.
+
+``FlatEngine`` wraps ``flatradix.UnifiedRadixCache``; ``SglEngine`` wraps SGLang
+0.5.23's ``UnifiedRadixCache`` with its Python or Rust tree core. Both get a
+*recording* allocator: it never hands out slots (the driver assigns the same
+KV values to both engines from one counter) and logs every freed index in call
+order (see ``normalize.py``, point 2). Each engine has its own req->token table;
+the driver writes identical slots into both.
+
+Request operations use each library's real entry points:
+
+* flatradix: ``match_prefix`` + ``inc_lock_ref`` at admission,
+  ``cache_unfinished_req`` / ``cache_finished_req`` (SGLang <= 0.5.22 names,
+  which flatradix maps onto ``checkpoint`` / ``release_kv_cache``);
+* SGLang 0.5.23: ``Req.init_next_round_input`` (``match_kv_cache`` with the
+  ``input_len - 1`` cap) + ``tree_cache.lock`` as the prefill adder does,
+  ``common.checkpoint_kv_cache`` and ``common.release_kv_cache``.
+
+Only the oracle venv (``../shared/tools/setup_sglang_oracle.sh``) can import
+this module's SGLang half; the flatradix half imports anywhere.
+"""
+
+import os
+import warnings
+from array import array
+
+import numpy as np
+
+import flatradix
+from flatradix import InsertParams as FInsertParams
+from flatradix import MatchPrefixParams as FMatchPrefixParams
+from flatradix import RadixKey as FRadixKey
+
+_BIG = 1 << 40
+
+
+class _FlatRecordingAllocator:
+    """flatradix-side stand-in for the KV allocator: records frees in order."""
+
+    index_kind = "numpy"
+    device = "cpu"
+
+    def __init__(self, page_size):
+        self.page_size = page_size
+        self.log = []
+
+    def free(self, idx):
+        self.log.extend(np.asarray(idx).tolist())
+
+    def available_size(self):
+        return _BIG
+
+
+class FlatEngine:
+    name = "flatradix"
+
+    def __init__(self, cfg, max_reqs, max_ctx):
+        # ``mutant``: deliberate flatradix-only changes for the driver's self-test
+        # (driver.MUTANTS): another policy / policy config, or an insert argument
+        # dropped. Empty in every real configuration.
+        mut = cfg.get("mutant", {})
+        self.mut = mut
+        self.P = cfg["page_size"]
+        self.alloc = _FlatRecordingAllocator(self.P)
+        self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
+        self.cache = flatradix.UnifiedRadixCache(
+            page_size=self.P, eviction_policy=mut.get("policy", cfg["policy"]),
+            eviction_policy_config=mut.get("policy_config", cfg.get("policy_config")),
+            token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.rtp,
+            is_eagle=cfg.get("eagle", False), enable_kv_cache_events=cfg.get("events", True),
+            # tiny initial arrays: node-table growth, child-table rebuilds and pool
+            # compaction run early and often instead of once per episode
+            node_capacity=8, pool_capacity=128)
+        self.reqs = {}
+
+    # ------------------------------------------------------------ tree ops
+    def root(self):
+        return self.cache.root_node_handle()
+
+    def _key(self, toks, ns):
+        return FRadixKey(np.asarray(toks, dtype=np.int64), ns[0], ns[1])
+
+    def insert(self, toks, ns, values, prev, inserted, prio):
+        if self.mut:
+            prev = 0 if self.mut.get("drop_prev") else prev
+            inserted = 0 if self.mut.get("drop_inserted_len") else inserted
+            prio = 0 if self.mut.get("drop_priority") else prio
+        r = self.cache.insert(FInsertParams(key=self._key(toks, ns),
+                                            value=np.asarray(values, dtype=np.int64),
+                                            prev_prefix_len=prev, inserted_len=inserted,
+                                            priority=prio))
+        return r.prefix_len, r.last_device_node
+
+    def match(self, toks, ns):
+        m = self.cache.match_prefix(FMatchPrefixParams(key=self._key(toks, ns)))
+        return m.device_prefix_len, m.device_indices.tolist(), m.last_device_node
+
+    def lock(self, node):
+        r = self.cache.inc_lock_ref(node)
+        return (node, r), r.delta
+
+    def unlock(self, handle):
+        node, receipt = handle
+        self.cache.dec_lock_ref(node, receipt)
+
+    def evict(self, n):
+        return self.cache.evict(flatradix.EvictParams(num_tokens=n)).num_tokens_evicted
+
+    def sizes(self):
+        return self.cache.evictable_size(), self.cache.protected_size()
+
+    def total(self):
+        return self.cache.total_size()[0]
+
+    def take_frees(self):
+        out, self.alloc.log = self.alloc.log, []
+        return out
+
+    def take_events(self):
+        return self.cache.take_events()
+
+    def reset(self):
+        self.cache.reset()
+
+    def check(self):
+        self.cache.sanity_check()
+
+    # ------------------------------------------------------------ requests
+    def req_admit(self, rid, prompt, ns, prio):
+        """Match ``prompt[:-1]`` (the scheduler's ``input_len - 1`` cap), lock the
+        matched node and take a request row. Returns (prefix_len, indices, node)."""
+        row = self.rtp.alloc(1)[0]
+        plen, idx, node = self.match(prompt[:-1], ns)
+        # token containers: array('q') (what an SGLang Req holds) or lists, alternately
+        seq = (lambda t: array("q", t)) if rid % 2 else list
+        req = flatradix.Req(origin_input_ids=seq(prompt), output_ids=seq(()), fill_ids=seq(prompt),
+                            req_pool_idx=row, last_node=node, extra_key=ns[0], cache_salt=ns[1],
+                            priority=prio, cache_protected_len=plen, cache_inserted_len=0,
+                            kv_committed_len=0, kv_allocated_len=0, rid=rid)
+        req.prefix_indices = np.asarray(idx, dtype=np.int64)
+        self.cache.inc_lock_ref(node)
+        self.reqs[rid] = req
+        return plen, idx, node
+
+    def req_write(self, rid, start, slots):
+        req = self.reqs[rid]
+        self.rtp.req_to_token[req.req_pool_idx, start:start + len(slots)] = slots
+
+    def req_progress(self, rid, output, committed):
+        req = self.reqs[rid]
+        req.output_ids = list(output) if isinstance(req.origin_input_ids, list) else array("q", output)
+        req.kv_committed_len = committed
+        req.kv_allocated_len = committed
+
+    def req_checkpoint(self, rid, up_to):
+        """``cache_unfinished_req`` at ``up_to`` tokens; returns
+        (cache_protected_len, last_node, row[:up_to])."""
+        req = self.reqs[rid]
+        req.fill_ids = (req.origin_input_ids + req.output_ids)[:up_to]
+        self.cache.cache_unfinished_req(req)
+        row = self.rtp.req_to_token[req.req_pool_idx, :up_to].tolist()
+        return req.cache_protected_len, req.last_node, row
+
+    def req_release(self, rid, insert):
+        req = self.reqs.pop(rid)
+        req.fill_ids = req.origin_input_ids + req.output_ids
+        self.cache.cache_finished_req(req, is_insert=insert)
+
+
+# ---------------------------------------------------------------- SGLang
+def sglang_env():
+    """The environment the oracle venv needs (set before importing sglang)."""
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("SGLANG_RUST_BUILD_MODE", "never")
+
+
+_SGL = None
+
+
+def _sgl():
+    """Import SGLang's pieces once (slow: ~15-30 s of imports)."""
+    global _SGL
+    if _SGL is not None:
+        return _SGL
+    sglang_env()
+    import logging
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import torch
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        EvictParams, InsertParams, MatchPrefixParams, TreeLock,
+    )
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    # release_kv_cache reads get_spec()/get_serving(): publish server args once.
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+
+    class RecordingAllocator(BaseTokenToKVPoolAllocator):
+        """SGLang-side stand-in for the KV allocator: every free path of the base
+        class (free_segment(s), free_full, free groups) ends in ``free``, which
+        records the indices in call order. The base class's page-alignment
+        assertions stay active."""
+
+        def __init__(self, page_size):
+            super().__init__(_BIG, page_size, torch.float16, "cpu", None, False)
+            self.log = []
+
+        def alloc(self, need_size):
+            raise AssertionError("the oracle driver assigns KV slots itself")
+
+        def free(self, free_index):
+            if free_index.numel() == 0:
+                return
+            if self.free_group is None:
+                self.log.extend(free_index.tolist())
+            else:
+                self.free_group.append(free_index.clone())
+
+        def available_size(self):
+            return _BIG
+
+        def clear(self):
+            self.log = []
+
+    _SGL = dict(torch=torch, Req=Req, FINISH_LENGTH=FINISH_LENGTH, FINISH_ABORT=FINISH_ABORT,
+                RecordingAllocator=RecordingAllocator, EvictParams=EvictParams,
+                InsertParams=InsertParams, MatchPrefixParams=MatchPrefixParams, TreeLock=TreeLock,
+                CacheInitParams=CacheInitParams, checkpoint_kv_cache=checkpoint_kv_cache,
+                release_kv_cache=release_kv_cache, ReqToTokenPool=ReqToTokenPool,
+                RadixKey=RadixKey, ComponentType=ComponentType, UnifiedRadixCache=UnifiedRadixCache,
+                SamplingParams=SamplingParams,
+                sampling=SamplingParams(temperature=0, max_new_tokens=1 << 30))
+    return _SGL
+
+
+class SglEngine:
+    name = "sglang"
+
+    def __init__(self, cfg, max_reqs, max_ctx, backend):
+        S = self.S = _sgl()
+        self.torch = S["torch"]
+        self.P = cfg["page_size"]
+        self.alloc = S["RecordingAllocator"](self.P)
+        self.rtp = S["ReqToTokenPool"](size=max_reqs, max_context_len=max_ctx, device="cpu",
+                                       enable_memory_saver=False)
+        self.cache = S["UnifiedRadixCache"](S["CacheInitParams"](
+            disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
+            page_size=self.P, eviction_policy=cfg["policy"],
+            eviction_policy_config=cfg.get("policy_config"), is_eagle=cfg.get("eagle", False),
+            enable_kv_cache_events=cfg.get("events", True),
+            tree_components=(S["ComponentType"].FULL,), tree_core_backend=backend))
+        core = type(self.cache.tree_core).__name__
+        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[backend]
+        if core != want:  # a missing Rust core falls back to Python silently
+            raise RuntimeError(f"SGLang built a {core}, not the {backend} tree core")
+        self.core = core
+        self.reqs = {}
+
+    def root(self):
+        return self.cache.root_node_handle()
+
+    def _key(self, toks, ns):
+        return self.S["RadixKey"](array("q", toks), ns[0], cache_salt=ns[1])
+
+    def insert(self, toks, ns, values, prev, inserted, prio):
+        r = self.cache.insert(self.S["InsertParams"](
+            key=self._key(toks, ns), value=self.torch.tensor(values, dtype=self.torch.int64),
+            prev_prefix_len=prev, inserted_len=inserted, priority=prio))
+        return r.prefix_len, r.last_device_node
+
+    def match(self, toks, ns):
+        m = self.cache.match_prefix(self.S["MatchPrefixParams"](key=self._key(toks, ns)))
+        n = m.device_prefix_len
+        idx = self.cache.path_device_indices(m.last_device_node)[:n].tolist() if n else []
+        return n, idx, m.last_device_node
+
+    def lock(self, node):
+        r = self.cache.inc_lock_ref(node)
+        return self.S["TreeLock"](node, r.to_dec_params()), r.delta
+
+    def unlock(self, handle):
+        self.cache.unlock(handle)
+
+    def evict(self, n):
+        return self.cache.evict(self.S["EvictParams"](num_tokens=n)).num_tokens_evicted
+
+    def sizes(self):
+        return self.cache.evictable_size(), self.cache.protected_size()
+
+    def total(self):
+        return self.cache.total_size()[0]
+
+    def take_frees(self):
+        out, self.alloc.log = self.alloc.log, []
+        return out
+
+    def take_events(self):
+        return self.cache.take_events()
+
+    def reset(self):
+        self.cache.reset()
+
+    def check(self):
+        pass
+
+    # ------------------------------------------------------------ requests
+    def req_admit(self, rid, prompt, ns, prio):
+        S = self.S
+        req = S["Req"](rid=str(rid), origin_input_text="", origin_input_ids=array("q", prompt),
+                       sampling_params=S["sampling"], extra_key=ns[0], cache_salt=ns[1],
+                       priority=prio)
+        if req.cache_salt != ns[1] or req.extra_key != ns[0]:
+            raise RuntimeError("Req() rewrote the namespace")
+        self.rtp.alloc([req])
+        req.init_next_round_input(self.cache)  # match_kv_cache with the input_len - 1 cap
+        req.lock = self.cache.lock(req.last_node)  # as PrefillAdder admits it
+        self.reqs[rid] = req
+        n = req.prefix_len
+        idx = self.cache.path_device_indices(req.last_node)[:n].tolist() if n else []
+        return n, idx, req.last_node
+
+    def req_write(self, rid, start, slots):
+        req = self.reqs[rid]
+        self.rtp.req_to_token[req.kv.req_pool_idx, start:start + len(slots)] = self.torch.tensor(
+            slots, dtype=self.torch.int32)
+
+    def req_progress(self, rid, output, committed):
+        req = self.reqs[rid]
+        if len(output) != len(req.output_ids):
+            req.output_ids.extend(output[len(req.output_ids):])
+        req.kv.kv_committed_len = committed
+        req.kv.kv_allocated_len = committed
+
+    def req_checkpoint(self, rid, up_to):
+        req = self.reqs[rid]
+        req.refresh_fill_ids()
+        req.extend_end = up_to
+        self.S["checkpoint_kv_cache"](req, self.cache)
+        row = self.rtp.req_to_token[req.kv.req_pool_idx, :up_to].tolist()
+        return req.kv.cache_protected_len, req.last_node, row
+
+    def req_release(self, rid, insert):
+        req = self.reqs.pop(rid)
+        req.finished_reason = (self.S["FINISH_LENGTH"](length=len(req.output_ids)) if insert
+                               else self.S["FINISH_ABORT"]())
+        self.S["release_kv_cache"](req, self.cache, checkpoint=insert)
