@@ -1,0 +1,472 @@
+#!/usr/bin/env python
+"""flatradix against SGLang 0.5.23's UnifiedRadixCache (Python and Rust tree cores).
+
+    python benchmarks/compare_sglang.py                       # flatradix only
+    ~/.cache/flatradix-sglang-oracle/bin/python benchmarks/compare_sglang.py   # all engines
+    python benchmarks/compare_sglang.py --sglang-python ~/.cache/flatradix-sglang-oracle/bin/python
+    options: --rounds 3  --quick  --json-out FILE  --ops insert evict  --engines ...
+
+The SGLang oracle venv comes from ``../shared/tools/setup_sglang_oracle.sh``.
+``--sglang-python`` re-executes this script under that interpreter (with the
+repo root on ``PYTHONPATH``, so only numba must be installed there).
+
+Workload (SGLang's own benchmark shape, ``workloads.prefix_sharing_sequences``):
+5,000 sequences of ~1,300 tokens (chains and fan-outs of 1..256-token
+suffixes), page size 1, a 500,000-slot KV pool. Operations, each on a fresh
+cache per engine and round:
+
+* insert          every sequence, KV slots allocated first (duplicates are freed
+                  by the cache; a full pool is evicted untimed, as SGLang's bench)
+* match_prefix    tree of the first 2,500; 5,000 queries, 1/3 full hits,
+                  1/3 partial (+10..100 tokens), 1/3 misses (50..300 random tokens)
+* match+indices   the same, plus the matched KV indices (0.5.23's match returns
+                  none; its scheduler reads ``path_device_indices``; flatradix's
+                  match returns them), for equal work
+* evict           full pool; EvictParams(2,500) per call, up to 80 % of the tree
+* lock_unlock     inc_lock_ref + dec_lock_ref on random matched nodes
+* release         ``cache_finished_req`` / ``release_kv_cache(req, checkpoint=True)``
+                  of requests that hold fresh KV for every committed token
+* release_rolling the same, but each request is admitted first (match + lock +
+                  prefix row from the tree) so admissions hit
+
+Only the cache call is timed (per operation, ``perf_counter``); preparation
+(allocating slots, building keys, requests, admissions) is not. Engines
+alternate operation by operation in every round (order rotated each round);
+figures are medians over rounds. "tree-only" subtracts the time spent inside
+the allocator's ``free``/``free_segment`` (``engines.FreeClock``); "e2e" keeps it.
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from time import perf_counter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if __package__ in (None, ""):
+    sys.path.insert(0, HERE)
+    try:
+        import flatradix  # noqa: F401
+    except ImportError:
+        sys.path.insert(1, ROOT)
+    import engines as E
+    import workloads as W
+else:
+    from . import engines as E
+    from . import workloads as W
+
+OPS = ("insert", "match_prefix", "match+indices", "evict", "lock_unlock", "release",
+       "release_rolling")
+EVICT_BATCH = 2500
+
+
+# ------------------------------------------------------------------ workload
+class Workload:
+    def __init__(self, num_seqs, kv_size, chunk_len=256):
+        self.num_seqs = num_seqs
+        self.kv_size = kv_size
+        self.seqs = W.prefix_sharing_sequences(num_seqs, chunk_len)
+        self.half = len(self.seqs) // 2
+        self.queries, self.kinds = W.match_queries(self.seqs, self.half, num_seqs)
+        self.requests = W.request_splits(self.seqs)
+        self.max_len = max(len(s) for s in self.seqs) + 16
+        self.mean_len = statistics.mean(len(s) for s in self.seqs)
+        self._keys = {}
+
+    def keys(self, eng, what):
+        """Engine-native keys, built once per engine (keys are never mutated)."""
+        k = (eng.name, what)
+        if k not in self._keys:
+            src = self.seqs if what == "seqs" else self.queries
+            self._keys[k] = [eng.key(s) for s in src]
+        return self._keys[k]
+
+
+def warmup_count(n):
+    return min(20, n // 10)
+
+
+# ------------------------------------------------------------------ timing
+def timed_loop(fn, items, clock):
+    """Time ``fn(item)`` for each item (the item generator runs untimed).
+    Returns (latencies, free seconds inside each call, results)."""
+    lat, fre, res = [], [], []
+    pc = perf_counter
+    for item in items:
+        f0 = clock.seconds
+        t0 = pc()
+        r = fn(item)
+        t1 = pc()
+        lat.append(t1 - t0)
+        fre.append(clock.seconds - f0)
+        res.append(r)
+    return lat, fre, res
+
+
+def summarize(lat, fre, warm):
+    lat, fre = lat[warm:], fre[warm:]
+    n = len(lat)
+    if n == 0:
+        return None
+    tree = [a - b for a, b in zip(lat, fre)]
+    tot, tot_tree = sum(lat), sum(tree)
+
+    def pct(xs, q):
+        s = sorted(xs)
+        return s[min(int(len(s) * q), len(s) - 1)] * 1e6
+
+    return {
+        "n": n,
+        "e2e_ops_s": n / tot,
+        "tree_ops_s": n / tot_tree,
+        "e2e_p50_us": statistics.median(lat) * 1e6,
+        "e2e_p99_us": pct(lat, 0.99),
+        "tree_p50_us": statistics.median(tree) * 1e6,
+        "tree_p99_us": pct(tree, 0.99),
+        "free_us_per_op": sum(fre) / n * 1e6,
+    }
+
+
+# ------------------------------------------------------------------ operations
+def _populate(eng, ctx, keys, seqs):
+    for k, s in zip(keys, seqs):
+        v = ctx.alloc.alloc(len(s))
+        if v is None:
+            ctx.cache.evict(eng.evict_params(2 * len(s)))
+            v = ctx.alloc.alloc(len(s))
+        if v is None:
+            continue
+        ctx.cache.insert(eng.insert_params(k, v))
+
+
+def op_insert(eng, wl):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    keys = wl.keys(eng, "seqs")
+
+    def items():
+        for k, s in zip(keys, wl.seqs):
+            n = len(s)
+            v = ctx.alloc.alloc(n)
+            if v is None:
+                ctx.cache.evict(eng.evict_params(2 * n))
+                v = ctx.alloc.alloc(n)
+            if v is None:
+                continue
+            yield eng.insert_params(k, v)
+
+    lat, fre, _ = timed_loop(ctx.cache.insert, items(), ctx.clock)
+    return lat, fre, {"tree_tokens": eng.tree_tokens(ctx)}
+
+
+def _match_common(eng, wl, fn_of):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    _populate(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
+    params = [eng.match_params(k) for k in wl.keys(eng, "queries")]
+    fn = fn_of(ctx)
+    lat, fre, res = timed_loop(fn, params, ctx.clock)
+    return ctx, lat, fre, res
+
+
+def op_match(eng, wl):
+    ctx, lat, fre, res = _match_common(eng, wl, lambda ctx: ctx.cache.match_prefix)
+    return lat, fre, {"matched_tokens": sum(r.device_prefix_len for r in res),
+                      "tree_tokens": eng.tree_tokens(ctx)}
+
+
+def op_match_indices(eng, wl):
+    ctx, lat, fre, res = _match_common(eng, wl, eng.match_indices_fn)
+    return lat, fre, {"matched_tokens": sum(len(r) if not hasattr(r, "device_indices")
+                                            else len(r.device_indices) for r in res)}
+
+
+def op_evict(eng, wl):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    for k, s in zip(wl.keys(eng, "seqs"), wl.seqs):
+        v = ctx.alloc.alloc(len(s))
+        if v is None:
+            break
+        ctx.cache.insert(eng.insert_params(k, v))
+    total = eng.tree_tokens(ctx)
+    n = max(1, min(max(wl.num_seqs // 5, 100), int(0.8 * total / EVICT_BATCH)))
+    params = [eng.evict_params(EVICT_BATCH)] * n
+    lat, fre, res = timed_loop(ctx.cache.evict, params, ctx.clock)
+    return lat, fre, {"tree_tokens_before": total,
+                      "evicted_tokens": sum(r.num_tokens_evicted for r in res)}
+
+
+def op_lock_unlock(eng, wl):
+    import random
+
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    keys = wl.keys(eng, "seqs")[: wl.half]
+    _populate(eng, ctx, keys, wl.seqs[: wl.half])
+    root = eng.root(ctx)
+    nodes = []
+    for k in keys:
+        m = ctx.cache.match_prefix(eng.match_params(k))
+        if m.last_device_node != root:
+            nodes.append(m.last_device_node)
+    rng = random.Random(99)
+    n = min(2 * len(nodes), wl.num_seqs)
+    items = [rng.choice(nodes) for _ in range(n + warmup_count(n))]
+    lat, fre, _ = timed_loop(eng.lock_unlock_fn(ctx), items, ctx.clock)
+    return lat, fre, {"protected_after": ctx.cache.protected_size()}
+
+
+def _op_release(eng, wl, rolling):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+
+    def items():
+        for prompt, output in wl.requests:
+            yield eng.make_request(ctx, prompt, output, rolling=rolling)
+
+    lat, fre, _ = timed_loop(eng.release_fn(ctx), items(), ctx.clock)
+    return lat, fre, {"tree_tokens": eng.tree_tokens(ctx),
+                      "available": ctx.alloc.available_size()}
+
+
+def op_release(eng, wl):
+    return _op_release(eng, wl, False)
+
+
+def op_release_rolling(eng, wl):
+    return _op_release(eng, wl, True)
+
+
+OP_FUNCS = {"insert": op_insert, "match_prefix": op_match, "match+indices": op_match_indices,
+            "evict": op_evict, "lock_unlock": op_lock_unlock, "release": op_release,
+            "release_rolling": op_release_rolling}
+
+
+# ------------------------------------------------------------------ driver
+def machine_info():
+    info = {"python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "loadavg_start": os.getloadavg()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import flatradix
+        import numba
+        import numpy
+
+        info["flatradix"] = flatradix.__file__
+        info["numba"], info["numpy"] = numba.__version__, numpy.__version__
+        src = os.path.dirname(os.path.dirname(os.path.abspath(flatradix.__file__)))
+        info["commit"] = subprocess.run(["git", "-C", src, "describe", "--always", "--dirty"],
+                                        capture_output=True, text=True).stdout.strip() or "?"
+    except Exception:
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except Exception:
+        pass
+    return info
+
+
+def run(engine_names, ops, rounds, wl, verbose=True):
+    engines = E.make_engines(engine_names)
+    # Warm-up: compile flatradix's kernels and import-load SGLang's paths, untimed.
+    small = Workload(200, 50_000)
+    for eng in engines:
+        for op in ops:
+            OP_FUNCS[op](eng, small)
+    results = {e.name: {op: [] for op in ops} for e in engines}
+    checks = {e.name: {op: [] for op in ops} for e in engines}
+    for r in range(rounds):
+        order = engines[r % len(engines):] + engines[: r % len(engines)]
+        for op in ops:
+            for eng in order:
+                gc.collect()
+                lat, fre, chk = OP_FUNCS[op](eng, wl)
+                s = summarize(lat, fre, warmup_count(len(lat)))
+                results[eng.name][op].append(s)
+                checks[eng.name][op].append(chk)
+                if verbose:
+                    print(f"  round {r + 1} {op:15s} {eng.name:20s} tree {s['tree_ops_s']:>11,.0f} ops/s"
+                          f"  e2e {s['e2e_ops_s']:>11,.0f} ops/s  p50 {s['tree_p50_us']:8.1f} us"
+                          f"  free {s['free_us_per_op']:7.1f} us/op  {chk}", flush=True)
+    cores = {e.name: e.core for e in engines}
+    return results, checks, cores
+
+
+def medians(results):
+    out = {}
+    for eng, ops in results.items():
+        out[eng] = {}
+        for op, rounds in ops.items():
+            rounds = [x for x in rounds if x]
+            if rounds:
+                out[eng][op] = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
+    return out
+
+
+def fmt(x, unit=""):
+    if x is None:
+        return "–"
+    if x >= 100:
+        return f"{x:,.0f}{unit}"
+    return f"{x:.1f}{unit}" if x >= 10 else f"{x:.2f}{unit}"
+
+
+def tables(med, ops):
+    engs = list(med)
+    lines = []
+    lines.append("Tree-only (allocator free time subtracted): ops/s, p50 / p99 µs")
+    lines.append("")
+    hdr = "| op | " + " | ".join(engs)
+    ratios = []
+    if "sglang-rust" in med:
+        ratios.append(("flatradix", "sglang-rust"))
+    if "sglang-python" in med:
+        ratios.append(("flatradix", "sglang-python"))
+    hdr += "".join(f" | {a} / {b}" for a, b in ratios) + " |"
+    lines.append(hdr)
+    lines.append("|" + "---|" * (1 + len(engs) + len(ratios)))
+    for op in ops:
+        row = [op]
+        for e in engs:
+            s = med[e].get(op)
+            row.append("–" if s is None else
+                       f"{fmt(s['tree_ops_s'])} ({fmt(s['tree_p50_us'])} / {fmt(s['tree_p99_us'])})")
+        for a, b in ratios:
+            sa, sb = med.get(a, {}).get(op), med.get(b, {}).get(op)
+            row.append("–" if not (sa and sb) else f"{sa['tree_ops_s'] / sb['tree_ops_s']:.1f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("End to end (allocator free included): ops/s, p50 / p99 µs; allocator free µs per op")
+    lines.append("")
+    hdr = "| op | " + " | ".join(engs)
+    if "sglang-rust" in med:
+        hdr += " | flatradix / sglang-rust"
+    lines.append(hdr + " |")
+    lines.append("|" + "---|" * (1 + len(engs) + ("sglang-rust" in med)))
+    for op in ops:
+        row = [op]
+        for e in engs:
+            s = med[e].get(op)
+            row.append("–" if s is None else
+                       f"{fmt(s['e2e_ops_s'])} ({fmt(s['e2e_p50_us'])} / {fmt(s['e2e_p99_us'])}); "
+                       f"free {fmt(s['free_us_per_op'])}")
+        if "sglang-rust" in med:
+            sa, sb = med.get("flatradix", {}).get(op), med["sglang-rust"].get(op)
+            row.append("–" if not (sa and sb) else f"{sa['e2e_ops_s'] / sb['e2e_ops_s']:.1f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def targets(med, ops):
+    """The issue's targets that this run measures (others: see README)."""
+    fr, rust = med.get("flatradix"), med.get("sglang-rust")
+    if not (fr and rust):
+        return []
+    out = []
+    for op in ops:
+        if op == "match+indices" or op not in fr or op not in rust:
+            continue
+        ratio = fr[op]["tree_ops_s"] / rust[op]["tree_ops_s"]
+        out.append({"target": f"{op}: tree-only >= 5x Rust core", "ratio": ratio,
+                    "met": ratio >= 5})
+    if "release" in fr and "release" in rust:
+        ratio = fr["release"]["e2e_ops_s"] / rust["release"]["e2e_ops_s"]
+        out.append({"target": "release e2e (own allocator) >= 10x Rust core e2e (SGLang allocator)",
+                    "ratio": ratio, "met": ratio >= 10})
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1,000 sequences, 100k-slot pool, 1 round (not the reported workload)")
+    ap.add_argument("--num-seqs", type=int, default=5000)
+    ap.add_argument("--kv-size", type=int, default=500_000)
+    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    ap.add_argument("--engines", nargs="+", default=None,
+                    help="default: flatradix, plus flatradix+sgl_alloc sglang-rust sglang-python "
+                         "when SGLang imports")
+    ap.add_argument("--sglang-python", default=None,
+                    help="interpreter of the SGLang oracle venv: re-run this script under it")
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch intra-op threads (SGLang's allocator free is a torch.cat; 1 is the "
+                         "steadier and faster setting on a 2-core box; 0 keeps torch's default)")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.sglang_python and os.path.realpath(args.sglang_python) != os.path.realpath(sys.executable):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+        rest, skip = [], False
+        for a in sys.argv[1:]:
+            if skip:
+                skip = False
+            elif a == "--sglang-python":
+                skip = True
+            elif not a.startswith("--sglang-python="):
+                rest.append(a)
+        os.execve(args.sglang_python, [args.sglang_python, os.path.abspath(__file__)] + rest, env)
+
+    if args.quick:
+        args.num_seqs, args.kv_size, args.rounds = 1000, 100_000, 1
+    have_sglang = E.sglang_available()
+    names = args.engines or (["flatradix", "flatradix+sgl_alloc", "sglang-rust", "sglang-python"]
+                             if have_sglang else ["flatradix"])
+    if not have_sglang and any(n != "flatradix" for n in names):
+        sys.exit("SGLang is not importable here: run under the oracle venv's python or pass "
+                 f"--sglang-python {E.SGLANG_VENV_DEFAULT}/bin/python")
+    if not have_sglang:
+        print("SGLang not importable: flatradix only (see --sglang-python)")
+
+    if args.torch_threads:
+        try:
+            import torch
+
+            torch.set_num_threads(args.torch_threads)
+        except ImportError:
+            pass
+    info = machine_info()
+    info["torch_threads"] = args.torch_threads
+    wl = Workload(args.num_seqs, args.kv_size)
+    print(f"workload: {len(wl.seqs)} sequences, mean {wl.mean_len:.0f} tokens, page 1, "
+          f"{args.kv_size:,}-slot KV pool; {args.rounds} round(s); engines {', '.join(names)}")
+    print(f"machine: {info.get('cpu', '?')}, {info['cpus']} CPUs; python {info['python']}; "
+          f"flatradix {info.get('commit', '?')} ({info.get('flatradix', '?')})")
+    results, checks, cores = run(names, args.ops, args.rounds, wl, verbose=not args.quiet)
+    med = medians(results)
+    info["loadavg_end"] = os.getloadavg()
+    print(f"\nload average at start {info['loadavg_start'][0]:.2f}, at end {info['loadavg_end'][0]:.2f} "
+          f"({info['cpus']} CPUs)")
+    print()
+    print(tables(med, args.ops))
+    tg = targets(med, args.ops)
+    if tg:
+        print()
+        for t in tg:
+            print(f"  [{'met' if t['met'] else 'NOT met'}] {t['target']}: {t['ratio']:.1f}x")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"machine": info, "workload": {"num_seqs": args.num_seqs, "kv_size": args.kv_size,
+                                                     "mean_len": wl.mean_len, "rounds": args.rounds,
+                                                     "quick": args.quick},
+                       "cores": cores, "median": med, "rounds": results, "checks": checks,
+                       "targets": tg}, f, indent=1)
+        print(f"\nwrote {args.json_out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Engine adapters for the peer comparison: flatradix and SGLang 0.5.23.
+
+Each engine builds a cache + KV allocator + request table and exposes exactly
+the calls a benchmark times. Nothing here is timed; the benchmark loops time
+the bound cache methods directly, so no adapter frame sits inside a sample.
+
+Each engine is fed what its own fast path takes:
+
+* flatradix: ``RadixKey(numpy int64 array)`` keys and numpy values (its own
+  ``TokenToKVPoolAllocator``), or torch values when it runs on SGLang's
+  allocator;
+* SGLang: ``RadixKey(array('q'))`` keys and the torch int64 slices its
+  ``TokenToKVPoolAllocator.alloc`` returns (as its ``bench_unified_radix_cache.py``
+  and scheduler do).
+
+``FreeClock`` wraps an allocator's ``free`` / ``free_segment`` and accumulates
+the seconds spent inside them: SGLang's ``free`` is a ``torch.cat`` onto the
+free list (tens of µs a call), which is allocator work, not tree work.
+Tree-only figures subtract it.
+"""
+
+import os
+import sys
+import warnings
+from array import array
+from time import perf_counter
+
+import numpy as np
+
+SGLANG_VENV_DEFAULT = os.path.expanduser("~/.cache/flatradix-sglang-oracle")
+
+
+class FreeClock:
+    """Seconds spent inside ``alloc.free`` / ``alloc.free_segment`` (nested calls
+    counted once)."""
+
+    def __init__(self, alloc):
+        self.seconds = 0.0
+        self.calls = 0
+        self._depth = 0
+        for name in ("free", "free_segment"):
+            orig = getattr(alloc, name, None)
+            if orig is not None:
+                setattr(alloc, name, self._wrap(orig))
+
+    def _wrap(self, orig):
+        def timed(*args, **kwargs):
+            if self._depth:
+                return orig(*args, **kwargs)
+            self._depth = 1
+            t0 = perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.seconds += perf_counter() - t0
+                self.calls += 1
+                self._depth = 0
+        return timed
+
+
+class Ctx:
+    """One engine instance: ``cache``, ``alloc``, ``rtp`` (request table), ``clock``."""
+
+    def __init__(self, cache, alloc, rtp, clock):
+        self.cache, self.alloc, self.rtp, self.clock = cache, alloc, rtp, clock
+
+
+# ---------------------------------------------------------------------------- flatradix
+class FlatradixEngine:
+    """flatradix with its own allocator (``alloc="own"``) or SGLang's (``"sglang"``)."""
+
+    def __init__(self, alloc="own"):
+        import flatradix
+
+        self.fr = flatradix
+        self.alloc_kind = alloc
+        self.name = "flatradix" if alloc == "own" else "flatradix+sgl_alloc"
+        self.core = "flatradix"
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        fr = self.fr
+        if alloc is not None:
+            pass
+        elif self.alloc_kind == "own":
+            alloc = fr.TokenToKVPoolAllocator(kv_size, page_size=page_size, index_kind="numpy")
+        else:
+            alloc = sglang_allocator(kv_size, page_size)
+        rtp = fr.ReqToTokenPool(rows, max_context_len, index_kind="numpy")
+        clock = FreeClock(alloc)
+        cache = fr.UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
+                                     req_to_token_pool=rtp)
+        return Ctx(cache, alloc, rtp, clock)
+
+    # keys / params ---------------------------------------------------------
+    def key(self, tokens):
+        return self.fr.RadixKey(np.asarray(tokens, dtype=np.int64))
+
+    def insert_params(self, key, value, prev_prefix_len=0):
+        return self.fr.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len)
+
+    def match_params(self, key):
+        return self.fr.MatchPrefixParams(key=key)
+
+    def evict_params(self, n):
+        return self.fr.EvictParams(num_tokens=n)
+
+    def root(self, ctx):
+        return ctx.cache.root_node_handle()
+
+    def tree_tokens(self, ctx):
+        return ctx.cache.total_size()[0]
+
+    # timed callables -------------------------------------------------------
+    def lock_unlock_fn(self, ctx):
+        inc, dec = ctx.cache.inc_lock_ref, ctx.cache.dec_lock_ref
+
+        def lock_unlock(node):
+            dec(node, inc(node))
+        return lock_unlock
+
+    def match_indices_fn(self, ctx):
+        """match + the matched KV indices: flatradix's match already returns them."""
+        return ctx.cache.match_prefix
+
+    def release_fn(self, ctx):
+        return ctx.cache.cache_finished_req
+
+    # request preparation (untimed) ----------------------------------------
+    def _slots(self, ctx, n):
+        v = ctx.alloc.alloc(n)
+        if v is None:
+            ctx.cache.evict(self.evict_params(n - ctx.alloc.available_size()))
+            v = ctx.alloc.alloc(n)
+        if v is None:
+            raise MemoryError(f"cannot allocate {n} KV slots")
+        return v.numpy() if hasattr(v, "numpy") else v
+
+    def make_request(self, ctx, prompt, output, rolling=False):
+        """A finished request holding a row with KV for its committed tokens.
+        ``rolling``: admitted first (match + lock + row prefix from the tree)."""
+        fr = self.fr
+        p = np.asarray(prompt, dtype=np.int64)
+        o = np.asarray(output, dtype=np.int64)
+        full = np.concatenate([p, o])
+        committed = p.shape[0] + o.shape[0] - 1
+        row = ctx.rtp.alloc(1)[0]
+        req = fr.Req(origin_input_ids=p, output_ids=o, fill_ids=full, req_pool_idx=row,
+                     kv_committed_len=committed, kv_allocated_len=committed)
+        table = ctx.rtp.req_to_token
+        plen = 0
+        if rolling:
+            m = ctx.cache.match_prefix(fr.MatchPrefixParams(key=fr.RadixKey(p)))
+            plen = m.device_prefix_len
+            ctx.cache.inc_lock_ref(m.last_device_node)
+            req.last_node = m.last_device_node
+            idx = m.device_indices
+            idx = idx.numpy() if hasattr(idx, "numpy") else idx
+            table[row, :plen] = idx
+            req.prefix_indices = idx
+            req.cache_protected_len = plen
+        table[row, plen:committed] = self._slots(ctx, committed - plen)
+        return req
+
+
+def sglang_allocator(kv_size, page_size=1):
+    import torch
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+    if page_size == 1:
+        return TokenToKVPoolAllocator(kv_size, torch.float16, "cpu", None, False)
+    return PagedTokenToKVPoolAllocator(kv_size, page_size, torch.float16, "cpu", None, False)
+
+
+# ---------------------------------------------------------------------------- SGLang
+def prepare_sglang_env():
+    """Environment SGLang's cache needs on a CPU box; call before importing sglang."""
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("SGLANG_RUST_BUILD_MODE", "never")
+    stubs = os.path.join(sys.prefix, "peer_stubs")
+    if os.path.isdir(stubs) and stubs not in sys.path:
+        sys.path.append(stubs)
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+
+
+def sglang_available():
+    prepare_sglang_env()
+    try:
+        import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+class SGLangEngine:
+    """SGLang 0.5.23 ``UnifiedRadixCache`` (Full) with its ``python`` or ``rust`` tree core."""
+
+    _server_args_set = False
+
+    def __init__(self, backend):
+        prepare_sglang_env()
+        import torch
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+        from sglang.srt.mem_cache import base_prefix_cache as bpc
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.common import release_kv_cache
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+        if not SGLangEngine._server_args_set:  # release_kv_cache reads get_spec()/get_serving()
+            set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+            SGLangEngine._server_args_set = True
+        self.torch = torch
+        self.backend = backend
+        self.name = f"sglang-{backend}"
+        self._Req, self._FINISH_LENGTH, self._SamplingParams = Req, FINISH_LENGTH, SamplingParams
+        self._bpc, self._RadixKey = bpc, RadixKey
+        self._CacheInitParams, self._URC, self._RTP = CacheInitParams, UnifiedRadixCache, ReqToTokenPool
+        self._FULL = ComponentType.FULL
+        self._release_kv_cache = release_kv_cache
+        self._rid = 0
+        self.core = None
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        alloc = alloc if alloc is not None else sglang_allocator(kv_size, page_size)
+        rtp = self._RTP(size=rows, max_context_len=max_context_len, device="cpu",
+                        enable_memory_saver=False)
+        clock = FreeClock(alloc)
+        cache = self._URC(self._CacheInitParams(
+            disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
+            page_size=page_size, eviction_policy="lru", tree_components=(self._FULL,),
+            tree_core_backend=self.backend))
+        core = type(cache.tree_core).__name__
+        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.backend]
+        if core != want:
+            raise RuntimeError(f"asked for the {self.backend} tree core, got {core}")
+        self.core = core
+        return Ctx(cache, alloc, rtp, clock)
+
+    def key(self, tokens):
+        if isinstance(tokens, np.ndarray):
+            return self._RadixKey(array("q", tokens.tobytes()))
+        return self._RadixKey(array("q", tokens))
+
+    def insert_params(self, key, value, prev_prefix_len=0):
+        return self._bpc.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len)
+
+    def match_params(self, key):
+        return self._bpc.MatchPrefixParams(key=key)
+
+    def evict_params(self, n):
+        return self._bpc.EvictParams(num_tokens=n)
+
+    def root(self, ctx):
+        return ctx.cache.root_node_handle()
+
+    def tree_tokens(self, ctx):
+        return ctx.cache.evictable_size() + ctx.cache.protected_size()
+
+    def lock_unlock_fn(self, ctx):
+        inc, dec = ctx.cache.inc_lock_ref, ctx.cache.dec_lock_ref
+
+        def lock_unlock(node):
+            dec(node, inc(node).to_dec_params())
+        return lock_unlock
+
+    def match_indices_fn(self, ctx):
+        """match + the matched KV indices (0.5.23's match returns none; the
+        scheduler reads them off the path: ``prefix_device_indices``)."""
+        match, path = ctx.cache.match_prefix, ctx.cache.path_device_indices
+
+        def match_indices(params):
+            m = match(params)
+            return path(m.last_device_node)[: m.device_prefix_len]
+        return match_indices
+
+    def release_fn(self, ctx):
+        rel, cache = self._release_kv_cache, ctx.cache
+
+        def release(req):
+            rel(req, cache, checkpoint=True)
+        return release
+
+    def _slots(self, ctx, n):
+        v = ctx.alloc.alloc(n)
+        if v is None:
+            ctx.cache.evict(self.evict_params(n - ctx.alloc.available_size()))
+            v = ctx.alloc.alloc(n)
+        if v is None:
+            raise MemoryError(f"cannot allocate {n} KV slots")
+        return v
+
+    def make_request(self, ctx, prompt, output, rolling=False):
+        torch = self.torch
+        p = array("q", prompt)
+        o = array("q", output)
+        committed = len(p) + len(o) - 1
+        self._rid += 1
+        req = self._Req(rid=f"b{self._rid}", origin_input_text="", origin_input_ids=p,
+                        sampling_params=self._SamplingParams(temperature=0,
+                                                             max_new_tokens=len(o) + 1))
+        req.output_ids = o
+        ctx.rtp.alloc([req])
+        row = req.kv.req_pool_idx
+        plen = 0
+        req.last_node = ctx.cache.root_node_handle()
+        if rolling:
+            m = ctx.cache.match_prefix(self._bpc.MatchPrefixParams(key=self._RadixKey(p)))
+            plen = m.device_prefix_len
+            req.prefix_len = plen
+            req.last_node = m.last_device_node
+            req.lock = ctx.cache.lock(m.last_device_node)
+            if plen:
+                idx = ctx.cache.path_device_indices(m.last_device_node)[:plen]
+                ctx.rtp.write((row, slice(0, plen)), idx.to(torch.int32))
+            req.kv.cache_protected_len = plen
+        slots = self._slots(ctx, committed - plen)
+        ctx.rtp.write((row, slice(plen, committed)), slots.to(torch.int32))
+        req.kv.kv_committed_len = committed
+        req.kv.kv_allocated_len = committed
+        req.finished_reason = self._FINISH_LENGTH(length=len(o))
+        return req
+
+
+def make_engines(names):
+    out = []
+    for n in names:
+        if n == "flatradix":
+            out.append(FlatradixEngine("own"))
+        elif n == "flatradix+sgl_alloc":
+            out.append(FlatradixEngine("sglang"))
+        elif n.startswith("sglang-"):
+            out.append(SGLangEngine(n.split("-", 1)[1]))
+        else:
+            raise ValueError(f"unknown engine {n!r}")
+    return out
