@@ -183,7 +183,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             if self.enable_kv_cache_events:
                 self._spans = np.zeros((ncap * 2, 2), dtype=np.int64)
         ccap = self._ctab.shape[0]
-        need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) + 2)
+        # headroom: after a rebuild live entries fill at most ~2/3 of the allowed
+        # load, so the next rebuild is >= cap/5 operations away (amortised O(1))
+        need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) * 3 // 2 + 2)
         if need_ct > ccap or meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2 > L.CT_MAX_LOAD * ccap:
             self._ctab = np.zeros((max(need_ct, ccap), L.CT_NCOL), dtype=np.int64)
             self._ctab[:, L.CT_CHILD] = L.CT_EMPTY
@@ -200,6 +202,15 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._pool = new_pool
             if self._out.shape[0] < new_cap:
                 self._out = np.zeros(new_cap, dtype=np.int64)
+
+    def _reserve_children(self):
+        """Before an operation that may add 2 child-table entries (a split and a
+        leaf): purge tombstones or grow the table once live + tombstones would pass
+        ``CT_MAX_LOAD``. The kernels check node slots and pool rows, not the table's
+        load, and a probe of a table left without an EMPTY entry never ends."""
+        meta = self._meta
+        if meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2 > L.CT_MAX_LOAD * self._ctab.shape[0]:
+            self._grow(0)
 
     def _ensure_out(self, n):
         if self._out.shape[0] < n:
@@ -298,6 +309,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
         with self._lock:
+            self._reserve_children()
             while True:
                 st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
                                                    self._meta, units, n, ns, self._out)
@@ -356,6 +368,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             return InsertResult(prefix_len=0)
         with self._lock:
             ns = self._intern_ns(nk)
+            self._reserve_children()
             while True:
                 st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
                                              self._meta, units, value, n, ns, inserted_len, priority)
