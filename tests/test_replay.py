@@ -272,7 +272,7 @@ def test_cli_json_in_a_subprocess():
     d = json.loads(out.stdout)
     assert JSON_KEYS <= d.keys()
     assert d["requests"] == 200 and d["capacity"] == 50_000 and d["max_running"] == 4
-    assert out.stderr == ""  # no progress bar when stderr is not a terminal
+    assert "req/s" not in out.stderr and "\r" not in out.stderr  # no bar off a terminal
 
 
 def test_cli_text_report(capsys):
@@ -343,3 +343,17 @@ def test_sweep_function_points():
     curve = sweep(w, [1000, None], page_size=16)
     assert curve["points"][1]["token_hit_ratio"] == curve["unbounded_hit_ratio"]
     assert curve["points"][0]["evicted_tokens"] > 0
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        replay(synthetic_workload(200, seed=12), progress=True)
+        assert ("req" in stream.getvalue()) == shown
