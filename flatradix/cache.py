@@ -169,8 +169,9 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def _grow(self, units_needed):
         """Make room for one operation: 2 node slots, ``units_needed`` pool rows,
-        2 child-table entries. Doubles arrays (amortised O(1)); called only after a
-        kernel answered E_CAPACITY, so the hot path pays nothing."""
+        2 child-table entries (a rebuild purges tombstones). Doubles arrays
+        (amortised O(1)); called only after a kernel answered E_CAPACITY, so the hot
+        path pays nothing."""
         meta = self._meta
         ncap = self._nodes.shape[0]
         if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < 2:
@@ -186,7 +187,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         # headroom: after a rebuild live entries fill at most ~2/3 of the allowed
         # load, so the next rebuild is >= cap/5 operations away (amortised O(1))
         need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) * 3 // 2 + 2)
-        if need_ct > ccap or meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2 > L.CT_MAX_LOAD * ccap:
+        if (need_ct > ccap or (meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2) * L.CT_LOAD_DEN
+                > ccap * L.CT_LOAD_NUM):
             self._ctab = np.zeros((max(need_ct, ccap), L.CT_NCOL), dtype=np.int64)
             self._ctab[:, L.CT_CHILD] = L.CT_EMPTY
             _k_rebuild_children(self._nodes, self._ctab, self._pool, meta)
@@ -202,15 +204,6 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._pool = new_pool
             if self._out.shape[0] < new_cap:
                 self._out = np.zeros(new_cap, dtype=np.int64)
-
-    def _reserve_children(self):
-        """Before an operation that may add 2 child-table entries (a split and a
-        leaf): purge tombstones or grow the table once live + tombstones would pass
-        ``CT_MAX_LOAD``. The kernels check node slots and pool rows, not the table's
-        load, and a probe of a table left without an EMPTY entry never ends."""
-        meta = self._meta
-        if meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2 > L.CT_MAX_LOAD * self._ctab.shape[0]:
-            self._grow(0)
 
     def _ensure_out(self, n):
         if self._out.shape[0] < n:
@@ -309,7 +302,6 @@ class UnifiedRadixCache(RequestCachingMixin):
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
         with self._lock:
-            self._reserve_children()
             while True:
                 st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
                                                    self._meta, units, n, ns, self._out)
@@ -368,7 +360,6 @@ class UnifiedRadixCache(RequestCachingMixin):
             return InsertResult(prefix_len=0)
         with self._lock:
             ns = self._intern_ns(nk)
-            self._reserve_children()
             while True:
                 st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
                                              self._meta, units, value, n, ns, inserted_len, priority)
@@ -505,6 +496,11 @@ class UnifiedRadixCache(RequestCachingMixin):
             return DecLockRefResult()
         with self._lock:
             st, delta = _k_dec(self._nodes, self._heap, self._meta, nid)
+            if st == L.E_NOT_ANCHORED:
+                slot = int(delta)
+                raise LockRefError(f"no lock is anchored at node {nid}: its lock_ref="
+                                   f"{int(self._nodes[slot, L.FULL_LOCK])} is held by locks on its "
+                                   "descendants (release the node that was locked)")
             if st == L.E_LOCK_UNDERFLOW:
                 slot = int(delta)
                 bad = (int(self._nodes[slot, L.GEN]) << 32) | slot

@@ -6,6 +6,8 @@ lower node's id, so a later match that ends on it must return the *same* id on
 both sides), and paths / lock effects of paired handles must agree.
 """
 
+import random
+
 import numpy as np
 
 from flatradix import (
@@ -72,8 +74,8 @@ def _arr(x):
 
 
 def _same_array(a, b, what):
-    a, b = _arr(a), _arr(b)
-    assert a.shape == b.shape and np.array_equal(a, b), f"{what}: flatradix {a.tolist()} != reference {b.tolist()}"
+    a, b = _arr(a).tolist(), _arr(b).tolist()
+    assert a == b, f"{what}: flatradix {a} != reference {b}"
 
 
 def _outcome(fn, *args, **kw):
@@ -85,20 +87,27 @@ def _outcome(fn, *args, **kw):
 
 
 class Pair:
-    def __init__(self, page_size=1, policy="lru", config=None, is_eagle=False, allocator=False):
+    def __init__(self, page_size=1, policy="lru", config=None, is_eagle=False, allocator=False,
+                 small=False):
+        """``small``: start flatradix with tiny arrays, so that node-table / child-table
+        growth and pool compaction happen throughout the stream."""
         cfg = policy_config(config, page_size)
+        cap = dict(node_capacity=4, pool_capacity=64) if small else {}
         self.allocator = allocator
         self.fa = RecordingAllocator() if allocator else None
         self.ra = RecordingAllocator() if allocator else None
         self.f = UnifiedRadixCache(page_size=page_size, eviction_policy=policy,
                                    eviction_policy_config=cfg, is_eagle=is_eagle,
-                                   token_to_kv_pool_allocator=self.fa)
+                                   token_to_kv_pool_allocator=self.fa, **cap)
         self.r = ReferenceRadixCache(page_size=page_size, eviction_policy=policy,
                                      eviction_policy_config=cfg, is_eagle=is_eagle,
                                      token_to_kv_pool_allocator=self.ra)
         self.page_size = page_size
         self.is_eagle = is_eagle
         self.f2r, self.r2f = {}, {}
+        self.alive = set()  # paired handles not yet seen dead on both sides
+        self.nchecks = 0
+        self.sample_rng = random.Random(0)
         self.root = self.bind(self.f.root_node_handle(), self.r.root_node_handle())
         self.log = []  # op log for failure messages
 
@@ -109,9 +118,33 @@ class Pair:
             f"flatradix node {fid} was paired with reference node {self.f2r[fid]}, now with {rid}"
         assert self.r2f.get(rid, fid) == fid, \
             f"reference node {rid} was paired with flatradix node {self.r2f[rid]}, now with {fid}"
+        if fid not in self.f2r:
+            self.alive.add((fid, rid))
         self.f2r[fid] = rid
         self.r2f[rid] = fid
         return fid, rid
+
+    def compare_info(self, node):
+        """node_info of a paired node: every field equal (ids via the bijection).
+        The root's priority is not compared (SGLang: -sys.maxsize, flatradix:
+        INT64_MIN; it never orders anything)."""
+        fid, rid = node
+        fi = self.f.node_info(fid)
+        ri = self.r.node_info(rid)
+        if ri["parent"] is not None:
+            assert fi["parent"] is not None, f"node_info({fid}): no parent"
+            self.bind(fi["parent"], ri["parent"])
+        else:
+            assert fi["parent"] is None, f"node_info({fid}): root has a parent"
+            fi.pop("priority"), ri.pop("priority")
+        for k in ri:
+            if k in ("node_id", "parent"):
+                continue
+            fv, rv = fi[k], ri[k]
+            if isinstance(rv, np.ndarray):
+                _same_array(fv, rv, f"node_info[{k!r}] of {node}")
+            else:
+                assert fv == rv, f"node_info[{k!r}] of {node}: flatradix {fv} != reference {rv}"
 
     # ---------------------------------------------------------------- ops
     def match(self, key):
@@ -194,15 +227,38 @@ class Pair:
         self.root = self.bind(self.f.root_node_handle(), self.r.root_node_handle())
 
     # ---------------------------------------------------------------- state
-    def check(self):
+    def check(self, full=None):
+        """Compare the two caches. ``node_info`` is compared for every paired
+        handle on a full check (every 8th call by default, and whenever asked),
+        else for a random sample of 4."""
         f, r = self.f, self.r
+        self.nchecks += 1
+        if full is None:
+            full = self.nchecks % 8 == 0
         f.sanity_check()
-        r.check()
         fs = (f.evictable_size(), f.protected_size(), f.total_size(), f.node_count())
-        rs = (r.evictable_size(), r.protected_size(), r.total_size(), r.node_count())
+        rs = r.ledger()
+        if full:
+            r.check()
+            assert rs == (r.evictable_size(), r.protected_size(), r.total_size(), r.node_count())
         assert fs == rs, f"(evictable, protected, total, nodes): flatradix {fs} != reference {rs}"
         assert fs[0] + fs[1] == fs[2][0]
         assert f.is_root(f.root_node_handle())
+        # every paired handle: both live with equal node_info, or both stale
+        nodes = sorted(self.alive)
+        if not full and len(nodes) > 4:
+            nodes = self.sample_rng.sample(nodes, 4)
+        for node in nodes:
+            if node[1] in r._live:
+                self.compare_info(node)
+            else:
+                try:
+                    f.node_info(node[0])
+                except NodeAccessError:
+                    self.alive.discard(node)
+                else:
+                    raise AssertionError(f"flatradix node {node[0]} is live, its reference "
+                                         f"twin {node[1]} is gone")
 
     def history(self, last=30):
         return "\n".join(repr(x) for x in self.log[-last:])
@@ -366,5 +422,6 @@ def run_stream(pair, rng, steps, namespaces=True, max_total=None, **workload):
     for node in held:
         pair.dec(node)
         pair.check()
+    pair.check(full=True)
     pair.evict(pair.f.total_size()[0] + 1)
-    pair.check()
+    pair.check(full=True)

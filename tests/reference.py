@@ -16,6 +16,7 @@ effects), never by raw value.
 """
 
 import itertools
+import sys
 
 import numpy as np
 
@@ -92,8 +93,15 @@ class ReferenceRadixCache:
         return n
 
     def _new_root(self):
+        """A fresh root: like any new node it reads the clock twice (last access,
+        then creation); the clock itself is never reset."""
         self._live = {}
-        self.root = self._new_node()
+        root = self._new_node()
+        root.lock_ref = 1  # SGLang: the root is locked for good (never a leaf, never evicted)
+        root.priority = -sys.maxsize
+        root.last_access = self._tick()
+        root.creation = self._tick()
+        self.root = root
 
     def _resolve(self, nid):
         node = self._live.get(int(nid))
@@ -350,6 +358,17 @@ class ReferenceRadixCache:
     def node_count(self):
         return len(self._nodes())
 
+    def ledger(self):
+        """(evictable, protected, (total, 0), node_count) from one traversal."""
+        ev = pr = cnt = 0
+        for x in self._nodes():
+            cnt += 1
+            if x.lock_ref == 0:
+                ev += len(x.key)
+            else:
+                pr += len(x.key)
+        return ev, pr, (ev + pr, 0), cnt
+
     # ------------------------------------------------------------------ nodes
     def root_node_handle(self, extra_key=None):
         return self.root.id
@@ -364,6 +383,23 @@ class ReferenceRadixCache:
             parts.append(x.value)
             x = x.parent
         return self._values_out([v for p in reversed(parts) for v in p])
+
+    def node_info(self, node):
+        """Same fields as ``flatradix.UnifiedRadixCache.node_info``."""
+        x = self._resolve(node)
+        return {
+            "node_id": x.id,
+            "parent": None if x.parent is None else x.parent.id,
+            "key": np.asarray(x.key, dtype=np.int64),
+            "value": np.asarray(x.value, dtype=np.int64),
+            "lock_ref": x.lock_ref,
+            "num_children": len(x.children),
+            "last_access": x.last_access,
+            "creation": x.creation,
+            "hit_count": x.hit_count,
+            "priority": x.priority,
+            "evictable_leaf": self._is_evictable_leaf(x),
+        }
 
     def reset(self):
         self._new_root()

@@ -1,8 +1,9 @@
 """Regression: insert/evict churn must never fill the child table.
 
-The kernels check node slots and pool rows before they add child-table entries,
-not the table's load; the façade (``UnifiedRadixCache._reserve_children``)
-purges tombstones or grows the table first. Without that, ~2,000 live leaves
+The mutating kernels check node slots, pool rows *and* the child table's load
+(``kernels/state.py: has_room``) before they change anything, and answer
+E_CAPACITY so that the façade purges tombstones or grows the table. Without the
+load check, ~2,000 live leaves
 after a node-table doubling (the table was sized for the live count, not the
 node capacity), or long insert/evict churn (tombstones are only purged by a
 rebuild), left no EMPTY entry and the next probe looped forever; the replay's

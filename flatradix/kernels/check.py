@@ -12,7 +12,8 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 107  a child's namespace differs from its (non-root) parent's
 108  the child table does not map (parent, ns, first page) to this node
 109  a non-root node holds no Full device value (no host tier yet)
-110  negative lock_ref, or a child locked more than its parent
+110  negative lock_ref, CHILD_LOCK != sum of the children's lock_ref, or
+     fewer locks than the children's (a lock was released on an ancestor)
 111  heap membership disagrees with the device-leaf predicate
 112  heap order violated, or HEAP_POS does not point back
 113  evictable / protected / total ledgers disagree with a recount
@@ -24,7 +25,7 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL, FULL_LOCK, HEAP_POS,
+    CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL, FULL_LOCK, HEAP_POS,
     KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
@@ -54,14 +55,18 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         # children via the sibling list
         cnt = 0
         dev = 0
+        child_locks = 0
         c = nodes[s, FIRST_CHILD]
         while c != NIL:
             if not (nodes[c, FLAGS] & F_ALIVE) or nodes[c, PARENT] != s or cnt > hwm:
                 return 105, s
             cnt += 1
+            child_locks += nodes[c, FULL_LOCK]
             if nodes[c, FLAGS] & F_HAS_FULL_DEV:
                 dev += 1
             c = nodes[c, NEXT_SIB]
+        if child_locks != nodes[s, CHILD_LOCK] or (s != ROOT and nodes[s, FULL_LOCK] < child_locks):
+            return 110, s
         if cnt != nodes[s, NCHILD]:
             return 105, s
         if dev != nodes[s, NDEVCHILD]:

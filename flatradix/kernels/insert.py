@@ -3,11 +3,11 @@
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    E_CAPACITY, HIT_COUNT, KEY_LEN, LAST_ACCESS, M_PAGE, M_POOL_TOP, OK, PRIORITY,
+    E_CAPACITY, HIT_COUNT, KEY_LEN, LAST_ACCESS, M_PAGE, OK, PRIORITY,
     ROOT,
 )
 from .order import fix
-from .state import free_slots, node_id, tick
+from .state import has_room, node_id, tick
 from .tree import add_leaf, edge_match_len, split_node
 
 
@@ -24,9 +24,10 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
 
     Returns ``(status, prefix_len, target_node_id)`` where the target is the new
     leaf, else the node the key ended on (the root for an empty key). Requires
-    two free slots and ``n`` free pool rows; E_CAPACITY otherwise, nothing changed.
+    two free slots, two child-table entries and ``n`` free pool rows; E_CAPACITY
+    otherwise, with nothing changed.
     """
-    if free_slots(meta, nodes.shape[0]) < 2 or meta[M_POOL_TOP] + n > pool.shape[0]:
+    if not has_room(nodes, ctab, pool, meta, 2, n):
         return E_CAPACITY, 0, -1
     page = meta[M_PAGE]
     nodes[ROOT, LAST_ACCESS] = tick(meta)

@@ -90,6 +90,8 @@ MAMBA_SLOT = 34   # Mamba state slot per tier (+ t); NIL when absent
 SWA_UUID = 36     # SWA window-lock boundary stamp (0 = none)
 TLRU_CACHED = 37  # T-LRU: root-path depth in units (maintained only under tlru)
 TLRU_HIST = 38    # T-LRU: high-water depth of the branch
+CHILD_LOCK = 39   # sum of the children's Full lock_ref: lock_ref - CHILD_LOCK = locks
+                  # anchored at this node, so a release without one is refused in O(1)
 NCOL = 40
 
 
@@ -128,8 +130,12 @@ CT_CHILD = 3      # child slot, or CT_EMPTY / CT_TOMB
 CT_NCOL = 4
 CT_EMPTY = -1
 CT_TOMB = -2
-#: Maximum fill (live + tombstones) of the child table before the façade rebuilds it.
-CT_MAX_LOAD = 0.6
+#: Maximum fill (live + tombstones) of the child table: CT_LOAD_NUM / CT_LOAD_DEN. A
+#: kernel that could pass it answers E_CAPACITY and the façade rebuilds the table, so a
+#: probe always meets an empty entry.
+CT_LOAD_NUM = 3
+CT_LOAD_DEN = 5
+CT_MAX_LOAD = CT_LOAD_NUM / CT_LOAD_DEN
 
 # ---------------------------------------------------------------- meta
 M_CLOCK = 0           # logical clock (next tick to hand out)
@@ -180,4 +186,5 @@ E_CAPACITY = 3        # the façade did not reserve enough capacity (a bug)
 E_WALK_OPEN = 4       # a step-wise eviction round is already open
 E_NO_WALK = 5         # no step-wise eviction round is open
 E_NOT_LEAF = 6        # node is not an evictable device leaf
+E_NOT_ANCHORED = 7    # release of a node whose lock_ref is held only by descendants' locks
 # sanity_check codes (kernels/check.py) start at 100.

@@ -7,7 +7,7 @@ from .layout import (
     ROOT,
 )
 from .order import fix
-from .state import free_slots, node_id, tick
+from .state import has_room, node_id, tick
 from .tree import edge_match_len, split_node
 
 
@@ -21,10 +21,10 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     levels up, root included, with ``t - k`` (SGLang §2.4).
 
     Returns ``(status, prefix_len, best_node_id, last_visited_node_id)``;
-    ``last_visited_node_id`` is -1 when no child was walked. Requires one free
-    slot (a split); status E_CAPACITY otherwise, with nothing changed.
+    ``last_visited_node_id`` is -1 when no child was walked. Requires room for one
+    split (a slot and a child-table entry); E_CAPACITY otherwise, nothing changed.
     """
-    if free_slots(meta, nodes.shape[0]) < 1:
+    if not has_room(nodes, ctab, pool, meta, 1, 0):
         return E_CAPACITY, 0, -1, -1
     page = meta[M_PAGE]
     node = ROOT

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._jit import helper, kernel
 from .layout import (
-    CREATION, CT_CHILD, CT_EMPTY, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS,
+    CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS,
     FULL, GEN, HEAP_POS, HIT_COUNT, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
     LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
@@ -51,6 +51,17 @@ def resolve(nodes, meta, nid):
 @helper
 def free_slots(meta, capacity):
     return meta[M_NFREE] + capacity - meta[M_HWM]
+
+
+@helper
+def has_room(nodes, ctab, pool, meta, slots, units):
+    """Room for ``slots`` new nodes (and as many child-table entries) and ``units``
+    pool rows. Checked by mutating kernels before they change anything."""
+    if meta[M_NFREE] + nodes.shape[0] - meta[M_HWM] < slots:
+        return False
+    if meta[M_POOL_TOP] + units > pool.shape[0]:
+        return False
+    return (meta[M_CT_LIVE] + meta[M_CT_TOMB] + slots) * CT_LOAD_DEN <= ctab.shape[0] * CT_LOAD_NUM
 
 
 @helper

@@ -9,8 +9,8 @@ eviction heap consistent.
 from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
-    CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
-    FULL_DEV, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS, LOCK_REF,
+    CHILD_LOCK, CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
+    FULL_DEV, FULL_LOCK, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS, LOCK_REF,
     M_EVENTS, M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
     N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
     PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
@@ -76,6 +76,7 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
     nodes[u, PRIORITY] = nodes[child, PRIORITY]
     for i in range(2 * N_TIERS):  # Full and SWA, both tiers
         nodes[u, LOCK_REF + i] = nodes[child, LOCK_REF + i]
+    nodes[u, CHILD_LOCK] = nodes[child, FULL_LOCK]  # U's only child; no lock anchored at U
     if meta[M_POLICY] == POLICY_TLRU:
         nodes[u, TLRU_CACHED] = nodes[p, TLRU_CACHED] + m
         nodes[u, TLRU_HIST] = nodes[child, TLRU_HIST]
