@@ -100,6 +100,7 @@ NS_WEIGHTS = [10, 2, 2, 1, 1, 1]
 
 MAX_LIVE = 6          # requests in flight
 MAX_LOCKS = 8         # extra locks held by "match+lock" ops
+VALUE_NONE, BIGRAM = 1, 2   # raw insert / match flags (see Executor.op_insert)
 SELFTEST_OPS = 5000  # a mutant must diverge within this many ops
 TOTAL_EVERY = 16
 CHECK_EVERY = 64
@@ -243,10 +244,11 @@ class Executor:
         if self.nops % CHECK_EVERY == 0:
             self.f.check()
 
-    def op_match(self, toks, nsi, lock):
+    def op_match(self, toks, nsi, lock, flags=0):
         ns = NAMESPACES[nsi]
-        (fl, fi, fn), (sl, si, sn) = self._both("match", lambda: self.f.match(toks, ns),
-                                                lambda: self.s.match(toks, ns))
+        bigram = bool(flags & BIGRAM) and self.eagle
+        (fl, fi, fn), (sl, si, sn) = self._both("match", lambda: self.f.match(toks, ns, bigram),
+                                                lambda: self.s.match(toks, ns, bigram))
         compare("match.prefix_len", fl, sl)
         compare("match.indices", fi, si)
         self.ids.bind("match", fn, sn)
@@ -264,14 +266,20 @@ class Executor:
         self._both("unlock", lambda: self.f.unlock(fh), lambda: self.s.unlock(sh))
         self._sync("unlock", (None, None))
 
-    def op_insert(self, toks, nsi, prev, inserted, prio):
+    def op_insert(self, toks, nsi, prev, inserted, prio, flags=0):
+        """Raw insert with fresh KV slots. ``flags``: VALUE_NONE (``value=None``: the
+        tree stores the token ids), BIGRAM (EAGLE key marked ``is_bigram`` by the caller)."""
         ns = NAMESPACES[nsi]
         n = self.key_units(toks)
-        self._make_room(self._new_pages(0, n, self.P))
-        values = self._slots([], 0, n)
+        bigram = bool(flags & BIGRAM) and self.eagle
+        if flags & VALUE_NONE and all(t < 2 ** 31 for t in toks):
+            values = None  # token ids become "KV indices": only valid ones (SGLang rows are int32)
+        else:
+            self._make_room(self._new_pages(0, n, self.P))
+            values = self._slots([], 0, n)
         (fl, fn), (sl, sn) = self._both(
-            "insert", lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio),
-            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio))
+            "insert", lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram),
+            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram))
         compare("insert.prefix_len", fl, sl)
         self.ids.bind("insert", fn, sn)
         self._sync("insert", ns)
@@ -538,10 +546,11 @@ class Generator:
             inserted = rng.choice((0, 0, rng.randint(0, n)))
             if P > 1:  # schedulers pass page-aligned lengths
                 prev, inserted = prev // P * P, inserted // P * P
-            return ("insert", key, nsi, prev, inserted, rng.choice((0, 0, 1, 2, 5)))
+            flags = (VALUE_NONE if rng.random() < 0.03 else 0) | (BIGRAM if rng.random() < 0.3 else 0)
+            return ("insert", key, nsi, prev, inserted, rng.choice((0, 0, 1, 2, 5)), flags)
         if kind == "match":
             key, nsi = self.source_key(ex)
-            return ("match", key, nsi, rng.random() < 0.3)
+            return ("match", key, nsi, rng.random() < 0.3, BIGRAM if rng.random() < 0.3 else 0)
         if kind == "unlock":
             return ("unlock", rng.randrange(1 << 16))
         if kind == "evict":
@@ -686,7 +695,7 @@ def main(argv=None):
         st = {}
         for mname, (base, mut) in MUTANTS.items():
             res = run_config(f"mutant:{mname}", args.backend, args.seed, SELFTEST_OPS, args.episode,
-                             15, None, log=lambda *a: None, cfg=dict(CONFIGS[base], mutant=mut))
+                             2, None, log=lambda *a: None, cfg=dict(CONFIGS[base], mutant=mut))
             st[mname] = dict(caught=bool(res["divergences"]), after_ops=res["ops"], sig=res.get("sig"),
                              shrunk_ops=len(res.get("reproducer", {}).get("ops", [])))
             failed += not res["divergences"]

@@ -77,22 +77,22 @@ class FlatEngine:
     def root(self):
         return self.cache.root_node_handle()
 
-    def _key(self, toks, ns):
-        return FRadixKey(np.asarray(toks, dtype=np.int64), ns[0], ns[1])
+    def _key(self, toks, ns, bigram=False):
+        return FRadixKey(np.asarray(toks, dtype=np.int64), ns[0], ns[1], is_bigram=bigram)
 
-    def insert(self, toks, ns, values, prev, inserted, prio):
+    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False):
         if self.mut:
             prev = 0 if self.mut.get("drop_prev") else prev
             inserted = 0 if self.mut.get("drop_inserted_len") else inserted
             prio = 0 if self.mut.get("drop_priority") else prio
-        r = self.cache.insert(FInsertParams(key=self._key(toks, ns),
-                                            value=np.asarray(values, dtype=np.int64),
+        r = self.cache.insert(FInsertParams(key=self._key(toks, ns, bigram),
+                                            value=None if values is None else np.asarray(values, dtype=np.int64),
                                             prev_prefix_len=prev, inserted_len=inserted,
                                             priority=prio))
         return r.prefix_len, r.last_device_node
 
-    def match(self, toks, ns):
-        m = self.cache.match_prefix(FMatchPrefixParams(key=self._key(toks, ns)))
+    def match(self, toks, ns, bigram=False):
+        m = self.cache.match_prefix(FMatchPrefixParams(key=self._key(toks, ns, bigram)))
         return m.device_prefix_len, m.device_indices.tolist(), m.last_device_node
 
     def lock(self, node):
@@ -172,6 +172,7 @@ def sglang_env():
     """The environment the oracle venv needs (set before importing sglang)."""
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("SGLANG_RUST_BUILD_MODE", "never")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 _SGL = None
@@ -188,6 +189,10 @@ def _sgl():
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     import torch
+
+    # Tiny tensors only: intra-op threads cost more than they give, and they spin
+    # against other processes on a busy machine.
+    torch.set_num_threads(1)
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
     from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
     from sglang.srt.mem_cache.base_prefix_cache import (
@@ -269,17 +274,18 @@ class SglEngine:
     def root(self):
         return self.cache.root_node_handle()
 
-    def _key(self, toks, ns):
-        return self.S["RadixKey"](array("q", toks), ns[0], cache_salt=ns[1])
+    def _key(self, toks, ns, bigram=False):
+        return self.S["RadixKey"](array("q", toks), ns[0], is_bigram=bigram, cache_salt=ns[1])
 
-    def insert(self, toks, ns, values, prev, inserted, prio):
+    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False):
         r = self.cache.insert(self.S["InsertParams"](
-            key=self._key(toks, ns), value=self.torch.tensor(values, dtype=self.torch.int64),
+            key=self._key(toks, ns, bigram),
+            value=None if values is None else self.torch.tensor(values, dtype=self.torch.int64),
             prev_prefix_len=prev, inserted_len=inserted, priority=prio))
         return r.prefix_len, r.last_device_node
 
-    def match(self, toks, ns):
-        m = self.cache.match_prefix(self.S["MatchPrefixParams"](key=self._key(toks, ns)))
+    def match(self, toks, ns, bigram=False):
+        m = self.cache.match_prefix(self.S["MatchPrefixParams"](key=self._key(toks, ns, bigram)))
         n = m.device_prefix_len
         idx = self.cache.path_device_indices(m.last_device_node)[:n].tolist() if n else []
         return n, idx, m.last_device_node

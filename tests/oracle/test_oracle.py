@@ -40,7 +40,7 @@ CONFIGS = ("p1-lru", "p16-lru", "p64-lru", "p1-lfu", "p16-fifo", "p1-mru", "p16-
 
 def _env():
     env = dict(os.environ)
-    env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_RUST_BUILD_MODE="never",
+    env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_RUST_BUILD_MODE="never", OMP_NUM_THREADS="1",
                # the checkout's flatradix first (cwd is ROOT), then the sgl_kernel stub
                PYTHONPATH=os.pathsep.join([str(ROOT), str(VENV / "peer_stubs")]))
     env.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
