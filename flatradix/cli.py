@@ -49,23 +49,24 @@ def build_parser():
             "(evicting when short; a request that cannot fit even then is rejected), "
             "cache_finished_req on completion (the prompt is cached; outputs are not). "
             "Without --trace, a built-in deterministic synthetic workload is used "
-            "(multi-turn chats over shared system prompts)."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            "(multi-turn chats over shared system prompts)."))
     r.add_argument("--trace", metavar="FILE",
                    help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids); "
                         "default: the synthetic workload")
-    r.add_argument("--block-size", type=_positive_int, default=None,
+    r.add_argument("--block-size", type=_positive_int, default=None, metavar="B",
                    help="tokens per hash id (default: 512 for a trace, 16 for the synthetic "
                         "workload)")
-    r.add_argument("--page-size", type=_positive_int, default=16, help="cache page size")
+    r.add_argument("--page-size", type=_positive_int, default=16, metavar="P",
+                   help="cache page size (default: 16)")
     r.add_argument("--capacity", type=_capacity, default=None, metavar="TOKENS|inf",
                    help="KV pool size in tokens (2000000, 2M, 500k) or inf (default: inf)")
     r.add_argument("--max-running", type=_positive_int, default=1, metavar="N",
-                   help="requests in flight at once (FIFO completion)")
-    r.add_argument("--policy", choices=POLICIES, default="lru", help="eviction policy")
+                   help="requests in flight at once, FIFO completion (default: 1)")
+    r.add_argument("--policy", choices=POLICIES, default="lru",
+                   help="eviction policy (default: lru)")
     r.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                    help="replay only the first N requests (synthetic: generate N; default 3000)")
-    r.add_argument("--seed", type=int, default=0, help="synthetic workload seed")
+    r.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default: 0)")
     r.add_argument("--cache-outputs", action="store_true",
                    help="also insert output tokens (fresh ids that never match)")
     r.add_argument("--json", action="store_true", help="print one JSON object")

@@ -50,8 +50,13 @@ def format_report(r):
         f"  evicted tokens  {_n(r.evicted_tokens)} ({_n(r.evict_calls)} evict calls)",
         f"  peak tree size  {_n(r.peak_tree_tokens)} tokens",
         f"  wall time       {r.wall_s:.2f} s ({r.requests_per_s:,.0f} requests/s, "
-        f"{r.prompt_tokens_per_s / 1e6:,.1f} M prompt tokens/s)",
+        f"{r.prompt_tokens_per_s / 1e6:,.1f} M prompt tokens/s; CPU {r.cpu_s:.2f} s)",
         f"  KV conservation {'ok' if r.kv_conserved else 'BROKEN'}",
+    ]
+    if r.warmup_s >= 0.05:
+        lines.append(f"  JIT warm-up     {r.warmup_s:.2f} s (kernels compiled or loaded; not in "
+                     f"the wall time)")
+    lines += [
         "",
         f"  {'cache op':<20}{'calls':>10}{'p50 us':>10}{'p99 us':>10}",
     ]
