@@ -55,10 +55,11 @@ from .normalize import (
 
 # --------------------------------------------------------------------------- configs
 # Every eviction policy appears; page sizes 1, 16 and 64 each appear with several
-# policies; two EAGLE (bigram) trees. KV events are on everywhere. tlru: SGLang's
-# Rust adapter clamps ``threshold - next_prompt_estimate`` at 0 while its Python
-# strategy does not (the cores differ when next_prompt_estimate > threshold), so
-# the configs keep threshold >= next_prompt_estimate, where both cores agree.
+# policies; two EAGLE (bigram) trees. KV events are on everywhere. tlru: a node is
+# "TEL-safe" (evicted first) only when threshold - next_prompt_estimate exceeds its
+# length plus the branch's trimmed depth, so threshold > next_prompt_estimate is
+# needed for T-LRU to differ from LRU at all (SGLang's Rust adapter also clamps
+# that difference at 0, which is then equivalent); SGLang validates neither value.
 CONFIGS = {
     "p1-lru": dict(page_size=1, policy="lru"),
     "p16-lru": dict(page_size=16, policy="lru"),
@@ -609,6 +610,26 @@ def shrink(cfg, backend, ops, sig, budget_s, log=print):
             break
         else:
             n = min(len(cur), n * 2)
+    # then shorten token tuples (prompts, keys, decoded tokens): cut halves off
+    # either end while the divergence stays
+    for i in range(len(cur)):
+        for j, field in enumerate(cur[i]):
+            if not (isinstance(field, tuple) and len(field) > 1):
+                continue
+            step = len(field) // 2
+            while step >= 1 and time.monotonic() < t_end:
+                f = cur[i][j]
+                for cand_f in (f[:len(f) - step], f[step:]):
+                    if not cand_f:
+                        continue
+                    cand = cur[:i] + [cur[i][:j] + (cand_f,) + cur[i][j + 1:]] + cur[i + 1:]
+                    if fails(cand):
+                        cur = cand
+                        break
+                else:
+                    step //= 2
+    log(f"  shrink: {len(cur)} ops, {sum(len(x) for op in cur for x in op if isinstance(x, tuple))} "
+        f"tokens ({tries} tries)")
     return cur, tries, time.monotonic() < t_end
 
 
