@@ -1,4 +1,4 @@
-"""The ``flatradix`` command (also ``python -m flatradix``).
+"""The flatradix command (also: python -m flatradix).
 
 ``flatradix replay`` replays a request trace (or the built-in synthetic
 workload) through the cache and reports hit ratio, evictions and per-operation
@@ -78,6 +78,8 @@ def build_parser():
                    help="with --sweep: plot the curve (needs matplotlib: flatradix[plot])")
     r.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is shown only on a terminal anyway)")
+    p.set_defaults(subparser=None)
+    r.set_defaults(subparser=r)
     return p
 
 
@@ -136,7 +138,13 @@ def main(argv=None):
     """Entry point of the ``flatradix`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "replay":
-        return _replay(args, parser)
-    parser.print_help()
-    return 2
+    if args.command != "replay":
+        parser.print_help()
+        return 2
+    try:
+        return _replay(args, args.subparser)
+    except BrokenPipeError:  # e.g. `flatradix replay | head`: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
