@@ -8,7 +8,13 @@ and foreign slots before anything changes.
 
 import numpy as np
 
+from . import _numba_env  # noqa: F401  (cache directory, before the kernels)
 from ._cast import as_int64, as_count, is_torch
+from .kernels.slots import E_DOUBLE as _S_DOUBLE
+from .kernels.slots import E_RANGE as _S_RANGE
+from .kernels.slots import E_REPEATED as _S_REPEATED
+from .kernels.slots import slots_alloc as _k_alloc
+from .kernels.slots import slots_free as _k_free
 
 
 def _torch():
@@ -49,10 +55,8 @@ class TokenToKVPoolAllocator:
         # Stack of free slots; the top is the end. Lowest slots are handed out first.
         self._stack = np.arange(self.size, 0, -1, dtype=np.int64)
         self._top = self.size
-        # _mark[s] != 0 <=> slot s is free (slot 0 never is). One int array serves as
-        # the free-mask and as the scratch of free()'s duplicate check.
-        dt = np.int32 if self.size < 2**31 - 1 else np.int64
-        self._mark = np.ones(self.size + 1, dtype=dt)
+        # _mark[s] == 1 <=> slot s is free (slot 0 never is).
+        self._mark = np.ones(self.size + 1, dtype=np.uint8)
         self._mark[0] = 0
 
     def available_size(self):
@@ -63,38 +67,32 @@ class TokenToKVPoolAllocator:
         return _torch().from_numpy(a) if self.index_kind == "torch" else a
 
     def alloc(self, need_size):
-        """``need_size`` free slots (int64, 1-D), or ``None`` when fewer are free."""
+        """``need_size`` free slots (int64, 1-D), or ``None`` when fewer are free.
+        O(need_size)."""
         n = as_count(need_size, "need_size")
         if n > self._top:
             return None
-        top = self._top
-        idx = self._stack[top - n: top][::-1].copy()
-        self._top = top - n
-        self._mark[idx] = 0
+        idx = np.empty(n, dtype=np.int64)
+        if n:
+            _k_alloc(self._stack, self._top, self._mark, idx)
+            self._top -= n
         return self._out(idx)
 
     def free(self, free_index):
         """Return slots to the pool. Raises ``ValueError`` (and frees nothing) on a slot
-        outside ``1..size``, a slot that is already free, or a slot given twice."""
+        outside ``1..size``, a slot that is already free, or a slot given twice.
+        O(len(free_index)), one pass (``kernels/slots.py``)."""
         idx = as_int64(free_index, "free_index")
         n = idx.size
         if n == 0:
             return
-        if idx.min() < 1 or idx.max() > self.size:
-            raise ValueError(f"free_index: slots must lie in [1, {self.size}]")
-        mark = self._mark
-        was = mark.take(idx)
-        if was.any():
-            bad = idx[was != 0][:5]
-            raise ValueError(f"free_index: double free of slot(s) {bad.tolist()}")
-        # Mark slot idx[k] free with stamp k + 1: a slot given twice keeps only its
-        # later stamp, which catches duplicates in O(n) without sorting.
-        stamp = np.arange(1, n + 1, dtype=mark.dtype)
-        mark[idx] = stamp
-        if n > 1 and not np.array_equal(mark.take(idx), stamp):
-            mark[idx] = 0  # undo: every slot was allocated before
-            raise ValueError("free_index: a slot is given more than once")
-        self._stack[self._top: self._top + n] = idx
+        code, bad = _k_free(self._stack, self._top, self._mark, idx, self.size)
+        if code == _S_RANGE:
+            raise ValueError(f"free_index: slot {int(bad)} outside [1, {self.size}]")
+        if code == _S_DOUBLE:
+            raise ValueError(f"free_index: double free of slot {int(bad)}")
+        if code == _S_REPEATED:
+            raise ValueError(f"free_index: slot {int(bad)} is given more than once")
         self._top += n
 
     def is_free(self, indices):

@@ -1,0 +1,47 @@
+"""KV-slot allocator kernels (``flatradix.pools.TokenToKVPoolAllocator``).
+
+``stack[:top]`` holds the free slots (the top is the end); ``mark[s] == 1`` iff
+slot ``s`` is free. One pass each, O(slots moved), never O(pool).
+"""
+
+from ._jit import kernel
+
+OK = 0
+E_RANGE = 1       # a slot outside 1..size
+E_DOUBLE = 2      # a slot that is already free
+E_REPEATED = 3    # a slot given twice in one call
+
+
+@kernel
+def slots_free(stack, top, mark, idx, size):
+    """Push ``idx`` onto the free stack. Returns ``(status, bad_slot)``; on an error
+    nothing is freed (marks set so far are undone)."""
+    n = idx.shape[0]
+    for i in range(n):
+        s = idx[i]
+        code = OK
+        if s < 1 or s > size:
+            code = E_RANGE
+        elif mark[s]:
+            code = E_DOUBLE
+            for j in range(i):
+                if idx[j] == s:
+                    code = E_REPEATED
+                    break
+        if code != OK:
+            for j in range(i):
+                mark[idx[j]] = 0
+            return code, s
+        mark[s] = 1
+        stack[top + i] = s
+    return OK, 0
+
+
+@kernel
+def slots_alloc(stack, top, mark, out):
+    """Pop ``len(out)`` slots (lowest first) into ``out``; the caller checked ``top``."""
+    n = out.shape[0]
+    for i in range(n):
+        s = stack[top - 1 - i]
+        out[i] = s
+        mark[s] = 0
