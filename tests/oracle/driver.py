@@ -50,7 +50,7 @@ from collections import Counter
 
 from .engines import FlatEngine, SglEngine
 from .normalize import (
-    Divergence, EventHashMap, NodeIdMap, coalesce_removed, compare, event_tuples,
+    Divergence, EventHashMap, NodeIdMap, coalesce_removed, compare, event_tuples, known_bug,
 )
 
 # --------------------------------------------------------------------------- configs
@@ -101,7 +101,7 @@ NS_WEIGHTS = [10, 2, 2, 1, 1, 1]
 
 MAX_LIVE = 6          # requests in flight
 MAX_LOCKS = 8         # extra locks held by "match+lock" ops
-VALUE_NONE, BIGRAM = 1, 2   # raw insert / match flags (see Executor.op_insert)
+VALUE_NONE, BIGRAM, TRACK = 1, 2, 4   # raw insert / match flags (see Executor.op_insert)
 SELFTEST_OPS = 5000  # a mutant must diverge within this many ops
 TOTAL_EVERY = 16
 CHECK_EVERY = 64
@@ -248,11 +248,18 @@ class Executor:
     def op_match(self, toks, nsi, lock, flags=0):
         ns = NAMESPACES[nsi]
         bigram = bool(flags & BIGRAM) and self.eagle
-        (fl, fi, fn), (sl, si, sn) = self._both("match", lambda: self.f.match(toks, ns, bigram),
-                                                lambda: self.s.match(toks, ns, bigram))
+        (fl, fi, fn, fx), (sl, si, sn, sx) = self._both(
+            "match", lambda: self.f.match(toks, ns, bigram), lambda: self.s.match(toks, ns, bigram))
         compare("match.prefix_len", fl, sl)
         compare("match.indices", fi, si)
         self.ids.bind("match", fn, sn)
+        self.ids.bind("match.last_host_node", fx[0], sx[0])
+        self.ids.bind("match.best_match_node", fx[1], sx[1])
+        if fx[2] is None or sx[2] is None:
+            compare("match.last_visited_node_id", fx[2], sx[2])
+        else:
+            self.ids.bind("match.last_visited_node_id", fx[2], sx[2])
+        compare("match.other_fields", fx[3], sx[3])
         self.stats["match_tokens"] += fl
         if lock and len(self.locks) < MAX_LOCKS:
             (fh, fd), (sh, sd) = self._both("lock", lambda: self.f.lock(fn), lambda: self.s.lock(sn))
@@ -269,7 +276,8 @@ class Executor:
 
     def op_insert(self, toks, nsi, prev, inserted, prio, flags=0):
         """Raw insert with fresh KV slots. ``flags``: VALUE_NONE (``value=None``: the
-        tree stores the token ids), BIGRAM (EAGLE key marked ``is_bigram`` by the caller)."""
+        tree stores the token ids), BIGRAM (EAGLE key marked ``is_bigram`` by the caller),
+        TRACK (``track_adopted_ranges=True``)."""
         ns = NAMESPACES[nsi]
         n = self.key_units(toks)
         bigram = bool(flags & BIGRAM) and self.eagle
@@ -278,11 +286,17 @@ class Executor:
         else:
             self._make_room(self._new_pages(0, n, self.P))
             values = self._slots([], 0, n)
-        (fl, fn), (sl, sn) = self._both(
-            "insert", lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram),
-            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram))
+        track = bool(flags & TRACK)
+        (fl, fn, fx), (sl, sn, sx) = self._both(
+            "insert",
+            lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track),
+            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track))
         compare("insert.prefix_len", fl, sl)
         self.ids.bind("insert", fn, sn)
+        if known_bug("adopted_ranges_empty", fx[3], sx[3]):
+            self.stats["known:adopted_ranges_empty"] += 1
+            fx = fx[:3] + (sx[3],)
+        compare("insert.other_fields(total_len,mamba_exist,swa_branch_inserted,adopted_ranges)", fx, sx)
         self._sync("insert", ns)
 
     def op_evict(self, n):
@@ -547,7 +561,8 @@ class Generator:
             inserted = rng.choice((0, 0, rng.randint(0, n)))
             if P > 1:  # schedulers pass page-aligned lengths
                 prev, inserted = prev // P * P, inserted // P * P
-            flags = (VALUE_NONE if rng.random() < 0.03 else 0) | (BIGRAM if rng.random() < 0.3 else 0)
+            flags = ((VALUE_NONE if rng.random() < 0.03 else 0) | (BIGRAM if rng.random() < 0.3 else 0)
+                     | (TRACK if rng.random() < 0.2 else 0))
             return ("insert", key, nsi, prev, inserted, rng.choice((0, 0, 1, 2, 5)), flags)
         if kind == "match":
             key, nsi = self.source_key(ex)

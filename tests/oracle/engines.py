@@ -34,6 +34,23 @@ from flatradix import RadixKey as FRadixKey
 _BIG = 1 << 40
 
 
+def match_extras(m):
+    """The MatchResult fields besides length / indices / last_device_node:
+    (last_host_node, best_match_node, last_visited_node_id, other scalars)."""
+    return (m.last_host_node, m.best_match_node, m.last_visited_node_id,
+            (m.host_hit_length, m.full_kv_hit_length, m.swa_host_hit_length, m.swa_branching_seqlen,
+             m.mamba_host_hit_length, m.mamba_branching_seqlen, m.cache_protected_len,
+             m.full_device_match_len))
+
+
+def insert_extras(r):
+    ranges = r.adopted_ranges
+    if ranges is not None:
+        ranges = {getattr(k, "name", str(k)): [tuple(int(x) for x in rg) for rg in v]
+                  for k, v in ranges.items()}
+    return (r.total_len, bool(r.mamba_exist), bool(r.swa_branch_inserted), ranges)
+
+
 class _FlatRecordingAllocator:
     """flatradix-side stand-in for the KV allocator: records frees in order."""
 
@@ -80,7 +97,7 @@ class FlatEngine:
     def _key(self, toks, ns, bigram=False):
         return FRadixKey(np.asarray(toks, dtype=np.int64), ns[0], ns[1], is_bigram=bigram)
 
-    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False):
+    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False):
         if self.mut:
             prev = 0 if self.mut.get("drop_prev") else prev
             inserted = 0 if self.mut.get("drop_inserted_len") else inserted
@@ -88,12 +105,12 @@ class FlatEngine:
         r = self.cache.insert(FInsertParams(key=self._key(toks, ns, bigram),
                                             value=None if values is None else np.asarray(values, dtype=np.int64),
                                             prev_prefix_len=prev, inserted_len=inserted,
-                                            priority=prio))
-        return r.prefix_len, r.last_device_node
+                                            priority=prio, track_adopted_ranges=track))
+        return r.prefix_len, r.last_device_node, insert_extras(r)
 
     def match(self, toks, ns, bigram=False):
         m = self.cache.match_prefix(FMatchPrefixParams(key=self._key(toks, ns, bigram)))
-        return m.device_prefix_len, m.device_indices.tolist(), m.last_device_node
+        return m.device_prefix_len, m.device_indices.tolist(), m.last_device_node, match_extras(m)
 
     def lock(self, node):
         r = self.cache.inc_lock_ref(node)
@@ -130,7 +147,7 @@ class FlatEngine:
         """Match ``prompt[:-1]`` (the scheduler's ``input_len - 1`` cap), lock the
         matched node and take a request row. Returns (prefix_len, indices, node)."""
         row = self.rtp.alloc(1)[0]
-        plen, idx, node = self.match(prompt[:-1], ns)
+        plen, idx, node, _ = self.match(prompt[:-1], ns)
         # token containers: array('q') (what an SGLang Req holds) or lists, alternately
         seq = (lambda t: array("q", t)) if rid % 2 else list
         req = flatradix.Req(origin_input_ids=seq(prompt), output_ids=seq(()), fill_ids=seq(prompt),
@@ -277,18 +294,18 @@ class SglEngine:
     def _key(self, toks, ns, bigram=False):
         return self.S["RadixKey"](array("q", toks), ns[0], is_bigram=bigram, cache_salt=ns[1])
 
-    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False):
+    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False):
         r = self.cache.insert(self.S["InsertParams"](
             key=self._key(toks, ns, bigram),
             value=None if values is None else self.torch.tensor(values, dtype=self.torch.int64),
-            prev_prefix_len=prev, inserted_len=inserted, priority=prio))
-        return r.prefix_len, r.last_device_node
+            prev_prefix_len=prev, inserted_len=inserted, priority=prio, track_adopted_ranges=track))
+        return r.prefix_len, r.last_device_node, insert_extras(r)
 
     def match(self, toks, ns, bigram=False):
         m = self.cache.match_prefix(self.S["MatchPrefixParams"](key=self._key(toks, ns, bigram)))
         n = m.device_prefix_len
         idx = self.cache.path_device_indices(m.last_device_node)[:n].tolist() if n else []
-        return n, idx, m.last_device_node
+        return n, idx, m.last_device_node, match_extras(m)
 
     def lock(self, node):
         r = self.cache.inc_lock_ref(node)
