@@ -3,8 +3,8 @@
 Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``), where both
 flatradix and sglang import::
 
-    export SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never \\
-           PYTHONPATH=$VENV/peer_stubs
+    export SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never OMP_NUM_THREADS=1 \\
+           PYTHONPATH=$PWD:$VENV/peer_stubs          # from the repository root
     $VENV/bin/python -m tests.oracle.driver --config p16-lru --backend rust --ops 100000
     $VENV/bin/python -m tests.oracle.driver --config all --backend python --ops 2000
     $VENV/bin/python -m tests.oracle.driver --replay repro.json   # re-run a reproducer
@@ -20,8 +20,10 @@ across later inserts, explicit evictions and evictions forced by a KV budget,
 and rare ``reset()`` s. Each op runs on both engines, which are compared after
 every op (``normalize.py`` lists the only differences accepted):
 
-* match: matched length, KV indices, node (by id bijection);
-* insert: ``prefix_len``, node; lock: delta;
+* match: matched length, KV indices, node (by id bijection), and every other
+  ``MatchResult`` field (host/best/visited nodes, hit lengths, ...);
+* insert: ``prefix_len``, node, ``total_len`` / ``mamba_exist`` /
+  ``swa_branch_inserted`` / ``adopted_ranges``; lock: delta;
 * requests: matched prefix at admission, then after each checkpoint the
   protected length, last node and the request's whole req->token row;
 * evict: tokens evicted; every op: the freed KV indices *in order* (the
