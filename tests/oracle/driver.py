@@ -29,7 +29,8 @@ every op (``normalize.py`` lists the only differences accepted):
 * evict: tokens evicted; every op: the freed KV indices *in order* (the
   eviction order of the policy), evictable and protected sizes, the KV event
   stream (``enable_kv_cache_events=True``); total size every
-  ``TOTAL_EVERY`` ops (SGLang's Python core walks the whole tree for it) and at
+  ``TOTAL_EVERY`` ops (SGLang's Python core walks the whole tree for it); the
+  tree's whole content (every KV index it holds) before each reset and at
   episode ends; flatradix's ``sanity_check()`` every ``CHECK_EVERY`` ops.
 
 The stream is cut into episodes of ``--episode`` ops, each on freshly built
@@ -228,10 +229,12 @@ class Executor:
             fe, se = coalesce_removed(fe), coalesce_removed(se)
         compare(f"{what}.events", fe, se)
 
-    def check_total(self, what):
+    def check_total(self, what, content=False):
         compare(f"{what}.total_size", self.f.total(), self.s.total())
         ev, prot = self.f.sizes()
         compare(f"{what}.total==evictable+protected", self.f.total(), ev + prot)
+        if content:  # O(tree) on both sides: at resets and episode ends only
+            compare(f"{what}.all_values_flatten(sorted)", self.f.values(), self.s.values())
 
     def key_units(self, toks):
         return max(0, len(toks) - 1) if self.eagle else len(toks)
@@ -410,13 +413,13 @@ class Executor:
             self.op_finish(rid, True)
         while self.locks:
             self.op_unlock(0)
-        self.check_total("reset")
+        self.check_total("reset", content=True)
         self._both("reset", self.f.reset, self.s.reset)
         self.ids.bind("reset.root", self.f.root(), self.s.root())
         self._sync("reset", (None, None))
 
     def finish_episode(self):
-        self.check_total("episode_end")
+        self.check_total("episode_end", content=True)
         self.f.check()
 
 

@@ -136,6 +136,10 @@ class FlatEngine:
     def take_events(self):
         return self.cache.take_events()
 
+    def values(self):
+        """Every KV index the tree holds, sorted (a multiset of the tree's content)."""
+        return sorted(self.cache.all_values_flatten().tolist())
+
     def reset(self):
         self.cache.reset()
 
@@ -329,6 +333,9 @@ class SglEngine:
 
     def take_events(self):
         return self.cache.take_events()
+
+    def values(self):
+        return sorted(self.cache.all_values_flatten().tolist())
 
     def reset(self):
         self.cache.reset()
