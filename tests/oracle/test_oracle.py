@@ -100,6 +100,11 @@ def oracle_runs(tmp_path_factory):
     return results, logs
 
 
+def _as_tuples(x):
+    """JSON lists back into the driver's op tuples (for printing)."""
+    return [tuple(tuple(f) if isinstance(f, list) else f for f in op) for op in x or []]
+
+
 def _tail(text, n=4000):
     return text if len(text) <= n else "..." + text[-n:]
 
@@ -117,7 +122,7 @@ def test_no_divergence(oracle_runs, config, backend):
         pytest.fail(f"{config}/{backend}: flatradix diverges from SGLang after {res['ops']} ops: "
                     f"{rep.get('detail', res.get('sig'))}\nshrunk reproducer ({len(rep.get('ops', []))} "
                     f"ops; replay with `python -m tests.oracle.driver --replay {rep.get('path')}` in "
-                    f"the oracle venv):\nops = {rep.get('ops')!r}")
+                    f"the oracle venv):\nops = {_as_tuples(rep.get('ops'))!r}")
     assert res["ops"] == OPS
 
 
