@@ -11,13 +11,16 @@ flatradix is measured two ways:
   including doubling slack and the ``_out`` scratch) and **used** (node rows
   below the high-water mark, heap slots, live child-table entries, pool rows in
   use, meta);
-* RSS: resident-set growth of the process while the tree is built (as for SGLang).
+* RSS, as for SGLang (below).
 
-SGLang's cores keep Python objects / Rust heap memory, so they are measured by
-RSS growth only (fresh process, ``gc.collect()`` and ``malloc_trim(0)`` before
-each reading; the KV allocator's own free-list storage change is subtracted;
-values are inserted as fresh tensors, as ``checkpoint`` does with
-``row[:n].to(int64, copy=True)``).
+SGLang's cores keep Python objects / Rust heap memory, so every engine is also
+measured by RSS in a fresh process (``gc.collect()`` and ``malloc_trim(0)``
+before each reading; token data prepared as compact arrays beforehand; the KV
+allocator's pages pre-touched and its free-list storage change subtracted;
+SGLang values inserted as fresh tensors, as ``checkpoint`` does with
+``row[:n].to(int64, copy=True)``): **growth** while the tree is built, and
+**released** when it is dropped (a lower bound: memory an allocator keeps for
+reuse is not returned).
 
 asv: ``track_bytes_per_token`` (flatradix arrays, page 1/16, allocated/used).
 Script (all engines that import; each in a fresh process)::
@@ -32,6 +35,8 @@ import json
 import os
 import subprocess
 import sys
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__ in (None, ""):
@@ -77,10 +82,21 @@ def _settle():
         pass
 
 
+def _touch(alloc):
+    """Rewrite every array of the allocator in place, so pages it would commit
+    lazily later (e.g. a ``np.zeros`` free mask) are resident before the first
+    reading and never charged to the tree."""
+    for v in vars(alloc).values():
+        if isinstance(v, np.ndarray) and v.size:
+            v[...] = v
+        elif hasattr(v, "untyped_storage") and v.numel():
+            v.copy_(v.clone())
+
+
 def _alloc_storage_bytes(alloc):
     """Bytes of the KV allocator's own free-list storage (not tree memory)."""
     total = 0
-    for name in ("free_pages", "release_pages", "_stack", "_is_free"):
+    for name in ("free_pages", "release_pages", "_stack", "_is_free", "_mark"):
         t = getattr(alloc, name, None)
         if t is None:
             continue
@@ -100,13 +116,16 @@ def measure_one(engine_name, page, num_seqs=NUM_SEQS):
 
     eng = E.make_engines([engine_name])[0]
     seqs = W.prefix_sharing_sequences(num_seqs)
-    seqs = [s[: len(s) - len(s) % page] for s in seqs]
-    seqs = [s for s in seqs if s]
+    # Compact per-sequence arrays made before the first reading: the ~50 MB of
+    # Python int lists are freed (and trimmed) before measuring, so heap churn
+    # from them is not charged to the tree.
+    seqs = [np.asarray(s[: len(s) - len(s) % page], dtype=np.int64) for s in seqs]
+    seqs = [s for s in seqs if s.shape[0]]
     kv = 1_500_000
     # warm-up (JIT load, lazy imports) on a throw-away cache
     w = eng.build(4096, page_size=page)
     for s in seqs[:20]:
-        v = w.alloc.alloc(len(s)) if len(s) <= 4096 else None
+        v = w.alloc.alloc(s.shape[0]) if s.shape[0] <= 4096 else None
         if v is not None:
             w.cache.insert(eng.insert_params(eng.key(s), v))
     del w, v
@@ -118,6 +137,7 @@ def measure_one(engine_name, page, num_seqs=NUM_SEQS):
         alloc = fr.TokenToKVPoolAllocator(kv, page_size=page)
     else:
         alloc = E.sglang_allocator(kv, page)
+    _touch(alloc)
     a0 = _alloc_storage_bytes(alloc)
     _settle()
     r0 = _rss()
@@ -125,7 +145,7 @@ def measure_one(engine_name, page, num_seqs=NUM_SEQS):
     cache = ctx.cache
     for s in seqs:
         key = eng.key(s)
-        v = alloc.alloc(len(s))
+        v = alloc.alloc(s.shape[0])
         if copy:
             v = v.clone()
         cache.insert(eng.insert_params(key, v))
@@ -134,15 +154,21 @@ def measure_one(engine_name, page, num_seqs=NUM_SEQS):
     r1 = _rss()
     a1 = _alloc_storage_bytes(alloc)
     tokens = eng.tree_tokens(ctx)
+    growth = r1 - r0 - (a1 - a0)
     out = {"engine": engine_name, "page_size": page, "cached_tokens": tokens,
-           "rss_bytes": r1 - r0 - (a1 - a0),
-           "rss_bytes_per_token": (r1 - r0 - (a1 - a0)) / tokens,
+           "rss_growth_bytes": growth, "rss_bytes_per_token": growth / tokens,
            "core": getattr(eng, "core", None)}
     if engine_name == "flatradix":
         allocated, used = flatradix_array_bytes(cache)
         out.update(arrays_allocated_bytes=allocated, arrays_used_bytes=used,
                    allocated_bytes_per_token=allocated / tokens, used_bytes_per_token=used / tokens,
                    nodes=cache.node_count())
+    # RSS given back when the tree is dropped (a lower bound: memory that the
+    # allocator keeps for reuse is not returned)
+    del cache, ctx
+    _settle()
+    r2 = _rss()
+    out["rss_released_bytes_per_token"] = (r1 - r2) / tokens
     return out
 
 
@@ -206,8 +232,9 @@ def main(argv=None):
             if name == "flatradix":
                 extra = (f"  arrays: allocated {r['allocated_bytes_per_token']:.1f}, "
                          f"used {r['used_bytes_per_token']:.1f} B/token ({r['nodes']} nodes)")
-            print(f"page {page:2d} {name:15s} {r['cached_tokens']:>9,} tokens  RSS "
-                  f"{r['rss_bytes_per_token']:7.1f} B/token{extra}", flush=True)
+            print(f"page {page:2d} {name:15s} {r['cached_tokens']:>9,} tokens  RSS growth "
+                  f"{r['rss_bytes_per_token']:6.1f}, released on delete "
+                  f"{r['rss_released_bytes_per_token']:6.1f} B/token{extra}", flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=1)

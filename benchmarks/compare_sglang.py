@@ -451,6 +451,11 @@ def main(argv=None):
     info["loadavg_end"] = os.getloadavg()
     print(f"\nload average at start {info['loadavg_start'][0]:.2f}, at end {info['loadavg_end'][0]:.2f} "
           f"({info['cpus']} CPUs)")
+    ref = next(iter(checks.values()))
+    same = all(c == ref for c in checks.values())
+    print("work check: every engine " + ("did the same work (tree sizes, matched and evicted tokens "
+                                         "identical)" if same else "DID NOT do the same work: see "
+                                         "'checks' in the JSON"))
     print()
     print(tables(med, args.ops))
     tg = targets(med, args.ops)
