@@ -23,30 +23,16 @@ SIZES = [100_000, 1_000_000]
 BATCH = 300  # operations per timed call (match, lock_unlock, path)
 
 
-def build_tree(tree_tokens, page_size=1, seed=0, headroom=400_000):
+def build_tree(tree_tokens, page_size=1, seed=0, headroom=400_000, rows=64):
     """A flatradix cache holding ``tree_tokens`` tokens (own allocator, LRU),
     its allocator, request table and the stream that filled it."""
     alloc = fr.TokenToKVPoolAllocator(tree_tokens + headroom, page_size=page_size)
-    rtp = fr.ReqToTokenPool(64, 8192)
+    rtp = fr.ReqToTokenPool(rows, 8192)
     cache = fr.UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
                                  req_to_token_pool=rtp)
     stream = W.SequenceStream(seed=seed)
     W.fill_to(cache, alloc, stream, tree_tokens, fr.InsertParams, fr.RadixKey)
     return cache, alloc, rtp, stream
-
-
-def match_keys(stream, n, seed=3):
-    """``n`` keys: thirds of full hits, partial hits (+10..100 tokens), misses."""
-    r = np.random.default_rng(seed)
-    hits = stream.sample(n // 3 + 1, seed=seed)
-    part = [np.concatenate([s, r.integers(2 * W.VOCAB, 3 * W.VOCAB, size=int(r.integers(10, 101)),
-                                           dtype=np.int64)])
-            for s in stream.sample(n // 3 + 1, seed=seed + 1)]
-    miss = stream.misses(n // 3 + 1, seed=seed + 2)
-    keys = []
-    for i in range(n):
-        keys.append((hits, part, miss)[i % 3][i // 3])
-    return [fr.RadixKey(k) for k in keys]
 
 
 class _Tree:
@@ -63,7 +49,7 @@ class MatchPrefix(_Tree):
 
     def setup(self, tree_tokens):
         super().setup(tree_tokens)
-        self.params_ = [fr.MatchPrefixParams(key=k) for k in match_keys(self.stream, BATCH)]
+        self.params_ = [fr.MatchPrefixParams(key=fr.RadixKey(k)) for k in self.stream.match_keys(BATCH)]
         for p in self.params_:  # first pass splits nodes at partial hits; samples see a steady tree
             self.cache.match_prefix(p)
 

@@ -134,31 +134,15 @@ def summarize(lat, fre, warm):
 
 
 # ------------------------------------------------------------------ operations
-def _populate(eng, ctx, keys, seqs):
-    for k, s in zip(keys, seqs):
-        v = ctx.alloc.alloc(len(s))
-        if v is None:
-            ctx.cache.evict(eng.evict_params(2 * len(s)))
-            v = ctx.alloc.alloc(len(s))
-        if v is None:
-            continue
-        ctx.cache.insert(eng.insert_params(k, v))
-
-
 def op_insert(eng, wl):
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
     keys = wl.keys(eng, "seqs")
 
     def items():
         for k, s in zip(keys, wl.seqs):
-            n = len(s)
-            v = ctx.alloc.alloc(n)
-            if v is None:
-                ctx.cache.evict(eng.evict_params(2 * n))
-                v = ctx.alloc.alloc(n)
-            if v is None:
-                continue
-            yield eng.insert_params(k, v)
+            v = E.alloc_slots(eng, ctx, len(s), evict=2 * len(s))
+            if v is not None:
+                yield eng.insert_params(k, v)
 
     lat, fre, _ = timed_loop(ctx.cache.insert, items(), ctx.clock)
     return lat, fre, {"tree_tokens": eng.tree_tokens(ctx)}
@@ -166,7 +150,7 @@ def op_insert(eng, wl):
 
 def _match_common(eng, wl, fn_of):
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
-    _populate(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
+    E.populate(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
     params = [eng.match_params(k) for k in wl.keys(eng, "queries")]
     fn = fn_of(ctx)
     lat, fre, res = timed_loop(fn, params, ctx.clock)
@@ -205,7 +189,7 @@ def op_lock_unlock(eng, wl):
 
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
     keys = wl.keys(eng, "seqs")[: wl.half]
-    _populate(eng, ctx, keys, wl.seqs[: wl.half])
+    E.populate(eng, ctx, keys, wl.seqs[: wl.half])
     root = eng.root(ctx)
     nodes = []
     for k in keys:

@@ -126,15 +126,6 @@ class FlatradixEngine:
         return ctx.cache.cache_finished_req
 
     # request preparation (untimed) ----------------------------------------
-    def _slots(self, ctx, n):
-        v = ctx.alloc.alloc(n)
-        if v is None:
-            ctx.cache.evict(self.evict_params(n - ctx.alloc.available_size()))
-            v = ctx.alloc.alloc(n)
-        if v is None:
-            raise MemoryError(f"cannot allocate {n} KV slots")
-        return v.numpy() if hasattr(v, "numpy") else v
-
     def make_request(self, ctx, prompt, output, rolling=False):
         """A finished request holding a row with KV for its committed tokens.
         ``rolling``: admitted first (match + lock + row prefix from the tree)."""
@@ -158,7 +149,8 @@ class FlatradixEngine:
             table[row, :plen] = idx
             req.prefix_indices = idx
             req.cache_protected_len = plen
-        table[row, plen:committed] = self._slots(ctx, committed - plen)
+        slots = need_slots(self, ctx, committed - plen)
+        table[row, plen:committed] = slots.numpy() if hasattr(slots, "numpy") else slots
         return req
 
 
@@ -287,15 +279,6 @@ class SGLangEngine:
             rel(req, cache, checkpoint=True)
         return release
 
-    def _slots(self, ctx, n):
-        v = ctx.alloc.alloc(n)
-        if v is None:
-            ctx.cache.evict(self.evict_params(n - ctx.alloc.available_size()))
-            v = ctx.alloc.alloc(n)
-        if v is None:
-            raise MemoryError(f"cannot allocate {n} KV slots")
-        return v
-
     def make_request(self, ctx, prompt, output, rolling=False):
         torch = self.torch
         p = array("q", prompt)
@@ -320,12 +303,39 @@ class SGLangEngine:
                 idx = ctx.cache.path_device_indices(m.last_device_node)[:plen]
                 ctx.rtp.write((row, slice(0, plen)), idx.to(torch.int32))
             req.kv.cache_protected_len = plen
-        slots = self._slots(ctx, committed - plen)
+        slots = need_slots(self, ctx, committed - plen)
         ctx.rtp.write((row, slice(plen, committed)), slots.to(torch.int32))
         req.kv.kv_committed_len = committed
         req.kv.kv_allocated_len = committed
         req.finished_reason = self._FINISH_LENGTH(length=len(o))
         return req
+
+
+def alloc_slots(eng, ctx, n, evict=None):
+    """``n`` KV slots from ``ctx.alloc``; when short, evict ``evict`` tokens (default:
+    the shortfall) and try once more. ``None`` when still short."""
+    v = ctx.alloc.alloc(n)
+    if v is None:
+        ctx.cache.evict(eng.evict_params(n - ctx.alloc.available_size() if evict is None else evict))
+        v = ctx.alloc.alloc(n)
+    return v
+
+
+def need_slots(eng, ctx, n):
+    v = alloc_slots(eng, ctx, n)
+    if v is None:
+        raise MemoryError(f"cannot allocate {n} KV slots")
+    return v
+
+
+def populate(eng, ctx, keys, seqs):
+    """Insert ``seqs`` (engine-native ``keys``) with fresh slots each, evicting
+    twice a sequence's length when the pool is short (SGLang's bench does the
+    same); a sequence that still does not fit is skipped."""
+    for k, s in zip(keys, seqs):
+        v = alloc_slots(eng, ctx, len(s), evict=2 * len(s))
+        if v is not None:
+            ctx.cache.insert(eng.insert_params(k, v))
 
 
 def make_engines(names):

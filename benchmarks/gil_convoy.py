@@ -95,11 +95,7 @@ def main(argv=None):
     res = {}
     for eng in E.make_engines(names):
         ctx = eng.build(500_000, max_context_len=4096)
-        for s in seqs[:half]:
-            v = ctx.alloc.alloc(len(s))
-            if v is None:
-                raise MemoryError("KV pool exhausted")
-            ctx.cache.insert(eng.insert_params(eng.key(s), v))
+        E.populate(eng, ctx, [eng.key(s) for s in seqs[:half]], seqs[:half])
         params = [eng.match_params(eng.key(q)) for q in queries]
         fn = ctx.cache.match_prefix
         run_queries(fn, params)  # first pass: splits at partial hits, JIT/caches warm

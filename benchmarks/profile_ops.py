@@ -159,17 +159,14 @@ def main(argv=None):
 
         def insert_items(ctx):
             for k, s in zip(keys, seqs):
-                v = ctx.alloc.alloc(len(s))
-                if v is None:
-                    ctx.cache.evict(eng.evict_params(2 * len(s)))
-                    v = ctx.alloc.alloc(len(s))
-                yield eng.insert_params(k, v)
+                v = E.alloc_slots(eng, ctx, len(s), evict=2 * len(s))
+                if v is not None:
+                    yield eng.insert_params(k, v)
 
         rows.append(breakdown("insert", ctx.cache.insert, insert_items(ctx), kc, ctx.clock, wrap_cost))
         # match_prefix on a tree of the first half
         ctx = eng.build(500_000, max_context_len=4096)
-        for k, s in zip(keys[:half], seqs[:half]):
-            ctx.cache.insert(eng.insert_params(k, ctx.alloc.alloc(len(s))))
+        E.populate(eng, ctx, keys[:half], seqs[:half])
         mparams = [eng.match_params(eng.key(q)) for q in queries]
         rows.append(breakdown("match_prefix", ctx.cache.match_prefix, mparams, kc, ctx.clock, wrap_cost))
         rows.append(breakdown("match_prefix (2nd pass)", ctx.cache.match_prefix, mparams, kc, ctx.clock,
@@ -203,8 +200,7 @@ def main(argv=None):
     for name, fn, items in (("match_prefix", None, None), ("insert", None, None)):
         ctx = eng.build(500_000, max_context_len=4096)
         if name == "match_prefix":
-            for k, s in zip(keys[:half], seqs[:half]):
-                ctx.cache.insert(eng.insert_params(k, ctx.alloc.alloc(len(s))))
+            E.populate(eng, ctx, keys[:half], seqs[:half])
             fn, items = ctx.cache.match_prefix, mparams
         else:
             items, fn = insert_items(ctx), ctx.cache.insert

@@ -12,8 +12,10 @@ the same operation mix is timed per call (``perf_counter``):
 * release       cache_finished_req of 100 requests (prompt = a cached sequence
                 + 32 new tokens, 32 output tokens; KV prepared untimed)
 
-Writes ``docs/scaling.png`` (median µs per call against tree size, log x) and,
-with ``--json-out``, the figures. ``--max-tokens`` lowers the top size.
+The growth is repeated ``--repeat`` times (fresh cache, same seed) and the
+median of the per-pass medians is kept. Writes ``docs/scaling.png`` (median µs
+per call against tree size, log x) and, with ``--json-out``, the figures.
+``--max-tokens`` lowers the top size.
 
     python benchmarks/scaling.py [--sizes 100000 300000 1000000 3000000 10000000]
 """
@@ -37,8 +39,10 @@ if __package__ in (None, ""):
     except ImportError:
         sys.path.insert(1, ROOT)
     import workloads as W
+    from bench_ops import build_tree
 else:
     from . import workloads as W
+    from .bench_ops import build_tree
 
 import flatradix as fr  # noqa: E402
 
@@ -72,12 +76,7 @@ def _stats(lat):
 def measure_at(cache, alloc, rtp, stream, rng_seed):
     out = {}
     r = np.random.default_rng(rng_seed)
-    # match_prefix
-    hits = stream.sample(N // 3, seed=rng_seed)
-    part = [np.concatenate([s, r.integers(2 * W.VOCAB, 3 * W.VOCAB, size=int(r.integers(10, 101)),
-                                          dtype=np.int64)]) for s in stream.sample(N // 3, seed=rng_seed + 1)]
-    miss = stream.misses(N // 3, seed=rng_seed + 2)
-    keys = [fr.MatchPrefixParams(key=fr.RadixKey(k)) for trio in zip(hits, part, miss) for k in trio]
+    keys = [fr.MatchPrefixParams(key=fr.RadixKey(k)) for k in stream.match_keys(N, seed=rng_seed)]
     out["match_prefix"] = _stats(_time_each(cache.match_prefix, keys))
     # lock_unlock
     nodes = [cache.match_prefix(fr.RadixKey(s)).last_device_node
@@ -121,7 +120,7 @@ def plot(results, path):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("cached tokens in the tree")
-    ax.set_ylabel("median µs per call")
+    ax.set_ylabel("median µs per call (median of passes)")
     ax.set_title("flatradix: cost per operation vs tree size (page 1)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
@@ -129,26 +128,11 @@ def plot(results, path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="flatradix cost per op vs tree size")
-    ap.add_argument("--sizes", nargs="+", type=int, default=SIZES)
-    ap.add_argument("--max-tokens", type=int, default=None)
-    ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "scaling.png"))
-    ap.add_argument("--json-out")
-    args = ap.parse_args(argv)
-    sizes = [s for s in args.sizes if args.max_tokens is None or s <= args.max_tokens]
-    top = max(sizes)
-    alloc = fr.TokenToKVPoolAllocator(int(top * 1.3) + 2_000_000)
-    rtp = fr.ReqToTokenPool(128, 8192)
-    cache = fr.UnifiedRadixCache(token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp)
-    stream = W.SequenceStream(seed=0)
-    # JIT warm-up on a throw-away cache
-    wa = fr.TokenToKVPoolAllocator(1_000_000)
-    wc = fr.UnifiedRadixCache(token_to_kv_pool_allocator=wa, req_to_token_pool=fr.ReqToTokenPool(128, 8192))
-    W.fill_to(wc, wa, W.SequenceStream(seed=99), 20_000, fr.InsertParams, fr.RadixKey)
-    measure_at(wc, wa, wc.req_to_token_pool, W.SequenceStream(seed=98), 0)
-    del wc, wa
-    results = []
+def grow_and_measure(sizes, seed):
+    """One pass: a fresh cache grown through ``sizes``, the op mix timed at each."""
+    cache, alloc, rtp, stream = build_tree(0, seed=seed, headroom=int(max(sizes) * 1.3) + 2_000_000,
+                                           rows=128)
+    out = []
     for size in sizes:
         t0 = perf_counter()
         W.fill_to(cache, alloc, stream, size, fr.InsertParams, fr.RadixKey)
@@ -156,13 +140,44 @@ def main(argv=None):
         gc.collect()
         tokens, nodes = cache.total_size()[0], cache.node_count()
         ops = measure_at(cache, alloc, rtp, stream, size % 1000 + 7)
-        results.append({"tree_tokens": tokens, "nodes": nodes, "build_s": build_s, "ops": ops})
+        out.append({"tree_tokens": tokens, "nodes": nodes, "build_s": build_s, "ops": ops})
         print(f"{tokens:>11,} tokens {nodes:>9,} nodes  " +
               "  ".join(f"{op} {v['p50_us']:.1f}" for op, v in ops.items()) + "  (p50 µs)", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="flatradix cost per op vs tree size")
+    ap.add_argument("--sizes", nargs="+", type=int, default=SIZES)
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="independent growth passes (fresh cache, same seed); medians are plotted")
+    ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "scaling.png"))
+    ap.add_argument("--json-out")
+    args = ap.parse_args(argv)
+    sizes = [s for s in args.sizes if args.max_tokens is None or s <= args.max_tokens]
+    # JIT warm-up on a throw-away cache
+    wa = fr.TokenToKVPoolAllocator(1_000_000)
+    wc = fr.UnifiedRadixCache(token_to_kv_pool_allocator=wa, req_to_token_pool=fr.ReqToTokenPool(128, 8192))
+    W.fill_to(wc, wa, W.SequenceStream(seed=99), 20_000, fr.InsertParams, fr.RadixKey)
+    measure_at(wc, wa, wc.req_to_token_pool, W.SequenceStream(seed=98), 0)
+    del wc, wa
+    passes = []
+    for r in range(args.repeat):
+        print(f"pass {r + 1}/{args.repeat}")
+        passes.append(grow_and_measure(sizes, seed=0))
+        gc.collect()
+    results = []
+    for i, first in enumerate(passes[0]):
+        ops = {op: {k: statistics.median(p[i]["ops"][op][k] for p in passes) for k in first["ops"][op]}
+               for op in first["ops"]}
+        results.append({"tree_tokens": first["tree_tokens"], "nodes": first["nodes"], "ops": ops,
+                        "passes": [p[i] for p in passes]})
     base, last = results[0]["ops"], results[-1]["ops"]
-    print("\nratio of median cost, largest / smallest tree:")
+    print(f"\nmedian over {args.repeat} passes; ratio of median cost, largest / smallest tree:")
     for op in base:
-        print(f"  {op:13s} {last[op]['p50_us'] / base[op]['p50_us']:.2f}x")
+        print(f"  {op:13s} {base[op]['p50_us']:8.1f} -> {last[op]['p50_us']:8.1f} µs   "
+              f"{last[op]['p50_us'] / base[op]['p50_us']:.2f}x")
     if args.plot:
         os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
         plot(results, args.plot)

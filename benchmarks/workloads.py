@@ -138,6 +138,19 @@ class SequenceStream:
         return [r.integers(self.vocab + 1, 2 * self.vocab, size=int(r.integers(50, 301)),
                            dtype=np.int64) for _ in range(n)]
 
+    def match_keys(self, n, seed=3):
+        """``n`` match keys, interleaved thirds: reservoir sequences (full hits
+        unless evicted since), the same plus 10..100 tokens never generated
+        (partial hits), 50..300 such tokens (misses)."""
+        r = np.random.default_rng(seed)
+        k = n // 3 + 1
+        hits = self.sample(k, seed=seed)
+        part = [np.concatenate([s, r.integers(2 * self.vocab, 3 * self.vocab, size=int(r.integers(10, 101)),
+                                              dtype=np.int64)])
+                for s in self.sample(k, seed=seed + 1)]
+        miss = self.misses(k, seed=seed + 2)
+        return [(hits, part, miss)[i % 3][i // 3] for i in range(n)]
+
 
 def fill_to(cache, alloc, stream, target_tokens, insert_params, radix_key):
     """Insert stream sequences into ``cache`` until it holds ``target_tokens``.
