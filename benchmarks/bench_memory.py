@@ -18,7 +18,8 @@ measured by RSS in a fresh process (``gc.collect()`` and ``malloc_trim(0)``
 before each reading; token data prepared as compact arrays beforehand; the KV
 allocator's pages pre-touched and its free-list storage change subtracted;
 SGLang values inserted as fresh tensors, as ``checkpoint`` does with
-``row[:n].to(int64, copy=True)``): **growth** while the tree is built, and
+``row[:n].to(int64, copy=True)``; numpy's huge-page madvise off unless
+``--numpy-hugepages``): **growth** while the tree is built, and
 **released** when it is dropped (a lower bound: memory an allocator keeps for
 reuse is not returned).
 
@@ -107,8 +108,14 @@ def _alloc_storage_bytes(alloc):
     return total
 
 
-def measure_one(engine_name, page, num_seqs=NUM_SEQS):
-    """Build the workload tree in this process; return a dict of figures."""
+def measure_one(engine_name, page, num_seqs=NUM_SEQS, hugepages=False):
+    """Build the workload tree in this process; return a dict of figures.
+
+    ``hugepages=False`` turns off numpy's ``madvise(MADV_HUGEPAGE)`` for large
+    arrays, so RSS counts the 4 KiB pages actually touched; with it on (numpy's
+    default) a partly used array can hold whole 2 MiB pages, depending on what
+    the kernel has free at the time (seen: 23 to 37 B/token for one tree)."""
+    np._core.multiarray._set_madvise_hugepage(hugepages)
     if __package__ in (None, ""):
         import engines as E
     else:
@@ -207,11 +214,13 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description="bytes per cached token")
     ap.add_argument("--one", nargs=2, metavar=("ENGINE", "PAGE"))
+    ap.add_argument("--numpy-hugepages", action="store_true",
+                    help="keep numpy's huge-page madvise on (RSS then varies run to run)")
     ap.add_argument("--engines", nargs="+", default=None)
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(measure_one(args.one[0], int(args.one[1]))))
+        print(json.dumps(measure_one(args.one[0], int(args.one[1]), hugepages=args.numpy_hugepages)))
         return
     if __package__ in (None, ""):
         import engines as E
@@ -224,7 +233,8 @@ def main(argv=None):
     res = []
     for page in PAGES:
         for name in names:
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, str(page)],
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", name, str(page)]
+            out = subprocess.run(cmd + (["--numpy-hugepages"] if args.numpy_hugepages else []),
                                  check=True, capture_output=True, text=True, env=env)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res.append(r)
