@@ -42,7 +42,7 @@ def build(total_tokens, seq_len=1000, seed=0):
     return cache
 
 
-def time_evict(cache, n=1000, calls=20):
+def measure_evict(cache, n=1000, calls=20):
     cache.evict(EvictParams(num_tokens=1))  # first-call effects out of the timings
     ts = []
     for _ in range(calls):
@@ -52,7 +52,7 @@ def time_evict(cache, n=1000, calls=20):
     return np.median(ts) / 1e3, np.percentile(ts, 99) / 1e3
 
 
-def time_stepwise(cache, n=1000, calls=20):
+def measure_stepwise(cache, n=1000, calls=20):
     ts = []
     for _ in range(calls):
         t0 = time.perf_counter_ns()
@@ -69,15 +69,15 @@ def main(argv=None):
     ap.add_argument("--sizes", default="100000,1000000,10000000")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    time_stepwise(build(20_000), calls=2)  # compile / load the kernels outside the timings
+    measure_stepwise(build(20_000), calls=2)  # compile / load the kernels outside the timings
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
         t0 = time.perf_counter()
         cache = build(size)
         build_s = time.perf_counter() - t0
         tokens, nodes = cache.total_size()[0], cache.node_count()
-        med, p99 = time_evict(cache)
-        smed, sp99 = time_stepwise(cache)
+        med, p99 = measure_evict(cache)
+        smed, sp99 = measure_stepwise(cache)
         rows.append({"tree_tokens": tokens, "nodes": nodes,
                      "build_s": round(build_s, 2), "evict_1000_us_p50": round(med, 1),
                      "evict_1000_us_p99": round(p99, 1), "stepwise_1000_us_p50": round(smed, 1),
