@@ -17,7 +17,7 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 111  heap membership disagrees with the device-leaf predicate
 112  heap order violated, or HEAP_POS does not point back
 113  evictable / protected / total ledgers disagree with a recount
-114  live-node count, free list, or child-table counters disagree
+114  live-node count, free list, retired-slot count or child-table counters disagree
 115  pool accounting (live + dead != top)
 ===  =====================================================================
 """
@@ -26,8 +26,8 @@ from ._jit import kernel
 from .children import find_child
 from .layout import (
     CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL, FULL_LOCK, HEAP_POS,
-    KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
-    M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL,
+    GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
+    M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
     LOCK_REF, TOK,
 )
@@ -119,11 +119,15 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     nfree = 0
     f = meta[M_FREE_HEAD]
     while f != NIL:
-        if nodes[f, FLAGS] & F_ALIVE or nfree > hwm:
+        if nodes[f, FLAGS] & F_ALIVE or nodes[f, GEN] >= GEN_LIMIT or nfree > hwm:
             return 114, f
         nfree += 1
         f = nodes[f, NEXT_SIB]
-    if nfree != meta[M_NFREE] or nfree + live != hwm:
+    retired = 0
+    for s in range(hwm):
+        if not (nodes[s, FLAGS] & F_ALIVE) and nodes[s, GEN] >= GEN_LIMIT:
+            retired += 1
+    if nfree != meta[M_NFREE] or retired != meta[M_RETIRED] or nfree + live + retired != hwm:
         return 114, NIL
     if used + meta[M_POOL_DEAD] != meta[M_POOL_TOP]:
         return 115, NIL

@@ -79,7 +79,7 @@ CREATION = 10     # logical clock tick of creation (inherited by a split's upper
 HIT_COUNT = 11    # insert-driven hit counter (LFU / SLRU)
 PRIORITY = 12     # request priority, max'ed along insert paths (``priority`` policy)
 # Handles and membership (kernels/state.py, kernels/order.py).
-GEN = 13          # generation of this slot; NodeId = GEN << 32 | slot
+GEN = 13          # generation of this slot; NodeId = GEN << 32 | slot (< GEN_LIMIT)
 FLAGS = 14        # bit set: F_ALIVE, and F_HAS(c, t) value-presence bits
 HEAP_POS = 15     # position in ``heap`` while an evictable device leaf, else NIL
 # Per (component, tier) columns: index = base + c * N_TIERS + t.
@@ -160,7 +160,14 @@ M_EVICT_REQ = 25      # request of the open round
 M_EVICT_DONE = 26     # units evicted so far in the open round
 M_EVENTS = 27         # 1 when KV events are on: eviction kernels report removed spans
 M_BIGRAM = 28         # 1 for an EAGLE bigram tree (units pack two tokens)
+M_RETIRED = 29        # slots retired for good: their generation reached GEN_LIMIT
 META_LEN = 32
+
+#: A slot whose generation reaches GEN_LIMIT is retired (never reused): one more id
+#: ``GEN << 32 | slot`` would overflow int64. Under churn the free list is LIFO, so a
+#: hot slot can be reused ~2**31 times (weeks of a busy server); then it costs one
+#: dead row instead of wrapping ids (which would reissue old ids or make them negative).
+GEN_LIMIT = 1 << 31
 
 #: Clock units per tick. A match stamps its best node with a fresh tick ``t`` and
 #: each ancestor ``k`` levels up with ``t - k`` (SGLang: ``t - k * 1e-5`` on a

@@ -2,8 +2,8 @@
 
 Owns ``nodes[:, GEN]``, ``FLAGS & F_ALIVE``, the free-slot list (linked through
 ``NEXT_SIB``), the sibling links, ``meta[M_CLOCK]``, ``meta[M_HWM]``,
-``meta[M_FREE_HEAD]``, ``meta[M_NFREE]``, ``meta[M_NLIVE]`` and the pool
-counters.
+``meta[M_FREE_HEAD]``, ``meta[M_NFREE]``, ``meta[M_NLIVE]``, ``meta[M_RETIRED]``
+and the pool counters.
 """
 
 import numpy as np
@@ -11,10 +11,10 @@ import numpy as np
 from ._jit import helper, kernel
 from .layout import (
     CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS,
-    FULL, GEN, HEAP_POS, HIT_COUNT, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    FULL, GEN, GEN_LIMIT, HEAP_POS, HIT_COUNT, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
     LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
-    M_HWM, M_NFREE, M_NLIVE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL,
+    M_HWM, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
     MAMBA_SLOT, N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
     PARENT, PREV_SIB, PRIORITY, ROOT, SWA_UUID, TICK, TLRU_CACHED, TLRU_HIST,
 )
@@ -100,13 +100,17 @@ def node_alloc(nodes, meta):
 
 @helper
 def node_free(nodes, meta, s):
-    """Retire slot ``s``: bump its generation (old ids go stale) and push it on the free list."""
+    """Free slot ``s``: bump its generation (old ids go stale) and push it on the free
+    list, or retire it for good when the generation reached ``GEN_LIMIT``."""
     nodes[s, FLAGS] = 0
     nodes[s, GEN] += 1
+    meta[M_NLIVE] -= 1
+    if nodes[s, GEN] >= GEN_LIMIT:
+        meta[M_RETIRED] += 1
+        return
     nodes[s, NEXT_SIB] = meta[M_FREE_HEAD]
     meta[M_FREE_HEAD] = s
     meta[M_NFREE] += 1
-    meta[M_NLIVE] -= 1
 
 
 @helper
@@ -156,8 +160,8 @@ def reset_tree(nodes, ctab, meta):
     Also lays out the first tree on fresh (zeroed) arrays.
 
     Slots are kept with bumped generations, so no id is ever reissued, also
-    across resets. The clock keeps running. O(slots used). Returns the new
-    root's NodeId.
+    across resets (a slot whose generation reaches GEN_LIMIT stays retired).
+    The clock keeps running. O(slots used). Returns the new root's NodeId.
     """
     hwm = meta[M_HWM]
     for s in range(hwm):
@@ -168,6 +172,7 @@ def reset_tree(nodes, ctab, meta):
     meta[M_FREE_HEAD] = NIL
     meta[M_NFREE] = 0
     meta[M_NLIVE] = 0
+    meta[M_RETIRED] = 0
     meta[M_POOL_TOP] = 0
     meta[M_POOL_DEAD] = 0
     meta[M_HEAP_N] = 0
@@ -184,6 +189,9 @@ def reset_tree(nodes, ctab, meta):
     s = _make_root(nodes, meta)  # slot 0, its generation bumped above
     # Every other used slot goes on the free list, lowest slot at the head.
     for f in range(hwm - 1, ROOT, -1):
+        if nodes[f, GEN] >= GEN_LIMIT:
+            meta[M_RETIRED] += 1
+            continue
         nodes[f, NEXT_SIB] = meta[M_FREE_HEAD]
         meta[M_FREE_HEAD] = f
         meta[M_NFREE] += 1
