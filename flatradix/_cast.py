@@ -10,6 +10,8 @@ import operator
 
 import numpy as np
 
+from .errors import NodeAccessError
+
 _INT_KINDS = "iu"
 _I64 = np.dtype(np.int64)
 _MAX_BIGRAM_TOKEN = 1 << 31
@@ -110,11 +112,31 @@ def as_int(x, name):
     return x
 
 
+def as_flag(x, name):
+    """A bool (``bool``, ``numpy.bool_`` or the ints 0 / 1); anything else is a TypeError
+    (``"no"`` or ``None`` would otherwise be read as a truth value)."""
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)) and x in (0, 1):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__} {x!r}")
+
+
+_NID_MIN = -(1 << 63)
+_NID_END = 1 << 63
+
+
 def as_node_id(x, name="node"):
-    """A node id: an int (NodeId) or an object with an int ``node_id``/``id``."""
+    """A node id: an int (NodeId, or anything with ``__index__``); bool and other
+    objects are a ``TypeError``. An int outside int64 was never issued:
+    ``NodeAccessError`` (a ``KeyError``), as for any other never-issued id."""
     if isinstance(x, bool):
         raise TypeError(f"{name} must be a NodeId (int), got bool")
     try:
-        return operator.index(x)
+        v = operator.index(x)
     except TypeError:
         raise TypeError(f"{name} must be a NodeId (int), got {type(x).__name__}") from None
+    if not _NID_MIN <= v < _NID_END:
+        raise NodeAccessError(f"{name}: node id {v} does not name a live node (never issued: "
+                              "node ids are int64)")
+    return v

@@ -8,11 +8,12 @@ runs under one re-entrant lock (the kernels hold the GIL; see
 """
 
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
-from ._cast import as_count, as_int, as_int64, as_node_id, is_torch, key_units
+from ._cast import as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
 from .kernels import layout as L
 from .kernels.check import sanity_check as _k_check
@@ -42,6 +43,36 @@ _tuple_new = tuple.__new__
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
                     "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
+#: Largest accepted page_size (tokens per page); real models use <= 1024.
+MAX_PAGE_SIZE = 1 << 20
+#: Largest accepted initial node_capacity: a slot must fit the low 32 bits of a NodeId.
+MAX_NODE_CAPACITY = 1 << 31
+#: Largest accepted initial pool_capacity (rows of 16 bytes or more each).
+MAX_POOL_CAPACITY = 1 << 40
+#: Eviction counts above this are clamped to it (it exceeds any tree; kernels take int64).
+_COUNT_CLAMP = 1 << 62
+
+
+def _components(components):
+    """``components`` as a tuple of ComponentType (TypeError / ValueError naming it)."""
+    if isinstance(components, (str, bytes)) or not hasattr(components, "__iter__"):
+        raise TypeError(f"components must be a tuple of ComponentType, got "
+                        f"{type(components).__name__}")
+    out = []
+    for c in components:
+        try:
+            out.append(ComponentType(c))
+        except (ValueError, TypeError):
+            raise ValueError(f"components: {c!r} is not a ComponentType "
+                             f"({', '.join(m.name for m in ComponentType)})") from None
+    return tuple(out)
+
+
+def _component(component, name="component"):
+    try:
+        return ComponentType(component)
+    except (ValueError, TypeError):
+        raise ValueError(f"{name} must be a ComponentType, got {component!r}") from None
 
 
 class UnifiedRadixCache(RequestCachingMixin):
@@ -84,9 +115,9 @@ class UnifiedRadixCache(RequestCachingMixin):
                  is_eagle=False, eviction_policy_config=None, disable=False,
                  enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16):
         self.page_size = as_count(page_size, "page_size")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        comps = tuple(ComponentType(c) for c in components)
+        if not 1 <= self.page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {self.page_size}")
+        comps = _components(components)
         if comps != (ComponentType.FULL,):
             raise ValueError(f"components: only (ComponentType.FULL,) is implemented, got {comps}")
         self.components = comps
@@ -94,13 +125,34 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise ValueError(f"eviction_policy must be one of {', '.join(L.POLICY_NAMES)}; "
                              f"got {eviction_policy!r}")
         self.eviction_policy = eviction_policy.lower()
+        if eviction_policy_config is not None and not isinstance(eviction_policy_config, Mapping):
+            raise TypeError(f"eviction_policy_config must be a dict or None, got "
+                            f"{type(eviction_policy_config).__name__}")
         self._policy_cfg = self._policy_config(self.eviction_policy, eviction_policy_config or {})
+        if token_to_kv_pool_allocator is not None and not callable(
+                getattr(token_to_kv_pool_allocator, "free", None)):
+            raise TypeError("token_to_kv_pool_allocator must have a free(indices) method "
+                            f"(got {type(token_to_kv_pool_allocator).__name__})")
+        if req_to_token_pool is not None and not (
+                hasattr(req_to_token_pool, "req_to_token")
+                and callable(getattr(req_to_token_pool, "free", None))):
+            raise TypeError("req_to_token_pool must have .req_to_token and a free(row) method "
+                            f"(got {type(req_to_token_pool).__name__})")
+        if not (isinstance(device, str) or is_torch(device)):
+            raise TypeError(f"device must be a str (or torch.device), got {type(device).__name__}")
+        ncap = as_count(node_capacity, "node_capacity")
+        if ncap > MAX_NODE_CAPACITY:
+            raise ValueError(f"node_capacity must be <= {MAX_NODE_CAPACITY}, got {ncap}")
+        pcap = as_count(pool_capacity, "pool_capacity")
+        if pcap > MAX_POOL_CAPACITY:
+            raise ValueError(f"pool_capacity must be <= {MAX_POOL_CAPACITY}, got {pcap}")
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.req_to_token_pool = req_to_token_pool
         self.device = device
-        self.is_eagle = bool(is_eagle)
-        self.disable = bool(disable)
-        self.enable_kv_cache_events = bool(enable_kv_cache_events) and not self.disable
+        self.is_eagle = as_flag(is_eagle, "is_eagle")
+        self.disable = as_flag(disable, "disable")
+        self.enable_kv_cache_events = (as_flag(enable_kv_cache_events, "enable_kv_cache_events")
+                                       and not self.disable)
         self._events = []
         self._seeds = {}
         if self.enable_kv_cache_events:
@@ -111,13 +163,18 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._hstate = np.zeros(8, dtype=np.uint64)
             self._hw = np.zeros(64, dtype=np.uint64)
         self._lock = threading.RLock()
-        self._ns = {(None, None): 0}
+        self._ns = {(None, None): 0}  # (extra_key, cache_salt) -> namespace id
+        self._ns_next = 1
+        self._ns_gc_at = 1024
         self._kind = getattr(token_to_kv_pool_allocator, "index_kind", None)
         if self._kind is None and token_to_kv_pool_allocator is not None:
             self._kind = "torch"  # SGLang's allocators hold torch tensors
         self._torch_device = None
-        self._alloc_arrays(max(4, as_count(node_capacity, "node_capacity")),
-                           max(64, as_count(pool_capacity, "pool_capacity")))
+        try:
+            self._alloc_arrays(max(4, ncap), max(64, pcap))
+        except MemoryError as e:
+            raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "
+                              f"initial arrays ({e})") from None
         self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
         self._queue_event_cleared()
 
@@ -211,12 +268,32 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     # ------------------------------------------------------------------ casting
     def _intern_ns(self, nk):
-        """Namespace id of ``(extra_key, cache_salt)``, creating it (after validation)."""
+        """Namespace id of ``(extra_key, cache_salt)``, creating it (after validation).
+
+        Ids come from a counter and are never reused, so a match that looked an id
+        up without the lock can at worst miss (the namespace was dropped and
+        re-interned meanwhile), never see another namespace's nodes. Entries no
+        live node uses are dropped once the map reaches ``_ns_gc_at`` (O(slots),
+        amortised O(1) per new namespace), so per-request salts do not grow it
+        without bound. Caller holds the lock."""
         ns = self._ns.get(nk)
         if ns is None:
-            ns = len(self._ns)
+            if len(self._ns) >= self._ns_gc_at:
+                self._gc_namespaces()
+            ns = self._ns_next
+            self._ns_next += 1
             self._ns[nk] = ns
         return ns
+
+    def _gc_namespaces(self):
+        """Drop the namespaces no live node is in (their ids are never reissued)."""
+        used = set(np.unique(self._nodes[self._live_slots(), L.NS]).tolist())
+        used.add(0)
+        for nk, ns in list(self._ns.items()):
+            if ns not in used:
+                del self._ns[nk]
+                self._seeds.pop(nk, None)
+        self._ns_gc_at = len(self._ns) + max(1024, len(self._ns), int(self._meta[L.M_HWM]) // 4)
 
     def _key(self, key, name="key"):
         """``(units, aligned_len, ns_key, raw_tokens)`` of a RadixKey; changes nothing.
@@ -326,6 +403,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         they are freed through the allocator when one is attached, else returned
         in ``duplicate_indices``. O(len(key)).
 
+        A key that is empty after page alignment (shorter than a page) is a
+        no-op: nothing is touched (SGLang touches the root's recency, which
+        nothing reads), ``prefix_len == 0``, ``last_device_node`` is the root
+        and the value stays the caller's. ``prev_prefix_len`` and ``inserted_len``
+        beyond the key's length mean "all of it" (any int >= 0 is accepted).
+
         Raises ``TypeError``/``ValueError`` naming the argument for a malformed
         key or value (wrong type, dtype, shape or length, negative or
         out-of-range KV index) before anything changes.
@@ -358,6 +441,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._note_kind(params.value)
         if self.disable:
             return InsertResult(prefix_len=0)
+        if n == 0:  # documented no-op (see above): no namespace, no clock tick
+            dup_out = None if self.token_to_kv_pool_allocator is not None else self._values_out(
+                _EMPTY.copy())
+            return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
+                                mamba_exist=True, adopted_ranges={ComponentType.FULL: []}
+                                if params.track_adopted_ranges else None)
+        if inserted_len > n:
+            inserted_len = n  # same hit accounting; keeps the kernel argument in int64
         with self._lock:
             ns = self._intern_ns(nk)
             while True:
@@ -387,10 +478,25 @@ class UnifiedRadixCache(RequestCachingMixin):
         ``params``: ``EvictParams`` or an int. Freed KV indices go to the allocator
         (or ``EvictResult.evicted_indices`` without one). Node-granular: may free
         more than asked. Cost O(evicted nodes * log leaves), independent of the
-        tree's size. Raises ``ValueError`` for a negative count.
+        tree's size. Asking for more than is evictable evicts every evictable
+        leaf and returns what that freed (never an error; counts above 2**62,
+        e.g. 2**63, are clamped). Raises ``TypeError`` for a non-int count and
+        ``ValueError`` for a negative one, before anything changes.
+        ``swa_num_tokens`` / ``mamba_num`` are validated the same way and
+        ignored (no such component).
         """
-        num = params.num_tokens if isinstance(params, EvictParams) else params
-        num = as_count(num, "params.num_tokens")
+        if isinstance(params, EvictParams):
+            num = as_count(params.num_tokens, "params.num_tokens")
+            if params.swa_num_tokens != 0 or params.mamba_num != 0:
+                as_count(params.swa_num_tokens, "params.swa_num_tokens")
+                as_count(params.mamba_num, "params.mamba_num")
+        elif isinstance(params, (int, np.integer)) and not isinstance(params, bool):
+            num = as_count(params, "params.num_tokens")
+        else:
+            raise TypeError(f"params must be an EvictParams or an int (params.num_tokens), got "
+                            f"{type(params).__name__}")
+        if num > _COUNT_CLAMP:
+            num = _COUNT_CLAMP
         if self.disable or num == 0:
             return EvictResult(0, 0, 0, None if self.token_to_kv_pool_allocator else self._values_out(_EMPTY.copy()))
         with self._lock:
@@ -408,10 +514,13 @@ class UnifiedRadixCache(RequestCachingMixin):
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
         """Open a step-wise eviction round of ``num_tokens`` units for ``component``.
 
-        Raises ``RuntimeError("device eviction already in progress")`` when one is open.
+        Raises ``RuntimeError("device eviction already in progress")`` when one is open,
+        ``ValueError`` for a component that is not configured or a negative count,
+        ``TypeError`` for a non-int count. Counts above 2**62 are clamped (the round
+        then runs until nothing evictable is left).
         """
         self._check_component(component)
-        num = as_count(num_tokens, "num_tokens")
+        num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
         with self._lock:
             if _k_evict_start(self._meta, num) != L.OK:
                 raise RuntimeError("device eviction already in progress")
@@ -446,19 +555,24 @@ class UnifiedRadixCache(RequestCachingMixin):
     def evict_for_alloc(self, num_tokens):
         """Evict until the allocator has ``num_tokens`` free slots (or nothing is left).
 
-        Needs an allocator with ``available_size()``. Returns the units evicted.
+        Needs an allocator with ``available_size()``. Returns the units evicted
+        (0 when enough are free already; a request beyond what eviction can
+        free evicts everything evictable, never an error). The check and the
+        eviction run under the cache's lock (other threads' frees through the
+        cache cannot interleave).
         """
         num = as_count(num_tokens, "num_tokens")
         alloc = self.token_to_kv_pool_allocator
         if alloc is None:
             raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
-        short = num - alloc.available_size()
-        if short <= 0:
-            return 0
-        return self.evict(EvictParams(num_tokens=short)).num_tokens_evicted
+        with self._lock:
+            short = num - alloc.available_size()
+            if short <= 0:
+                return 0
+            return self.evict(EvictParams(num_tokens=short)).num_tokens_evicted
 
     def _check_component(self, component):
-        if ComponentType(component) not in self.components:
+        if _component(component) not in self.components:
             raise ValueError(f"component {component!r} is not configured")
 
     # ------------------------------------------------------------------ locks
@@ -466,17 +580,32 @@ class UnifiedRadixCache(RequestCachingMixin):
         """Lock the path root -> ``node`` against eviction; returns the receipt.
 
         ``IncLockRefResult.delta``: units moved evictable -> protected. Locking the
-        root is a no-op. Raises ``NodeAccessError`` for a stale id. O(depth).
+        root is a no-op. ``skip_lock_components``: ComponentTypes not to lock
+        (SWA / Mamba: nothing to skip here; FULL cannot be skipped: ``ValueError``).
+        Raises ``NodeAccessError`` for a stale or never-issued id, ``TypeError``
+        for a non-int id; the tree is unchanged then. O(depth).
         """
         nid = as_node_id(node, "node")
+        skip = skip_lock_components
+        if not (type(skip) is tuple and not skip):
+            skip = self._skip_components(skip)
         if self.disable:
-            return IncLockRefResult(0, nid)
+            return IncLockRefResult(0, nid, skip)
         with self._lock:
             st, delta = _k_inc(self._nodes, self._heap, self._meta, nid)
         if st == L.E_STALE:
             raise self._stale(nid)
-        skip = skip_lock_components if type(skip_lock_components) is tuple else tuple(skip_lock_components)
         return IncLockRefResult(delta, nid, skip)
+
+    @staticmethod
+    def _skip_components(skip):
+        if isinstance(skip, (str, bytes)) or not hasattr(skip, "__iter__"):
+            raise TypeError("skip_lock_components must be a tuple of ComponentType, got "
+                            f"{type(skip).__name__}")
+        out = tuple(_component(c, "skip_lock_components") for c in skip)
+        if ComponentType.FULL in out:
+            raise ValueError("skip_lock_components: FULL cannot be skipped (Full-only cache)")
+        return out
 
     def dec_lock_ref(self, node, receipt=None, skip_swa=False):
         """Release a lock taken by ``inc_lock_ref(node)``; returns ``DecLockRefResult``.
@@ -485,11 +614,15 @@ class UnifiedRadixCache(RequestCachingMixin):
         for Full-only caches; when given it must be anchored on ``node``. Raises
         ``LockRefError`` (a ValueError) when the release would take a lock_ref below
         zero (unlock without lock, double unlock) and ``NodeAccessError`` for a stale
-        id; the tree is unchanged then. O(depth).
+        id; the tree is unchanged then. ``TypeError`` for a non-int id or a receipt
+        without ``node_id``. O(depth).
         """
         nid = as_node_id(node, "node")
         if receipt is not None:
-            anchor = getattr(receipt, "node_id", None)
+            if not hasattr(receipt, "node_id"):
+                raise TypeError("receipt must be the IncLockRefResult of inc_lock_ref (or its "
+                                f"to_dec_params()), got {type(receipt).__name__}")
+            anchor = receipt.node_id
             if anchor is not None and anchor != nid:
                 raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
         if self.disable:
@@ -523,10 +656,13 @@ class UnifiedRadixCache(RequestCachingMixin):
     full_protected_size = protected_size
 
     def component_evictable_size(self, component):
-        return int(self._meta[L.M_EVICTABLE + int(ComponentType(component))])
+        """Units held by unlocked nodes for ``component`` (0 for SWA / Mamba).
+        ``ValueError`` naming ``component`` when it is not a ComponentType."""
+        return int(self._meta[L.M_EVICTABLE + int(_component(component))])
 
     def component_protected_size(self, component):
-        return int(self._meta[L.M_PROTECTED + int(ComponentType(component))])
+        """Units held by locked nodes for ``component`` (0 for SWA / Mamba)."""
+        return int(self._meta[L.M_PROTECTED + int(_component(component))])
 
     def swa_evictable_size(self):
         return 0
@@ -574,6 +710,23 @@ class UnifiedRadixCache(RequestCachingMixin):
         if s < 0:
             raise self._stale(nid, name)
         return s
+
+    def _check_anchored(self, node, name):
+        """Raise (before any change) unless ``dec_lock_ref(node)`` would succeed:
+        ``NodeAccessError`` for a stale id, ``LockRefError`` when no lock is
+        anchored on the node. O(1): a lock anchored on a node implies lock_ref >= 1
+        on its whole path (each parent counts its children's locks)."""
+        nid = as_node_id(node, name)
+        if self.disable:
+            return nid
+        s = int(_k_resolve(self._nodes, self._meta, nid))
+        if s < 0:
+            raise self._stale(nid, name)
+        if s != L.ROOT and self._nodes[s, L.FULL_LOCK] - self._nodes[s, L.CHILD_LOCK] < 1:
+            raise LockRefError(f"{name}={nid} holds no lock to release (lock_ref="
+                               f"{int(self._nodes[s, L.FULL_LOCK])}, all of it held by locks on "
+                               "its descendants)")
+        return nid
 
     def path_device_indices(self, node):
         """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
@@ -635,7 +788,11 @@ class UnifiedRadixCache(RequestCachingMixin):
                 stack.append((c, depth + 1))
 
     def pretty_print(self, file=None):
-        """Print one line per node in DFS order (format informative only)."""
+        """Print one line per node in DFS order (format informative only) to ``file``
+        (a text stream with ``write``; ``None``: stdout). Changes nothing."""
+        if file is not None and not callable(getattr(file, "write", None)):
+            raise TypeError(f"file must be a text stream with write() or None, got "
+                            f"{type(file).__name__}")
         lines = []
         with self._lock:
             for s, depth in self._dfs():

@@ -4,12 +4,18 @@
 and ``free`` cost O(slots moved), never O(pool) (SGLang's ``free`` concatenates
 onto its free list tensor, ~46 µs a call). A free-mask catches double frees
 and foreign slots before anything changes.
+
+Both pools are thread-safe: each holds its own ``threading.Lock`` around every
+method that reads or moves free slots / rows (a scheduler thread may allocate
+while another finishes requests through the cache, which frees into them).
 """
+
+import threading
 
 import numpy as np
 
 from . import _numba_env  # noqa: F401  (cache directory, before the kernels)
-from ._cast import as_int64, as_count, is_torch
+from ._cast import _to_numpy, as_int64, as_count, is_torch
 from .kernels.slots import E_DOUBLE as _S_DOUBLE
 from .kernels.slots import E_RANGE as _S_RANGE
 from .kernels.slots import E_REPEATED as _S_REPEATED
@@ -21,6 +27,24 @@ def _torch():
     import torch
 
     return torch
+
+
+#: Largest accepted pool size (slots or rows); the arrays need 9+ bytes per slot.
+MAX_POOL_SIZE = 1 << 40
+
+
+def _pool_size(x, name):
+    n = as_count(x, name)
+    if n > MAX_POOL_SIZE:
+        raise ValueError(f"{name} must be <= {MAX_POOL_SIZE}, got {n}")
+    return n
+
+
+def _allocating(fn, what):
+    try:
+        return fn()
+    except MemoryError as e:
+        raise MemoryError(f"{what}: cannot allocate the pool ({e})") from None
 
 
 class TokenToKVPoolAllocator:
@@ -35,10 +59,13 @@ class TokenToKVPoolAllocator:
         Recorded for schedulers that read it; allocation is per slot.
     index_kind : {"numpy", "torch"}
         Array type ``alloc`` returns (int64, 1-D, on the CPU).
+
+    ``size`` above 2**40 is a ``ValueError``; one the machine cannot hold a
+    ``MemoryError`` naming it. Thread-safe (one lock per allocator).
     """
 
     def __init__(self, size, page_size=1, index_kind="numpy", device="cpu"):
-        self.size = as_count(size, "size")
+        self.size = _pool_size(size, "size")
         self.page_size = as_count(page_size, "page_size")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
@@ -48,16 +75,18 @@ class TokenToKVPoolAllocator:
             raise ValueError(f"device: only 'cpu' is supported by this allocator, got {device!r}")
         self.index_kind = index_kind
         self.device = device
-        self.clear()
+        self._lock = threading.Lock()
+        _allocating(self.clear, f"size={self.size}")
 
     def clear(self):
         """Every slot free again."""
         # Stack of free slots; the top is the end. Lowest slots are handed out first.
-        self._stack = np.arange(self.size, 0, -1, dtype=np.int64)
-        self._top = self.size
-        # _mark[s] == 1 <=> slot s is free (slot 0 never is).
-        self._mark = np.ones(self.size + 1, dtype=np.uint8)
-        self._mark[0] = 0
+        stack = np.arange(self.size, 0, -1, dtype=np.int64)
+        # mark[s] == 1 <=> slot s is free (slot 0 never is).
+        mark = np.ones(self.size + 1, dtype=np.uint8)
+        mark[0] = 0
+        with self._lock:
+            self._stack, self._mark, self._top = stack, mark, self.size
 
     def available_size(self):
         """Free slots."""
@@ -74,8 +103,11 @@ class TokenToKVPoolAllocator:
             return None
         idx = np.empty(n, dtype=np.int64)
         if n:
-            _k_alloc(self._stack, self._top, self._mark, idx)
-            self._top -= n
+            with self._lock:
+                if n > self._top:  # another thread took them meanwhile
+                    return None
+                _k_alloc(self._stack, self._top, self._mark, idx)
+                self._top -= n
         return self._out(idx)
 
     def free(self, free_index):
@@ -86,18 +118,25 @@ class TokenToKVPoolAllocator:
         n = idx.size
         if n == 0:
             return
-        code, bad = _k_free(self._stack, self._top, self._mark, idx, self.size)
+        with self._lock:
+            code, bad = _k_free(self._stack, self._top, self._mark, idx, self.size)
+            if code == 0:
+                self._top += n
+                return
         if code == _S_RANGE:
             raise ValueError(f"free_index: slot {int(bad)} outside [1, {self.size}]")
         if code == _S_DOUBLE:
             raise ValueError(f"free_index: double free of slot {int(bad)}")
         if code == _S_REPEATED:
             raise ValueError(f"free_index: slot {int(bad)} is given more than once")
-        self._top += n
 
     def is_free(self, indices):
-        """Boolean mask: which of ``indices`` are free (for tests and checks)."""
-        return self._mark[as_int64(indices, "indices")] != 0
+        """Boolean mask (same length): which of ``indices`` are free. Slot 0 (padding)
+        is never free. ``ValueError`` for an index outside ``[0, size]``."""
+        idx = as_int64(indices, "indices")
+        if idx.size and (idx.min() < 0 or idx.max() > self.size):
+            raise ValueError(f"indices: slot outside [0, {self.size}]")
+        return self._mark[idx] != 0
 
 
 class ReqToTokenPool:
@@ -106,44 +145,76 @@ class ReqToTokenPool:
     """
 
     def __init__(self, size, max_context_len, index_kind="numpy", device="cpu"):
-        self.size = as_count(size, "size")
-        self.max_context_len = as_count(max_context_len, "max_context_len")
+        self.size = _pool_size(size, "size")
+        self.max_context_len = _pool_size(max_context_len, "max_context_len")
+        if self.size * self.max_context_len > MAX_POOL_SIZE:
+            raise ValueError(f"size * max_context_len must be <= {MAX_POOL_SIZE}, got "
+                             f"{self.size} * {self.max_context_len}")
         if index_kind not in ("numpy", "torch"):
             raise ValueError(f"index_kind must be 'numpy' or 'torch', got {index_kind!r}")
+        if device != "cpu":
+            raise ValueError(f"device: only 'cpu' is supported by this pool, got {device!r}")
         self.index_kind = index_kind
         self.device = device
-        arr = np.zeros((self.size, self.max_context_len), dtype=np.int64)
+        arr = _allocating(lambda: np.zeros((self.size, self.max_context_len), dtype=np.int64),
+                          f"size={self.size}, max_context_len={self.max_context_len}")
         self._rows = arr
         self.req_to_token = _torch().from_numpy(arr) if index_kind == "torch" else arr
+        self._lock = threading.Lock()
         self.clear()
 
     def clear(self):
-        self._free_rows = list(range(self.size - 1, -1, -1))
-        self._is_free = np.ones(self.size, dtype=bool)
+        """Every row free again (contents are left as they are)."""
+        with self._lock:
+            self._free_rows = list(range(self.size - 1, -1, -1))
+            self._is_free = np.ones(self.size, dtype=bool)
 
     def available_size(self):
         return len(self._free_rows)
 
+    def is_allocated(self, row):
+        """Whether ``row`` (an int) is an allocated row (False outside ``[0, size)``)."""
+        return 0 <= row < self.size and not self._is_free[row]
+
     def alloc(self, need_size=1):
-        """A list of ``need_size`` free row indices, or ``None``."""
+        """A list of ``need_size`` free row indices (ints), or ``None`` when fewer are free."""
         n = as_count(need_size, "need_size")
-        if n > len(self._free_rows):
-            return None
-        rows = [self._free_rows.pop() for _ in range(n)]
-        self._is_free[rows] = False
+        with self._lock:
+            if n > len(self._free_rows):
+                return None
+            rows = [self._free_rows.pop() for _ in range(n)]
+            self._is_free[rows] = False
         return rows
 
     def free(self, free_index):
-        rows = [free_index] if isinstance(free_index, (int, np.integer)) else list(free_index)
-        for r in rows:
-            if not 0 <= r < self.size or self._is_free[r]:
-                raise ValueError(f"free_index: row {r} is not allocated")
-        for r in rows:
-            self._is_free[r] = True
-            self._free_rows.append(int(r))
+        """Free one row (an int) or several (a 1-D integer sequence). ``TypeError`` for
+        anything else, ``ValueError`` (nothing freed) for a row that is not allocated
+        or given twice."""
+        if isinstance(free_index, (int, np.integer)) and not isinstance(free_index, bool):
+            rows = [int(free_index)]
+        else:
+            rows = _to_numpy(free_index, "free_index").tolist()
+        with self._lock:
+            seen = set()
+            for r in rows:
+                if not 0 <= r < self.size or self._is_free[r]:
+                    raise ValueError(f"free_index: row {r} is not allocated")
+                if r in seen:
+                    raise ValueError(f"free_index: row {r} is given more than once")
+                seen.add(r)
+            for r in rows:
+                self._is_free[r] = True
+                self._free_rows.append(r)
 
     def write(self, indices, values):
-        """``req_to_token[indices] = values`` (``indices`` as numpy indexing)."""
-        if is_torch(values):
-            values = values.numpy()
-        self._rows[indices] = values
+        """``req_to_token[indices] = values`` (``indices`` as numpy indexing; ``values``
+        an int or an integer sequence, never a float: ``TypeError`` rather than a
+        silent truncation). ``IndexError`` naming ``indices`` when out of range."""
+        if isinstance(values, (int, np.integer)) and not isinstance(values, bool):
+            vals = values
+        else:
+            vals = _to_numpy(values, "values")
+        try:
+            self._rows[indices] = vals
+        except IndexError as e:
+            raise IndexError(f"indices: {e}") from None

@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from ._cast import as_count, as_int64, is_torch
+from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
 from .types import ComponentType, InsertParams, RadixKey
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -33,6 +33,13 @@ class Req:
     = ``len(prefix_indices)``). ``kv_committed_len``: tokens with KV (``None`` =
     ``len(origin_input_ids) + len(output_ids) - 1``, the last sampled token has
     none yet). ``kv_allocated_len``: row slots allocated (``None`` = committed).
+
+    Construction validates every field (``TypeError`` / ``ValueError`` naming it):
+    token containers must be 1-D integer sequences (list, tuple, ``array('q')``,
+    numpy or torch), counts non-negative ints or ``None``, ``extra_key`` /
+    ``cache_salt`` str or ``None``, node ids ints. The cache validates again
+    what it reads, before changing anything, since a scheduler mutates the
+    fields later.
     """
 
     origin_input_ids: Any
@@ -51,14 +58,43 @@ class Req:
     rid: Any = None
 
     def __post_init__(self):
+        _to_numpy(self.origin_input_ids, "origin_input_ids")
+        _to_numpy(self.output_ids, "output_ids")
         if self.fill_ids is None:
             self.fill_ids = list(self.origin_input_ids)
+        else:
+            _to_numpy(self.fill_ids, "fill_ids")
         if self.prefix_indices is None:
             self.prefix_indices = _EMPTY.copy()
+        else:
+            _to_numpy(self.prefix_indices, "prefix_indices")
+        if self.req_pool_idx is not None:
+            as_count(self.req_pool_idx, "req_pool_idx")
+        if self.last_node is not None:
+            as_node_id(self.last_node, "last_node")
+        for name in ("extra_key", "cache_salt"):
+            v = getattr(self, name)
+            if v is not None and type(v) is not str:
+                raise TypeError(f"{name} must be a str or None, got {type(v).__name__}")
+        if self.priority is not None:
+            as_int(self.priority, "priority")
+        as_count(self.cache_inserted_len, "cache_inserted_len")
+        for name in ("cache_protected_len", "kv_committed_len", "kv_allocated_len"):
+            v = getattr(self, name)
+            if v is not None:
+                as_count(v, name)
 
 
 def _tokens(x, name):
     return as_int64(x, name)
+
+
+def _seq_len(req, attr):
+    """``len(req.<attr>)`` of a token container; TypeError naming it otherwise."""
+    x = getattr(req, attr)
+    if x is None or isinstance(x, (str, bytes, dict, set)) or not hasattr(x, "__len__"):
+        raise TypeError(f"req.{attr} must be a 1-D integer sequence, got {type(x).__name__}")
+    return len(x)
 
 
 class RequestCachingMixin:
@@ -69,18 +105,51 @@ class RequestCachingMixin:
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
 
-    def _row(self, req, n):
-        """``req_to_token[req.req_pool_idx, :n]`` as an int64 numpy copy."""
+    @staticmethod
+    def _check_req_type(req):
+        if not (hasattr(req, "origin_input_ids") and hasattr(req, "req_pool_idx")):
+            raise TypeError(f"req must be a Req (flatradix.Req or SGLang's), got "
+                            f"{type(req).__name__}")
+
+    def _row_index(self, req):
+        """``req.req_pool_idx`` checked: an int naming an allocated row."""
         idx = req.req_pool_idx
         if idx is None:
             raise ValueError("req.req_pool_idx is None: the request holds no row")
+        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)):
+            raise TypeError(f"req.req_pool_idx must be an int, got {type(idx).__name__}")
+        idx = int(idx)
+        rows = self.req_to_token_pool.req_to_token.shape[0]
+        if not 0 <= idx < rows:
+            raise ValueError(f"req.req_pool_idx={idx} outside [0, {rows})")
+        allocated = getattr(self.req_to_token_pool, "is_allocated", None)
+        if allocated is not None and not allocated(idx):
+            raise ValueError(f"req.req_pool_idx={idx} is not an allocated row (freed already?)")
+        return idx
+
+    def _row(self, req, n, name="req.kv_committed_len"):
+        """``req_to_token[req.req_pool_idx, :n]`` as an int64 numpy copy. Checks that
+        the row's slots are allocated (allocators with ``is_free``), so that freeing
+        them later cannot fail half-way."""
+        idx = self._row_index(req)
         table = self.req_to_token_pool.req_to_token
         if n > table.shape[1]:
-            raise ValueError(f"req: {n} tokens exceed the row length {table.shape[1]}")
+            raise ValueError(f"{name}: {n} tokens exceed the request row length {table.shape[1]}")
         row = table[idx, :n]
         if is_torch(row):
             row = row.cpu().numpy()
-        return np.array(row, dtype=np.int64)
+        row = np.array(row, dtype=np.int64)
+        is_free = getattr(self.token_to_kv_pool_allocator, "is_free", None)
+        if is_free is not None and row.size:
+            limit = self._kv_limit()
+            if row.min() < 1 or (limit is not None and row.max() >= limit):
+                raise ValueError(f"req_to_token row {idx}: KV slot outside the allocator's pool "
+                                 f"in [0, {n})")
+            free = is_free(row)
+            if free.any():
+                raise ValueError(f"req_to_token row {idx}: slot {int(row[np.argmax(free)])} is "
+                                 "free in the allocator (the row is stale)")
+        return row
 
     def _write_row(self, req, start, values):
         if values.size == 0:
@@ -103,13 +172,20 @@ class RequestCachingMixin:
         c = getattr(req, "kv_committed_len", None)
         if c is not None:
             return as_count(c, "req.kv_committed_len")
-        return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+        return _seq_len(req, "origin_input_ids") + max(_seq_len(req, "output_ids") - 1, 0)
 
     def _protected_len(self, req):
         p = getattr(req, "cache_protected_len", None)
         if p is None:
-            p = len(req.prefix_indices) if req.prefix_indices is not None else 0
+            p = _seq_len(req, "prefix_indices") if req.prefix_indices is not None else 0
         return as_count(p, "req.cache_protected_len")
+
+    def _check_last_node(self, req):
+        """``req.last_node`` must be None or a live node with a lock anchored on it
+        (what ``dec_lock_ref`` will release), checked before anything changes."""
+        node = req.last_node
+        if node is not None:
+            self._check_anchored(node, "req.last_node")
 
     def _request_key(self, req, token_ids):
         return RadixKey(token_ids, getattr(req, "extra_key", None), getattr(req, "cache_salt", None),
@@ -129,27 +205,43 @@ class RequestCachingMixin:
         ``req.last_node``, ``req.cache_protected_len``, ``req.cache_inserted_len``.
         The unaligned tail ``[aligned, up_to)`` stays owned by the request.
         Returns the page-aligned length cached.
+
+        Every field read is validated first (``TypeError`` / ``ValueError`` naming
+        it, ``NodeAccessError`` / ``LockRefError`` for a ``req.last_node`` that is
+        stale or holds no lock); nothing changes then.
         """
         self._need_pools("checkpoint")
+        self._check_req_type(req)
         up_to = as_count(up_to, "up_to")
         # fill_ids is a prefix of origin_input_ids + output_ids; a finished request's
         # fill_ids may be stale (shorter), then the full list is used.
-        if req.fill_ids is not None and len(req.fill_ids) >= up_to:
+        n_prompt = _seq_len(req, "origin_input_ids")
+        if req.fill_ids is not None and _seq_len(req, "fill_ids") >= up_to:
             all_ids = _tokens(req.fill_ids, "req.fill_ids")
         else:
-            all_ids = _tokens(list(req.origin_input_ids) + list(req.output_ids), "req.output_ids")
+            _seq_len(req, "output_ids")
+            all_ids = np.concatenate([_tokens(req.origin_input_ids, "req.origin_input_ids"),
+                                      _tokens(req.output_ids, "req.output_ids")])
         if up_to > all_ids.size:
             raise ValueError(f"up_to={up_to} exceeds the request's {all_ids.size} tokens")
         token_ids = all_ids[:up_to]
         protected = self._protected_len(req)
+        if protected > up_to:
+            raise ValueError(f"req.cache_protected_len={protected} exceeds the {up_to} tokens "
+                             "being cached")
         inserted = as_count(getattr(req, "cache_inserted_len", 0) or 0, "req.cache_inserted_len")
-        priority = getattr(req, "priority", None) or 0
-        row = self._row(req, up_to)
+        priority = as_int(getattr(req, "priority", None) or 0, "req.priority")
+        for name in ("extra_key", "cache_salt"):
+            v = getattr(req, name, None)
+            if v is not None and type(v) is not str:
+                raise TypeError(f"req.{name} must be a str or None, got {type(v).__name__}")
         key = self._request_key(req, token_ids)
         units = len(key)
         aligned = units - units % self.page_size
-        old_node = req.last_node
         with self._lock:
+            row = self._row(req, up_to, "up_to")
+            self._check_last_node(req)
+            old_node = req.last_node
             if aligned <= 0:
                 new_node, path = old_node, _EMPTY
             else:
@@ -158,7 +250,7 @@ class RequestCachingMixin:
                                                   prev_prefix_len=protected,
                                                   inserted_len=inserted, priority=priority))
                 if self.components == (ComponentType.FULL,):
-                    prompt_units = len(req.origin_input_ids) - (1 if self.is_eagle else 0)
+                    prompt_units = n_prompt - (1 if self.is_eagle else 0)
                     prompt = prompt_units - prompt_units % self.page_size
                     if 0 < prompt < aligned:
                         self.insert(InsertParams(key=key[:prompt], value=values[:prompt],
@@ -185,15 +277,30 @@ class RequestCachingMixin:
         """Finish a request (SGLang 0.5.23 ``release_kv_cache``): cache its committed
         tokens when ``checkpoint``, free every row slot the tree does not own
         (unaligned tail, over-allocated slots, or everything past the protected
-        prefix when not checkpointing), unlock, and free the request row."""
+        prefix when not checkpointing), unlock, and free the request row.
+
+        Validated before anything changes (see ``checkpoint``): ``req`` itself,
+        its row (an allocated ``req_pool_idx`` whose slots are allocated),
+        ``kv_committed_len`` <= ``kv_allocated_len`` <= row length,
+        ``req.last_node``; a second release of the same request raises
+        ``ValueError`` (its ``req_pool_idx`` is None then)."""
         self._need_pools("release_kv_cache")
+        self._check_req_type(req)
+        checkpoint = as_flag(checkpoint, "checkpoint")
         committed = self._committed_len(req)
         allocated = getattr(req, "kv_allocated_len", None)
         allocated = committed if allocated is None else as_count(allocated, "req.kv_allocated_len")
         if allocated < committed:
             raise ValueError(f"req.kv_allocated_len={allocated} < committed length {committed}")
         with self._lock:
-            row = self._row(req, allocated)
+            row = self._row(req, allocated,
+                            "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")
+            if not checkpoint:
+                keep = self._protected_len(req)
+                if keep > allocated:
+                    raise ValueError(f"req.cache_protected_len={keep} exceeds "
+                                     f"req.kv_allocated_len={allocated}")
+                self._check_last_node(req)
             if checkpoint:
                 self.checkpoint(req, committed, finished=True)
                 keep = self._protected_len(req)
@@ -209,10 +316,12 @@ class RequestCachingMixin:
     # ------------------------------------------------------------------ old names
     def cache_unfinished_req(self, req, chunked=False):
         """Cache a running request's ``fill_ids`` (SGLang <= 0.5.22 name of
-        ``checkpoint(req, len(req.fill_ids))``)."""
-        return self.checkpoint(req, len(req.fill_ids))
+        ``checkpoint(req, len(req.fill_ids))``). Errors as ``checkpoint``."""
+        self._check_req_type(req)
+        return self.checkpoint(req, _seq_len(req, "fill_ids"))
 
     def cache_finished_req(self, req, is_insert=True):
         """Cache a finished request and release it (SGLang <= 0.5.22 name of
-        ``release_kv_cache(req, checkpoint=is_insert)``)."""
-        return self.release_kv_cache(req, checkpoint=is_insert)
+        ``release_kv_cache(req, checkpoint=is_insert)``). Errors as
+        ``release_kv_cache``; ``is_insert`` must be a bool."""
+        return self.release_kv_cache(req, checkpoint=as_flag(is_insert, "is_insert"))

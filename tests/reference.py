@@ -220,6 +220,9 @@ class ReferenceRadixCache:
         prev = int(params.prev_prefix_len)
         inserted_len = int(params.inserted_len)
         priority = int(params.priority if params.priority is not None else 0)
+        if n == 0:  # flatradix: an empty (page-aligned) key is a no-op; SGLang touches the root
+            return InsertResult(prefix_len=0, last_device_node=self.root.id,
+                                duplicate_indices=self._free([]), mamba_exist=True)
         self._known_ns.add(ns)
         root = self.root
         root.last_access = self._tick()
