@@ -425,6 +425,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         if params.value is None:
             value = raw[:nlog].astype(np.int64) if raw.dtype != np.int64 else raw[:nlog]
             value = np.ascontiguousarray(value)
+            what = "params.value is None, so the token ids are the KV indices"
         else:
             value = as_int64(params.value, "params.value")
             bigram = params.key.is_bigram or self.is_eagle
@@ -432,12 +433,15 @@ class UnifiedRadixCache(RequestCachingMixin):
             if not ok:
                 raise ValueError(f"params.value has {value.shape[0]} entries but params.key has "
                                  f"{nlog} logical units")
-            if value.shape[0] and value.min() < 0:
-                raise ValueError("params.value: KV indices must be >= 0")
+            what = "params.value"
+        if value.shape[0]:
+            if value.min() < 0:
+                raise ValueError(f"{what}: KV indices must be >= 0, got {int(value.min())}")
             limit = self._kv_limit()
-            if limit is not None and value.shape[0] and value.max() >= limit:
-                raise ValueError(f"params.value: KV index {int(value.max())} is outside the "
+            if limit is not None and value.max() >= limit:
+                raise ValueError(f"{what}: KV index {int(value.max())} is outside the "
                                  f"allocator's pool (indices must be < {limit})")
+        if params.value is not None:
             self._note_kind(params.value)
         if self.disable:
             return InsertResult(prefix_len=0)
@@ -702,7 +706,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         return self._root
 
     def is_root(self, node):
-        return as_node_id(node) == self._root
+        """Whether ``node`` is the current root's id (False for any other int, stale or
+        never issued); ``TypeError`` for a non-int."""
+        try:
+            return as_node_id(node) == self._root
+        except NodeAccessError:  # outside int64: never issued
+            return False
 
     def _slot(self, node, name="node"):
         nid = as_node_id(node, name)

@@ -292,6 +292,12 @@ class RequestCachingMixin:
         allocated = committed if allocated is None else as_count(allocated, "req.kv_allocated_len")
         if allocated < committed:
             raise ValueError(f"req.kv_allocated_len={allocated} < committed length {committed}")
+        n_tokens = _seq_len(req, "origin_input_ids") + _seq_len(req, "output_ids")
+        if req.fill_ids is not None:
+            n_tokens = max(n_tokens, _seq_len(req, "fill_ids"))
+        if committed > n_tokens:
+            raise ValueError(f"req.kv_committed_len={committed} exceeds the request's "
+                             f"{n_tokens} tokens")
         with self._lock:
             row = self._row(req, allocated,
                             "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")
