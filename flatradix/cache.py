@@ -107,7 +107,31 @@ class UnifiedRadixCache(RequestCachingMixin):
     disable : bool
         Hold nothing: match returns empty, insert returns prefix_len 0.
     node_capacity, pool_capacity : int
-        Initial sizes (grown by doubling on demand).
+        Initial sizes (grown by doubling on demand); at most 2**31 / 2**40.
+
+    Bad input raises ``TypeError`` / ``ValueError`` naming the argument before
+    anything changes (``docs/architecture.md``, "Bad input").
+
+    Threads
+    -------
+    Every public method runs under one re-entrant lock, ``cache.lock`` (a
+    ``threading.RLock``), so calls from several threads are serialised and each
+    is atomic; the Numba kernels hold the GIL while they run. Allocator frees
+    happen under it too (lock order: cache, then allocator / request pool, which
+    have their own locks). What one call cannot give, hold ``cache.lock`` for
+    (re-entrant: the cache's own calls inside are fine):
+
+    * match + lock: another thread may evict the matched node between
+      ``match_prefix`` and ``inc_lock_ref`` (then ``NodeAccessError``: retry),
+      so hold the lock across both, or retry. A node that could be locked was
+      never evicted (ids are never reissued), so its matched indices are valid.
+    * a consistent reading of several sizes (each size alone is exact).
+    * a step-wise eviction round (one round per cache at a time).
+
+    Not safe: a request (``Req``) used by two threads at once; node handles kept
+    across another thread's ``reset()`` (they go stale: ``NodeAccessError``,
+    never another node); KV indices of an unlocked match after another thread
+    may have evicted them (lock first, then use them).
     """
 
     def __init__(self, page_size=1, components=(ComponentType.FULL,), eviction_policy="lru",
@@ -177,6 +201,12 @@ class UnifiedRadixCache(RequestCachingMixin):
                               f"initial arrays ({e})") from None
         self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
         self._queue_event_cleared()
+
+    @property
+    def lock(self):
+        """The cache's ``threading.RLock``: hold it to make several calls one atomic
+        step (e.g. ``match_prefix`` + ``inc_lock_ref``). See the class docstring."""
+        return self._lock
 
     # ------------------------------------------------------------------ setup
     @staticmethod
