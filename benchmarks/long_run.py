@@ -136,6 +136,7 @@ class Churn:
             self.cache.evict_for_alloc(n)
             slots = self.alloc.alloc(n)
             self.ops += 2
+            self.counts["evict_for_alloc"] += 1
         return slots
 
     def owned(self, req):
@@ -336,8 +337,11 @@ def report_line(ch, t0, extra=""):
     }
 
 
-def run(ops, pool, page_size, seed, report_every, warmup, progress=True, out=sys.stdout):
-    ch = Churn(pool=pool, page_size=page_size, seed=seed)
+def run(ops, pool, page_size, seed, report_every, warmup, progress=True, out=sys.stdout,
+        max_running=32, max_ctx=2048):
+    """Run ``ops`` operations; returns ``(churn, reports, final, failures)``."""
+    ch = Churn(pool=pool, page_size=page_size, seed=seed, max_running=max_running,
+               max_ctx=max_ctx)
     t0 = time.perf_counter()
     reports = []
     bar = None
