@@ -652,6 +652,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         without ``node_id``. O(depth).
         """
         nid = as_node_id(node, "node")
+        if skip_swa is not False:
+            as_flag(skip_swa, "skip_swa")  # no SWA component: validated, then nothing to skip
         if receipt is not None:
             if not hasattr(receipt, "node_id"):
                 raise TypeError("receipt must be the IncLockRefResult of inc_lock_ref (or its "

@@ -142,6 +142,11 @@ class TokenToKVPoolAllocator:
 class ReqToTokenPool:
     """Request rows -> KV slots: ``req_to_token[row, pos]`` is the KV slot of
     token ``pos`` of the request in ``row`` (int64, ``(size, max_context_len)``).
+
+    ``size``, ``max_context_len`` and their product are at most 2**40
+    (``ValueError``); CPU only. ``alloc`` / ``free`` / ``clear`` are thread-safe
+    (one lock); ``is_allocated(row)`` lets the cache refuse a request whose row
+    was already freed before it changes anything.
     """
 
     def __init__(self, size, max_context_len, index_kind="numpy", device="cpu"):

@@ -22,7 +22,7 @@ conservation (available + evictable + protected == pool) is checked.
 | stale id (evicted, before reset), never issued ((7<<32)|1, 12345678901, -1, 2**63, 2**64, -2**63-1, uint64 2**63) | inc_lock_ref, dec_lock_ref, path_device_indices, node_info | NodeAccessError ("does not name a live node") |
 | id "3" / 1.0 / None / True / [1] / receipt object | inc_lock_ref, dec_lock_ref, path_device_indices, node_info, is_root | TypeError naming node |
 | skip_lock_components None / 5 / "x" / ("x",) / (FULL,) | inc_lock_ref | TypeError / ValueError, nothing locked |
-| receipt "abc" / {} / 5; receipt of another node; unlock without lock; double unlock; unlock of an ancestor whose lock_ref is held by a descendant | dec_lock_ref | TypeError naming receipt / LockRefError |
+| receipt "abc" / {} / 5; skip_swa "yes" / None / 2; receipt of another node; unlock without lock; double unlock; unlock of an ancestor whose lock_ref is held by a descendant | dec_lock_ref | TypeError naming receipt / LockRefError |
 | lock / unlock the root | inc_lock_ref, dec_lock_ref | documented no-op |
 | component 7 / None / "x"; file "x" / 5; block_hashes with events off | component_*_size, pretty_print, block_hashes | ValueError / TypeError naming it |
 | req None / str / dict / int; req_pool_idx -1 / 99 / unallocated / "x" / 1.0 / None; last_node stale / never issued / 2**63 / "x" / unlocked; kv_committed_len -1 / 2**63 / > row / > tokens; kv_allocated_len < committed / > row / "x"; cache_protected_len -1 / > tokens / "x"; cache_inserted_len -1 / "x"; priority "high" / 2**63; extra_key 5; cache_salt b"x"; origin_input_ids None / str; output_ids None; fill_ids str / floats / None; prefix_indices "x"; row holding a free slot or slot 0; is_insert / checkpoint not bool; up_to -1 / None / 1.5 / > tokens; a second release; a cache without pools | cache_finished_req, cache_unfinished_req, release_kv_cache, checkpoint | TypeError / ValueError / NodeAccessError / LockRefError naming the field; nothing changed (tree, allocator, row pool, request) |
@@ -515,6 +515,8 @@ def test_unlock_errors(env):
     unchanged(env, lambda: c.dec_lock_ref(other, receipt), LockRefError, "anchored")
     for bad in ("abc", {}, 5):
         unchanged(env, lambda: c.dec_lock_ref(node, bad), TypeError, "receipt")
+    for bad in ("yes", None, 2):
+        unchanged(env, lambda: c.dec_lock_ref(node, receipt, skip_swa=bad), TypeError, "skip_swa")
     # [1,2] is locked only through the request's lock on [3,4]: releasing it is refused
     parent = c.node_info(other)["parent"]
     unchanged(env, lambda: c.dec_lock_ref(parent), LockRefError, "anchored")
