@@ -103,7 +103,7 @@ class Churn:
         self.histories = []          # (tokens, namespace kwargs) of finished requests
         self.running = []
         self.held = []               # extra locks: node ids
-        self.known = collections.deque(maxlen=64)  # node ids seen, possibly stale now
+        self.known = collections.deque(maxlen=4096)  # node ids seen, many stale by now
         self.session = 0
         self.next_tok = VOCAB
         self.ops = 0
