@@ -38,6 +38,8 @@ from .types import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
+#: initial length of the output scratch ``_out`` (grown on demand by ``_ensure_out``)
+_OUT_MIN = 1024
 _tuple_new = tuple.__new__
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
@@ -142,7 +144,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._heap = np.full(ncap, -1, dtype=np.int64)
         self._ctab = np.zeros((self._ct_capacity_for(ncap), L.CT_NCOL), dtype=np.int64)
         self._pool = np.zeros((pcap, self._pool_ncol()), dtype=np.int64)
-        self._out = np.zeros(pcap, dtype=np.int64)
+        self._out = np.zeros(_OUT_MIN, dtype=np.int64)  # grown per call (_ensure_out)
         self._spans = np.zeros((ncap if self.enable_kv_cache_events else 0, 2), dtype=np.int64)
         meta = np.zeros(L.META_LEN, dtype=np.int64)
         meta[L.M_EVENTS] = int(self.enable_kv_cache_events)
@@ -202,12 +204,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             new_pool = np.zeros((new_cap, self._pool_ncol()), dtype=np.int64)
             _k_compact(self._nodes, self._pool, new_pool, meta)
             self._pool = new_pool
-            if self._out.shape[0] < new_cap:
-                self._out = np.zeros(new_cap, dtype=np.int64)
 
     def _ensure_out(self, n):
+        """Make the output scratch ``_out`` hold at least ``n`` indices.
+
+        ``_out`` is sized by what calls need (a key's length, an eviction's
+        victims), never by the pool: it doubles on demand, so it stays small."""
         if self._out.shape[0] < n:
-            self._out = np.zeros(max(n, 2 * self._out.shape[0]), dtype=np.int64)
+            self._out = np.empty(max(n, 2 * self._out.shape[0]), dtype=np.int64)
 
     # ------------------------------------------------------------------ casting
     def _intern_ns(self, nk):
@@ -302,6 +306,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
         with self._lock:
+            if self._out.shape[0] < n:
+                self._ensure_out(n)
             while True:
                 st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
                                                    self._meta, units, n, ns, self._out)
@@ -394,16 +400,26 @@ class UnifiedRadixCache(RequestCachingMixin):
         if self.disable or num == 0:
             return EvictResult(0, 0, 0, None if self.token_to_kv_pool_allocator else self._values_out(_EMPTY.copy()))
         with self._lock:
-            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
-            done, nout, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
-                                          self._meta, num, self._out, self._spans)
+            st, nout, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
+                                        self._meta, num, self._out, self._spans)
             freed = self._out[:nout].copy()
             if nspans:
                 self._queue_event_removed(nspans)
+            if st != L.OK:  # _out too small for the next victim: grow, go on with the round
+                parts = [freed]
+                while st != L.OK:
+                    self._ensure_out(2 * self._out.shape[0])
+                    st, n2, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
+                                              self._meta, num - nout, self._out, self._spans)
+                    parts.append(self._out[:n2].copy())
+                    nout += n2
+                    if nspans:
+                        self._queue_event_removed(nspans)
+                freed = np.concatenate(parts)
             if self.token_to_kv_pool_allocator is not None:
                 self._free_to_allocator(freed)
-                return EvictResult(int(done), 0, 0, None)
-        return EvictResult(int(done), 0, 0, self._values_out(freed))
+                return EvictResult(int(nout), 0, 0, None)
+        return EvictResult(int(nout), 0, 0, self._values_out(freed))
 
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
         """Open a step-wise eviction round of ``num_tokens`` units for ``component``.
@@ -425,9 +441,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         """
         self._check_component(component)
         with self._lock:
-            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
-            st, nid, nout, nspans = _k_evict_next(self._nodes, self._ctab, self._pool, self._heap,
-                                                  self._meta, self._out, self._spans)
+            while True:
+                st, nid, nout, nspans = _k_evict_next(self._nodes, self._ctab, self._pool,
+                                                      self._heap, self._meta, self._out, self._spans)
+                if st != L.E_CAPACITY:
+                    break
+                self._ensure_out(nout)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             freed = self._out[:nout].copy()
@@ -579,8 +598,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
         nid = as_node_id(node, "node")
         with self._lock:
-            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
             st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
+            if st == L.E_CAPACITY:
+                self._ensure_out(n)
+                st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
             if st == L.E_STALE:
                 raise self._stale(nid)
             return self._values_out(self._out[:n].copy())
