@@ -305,16 +305,18 @@ class UnifiedRadixCache(RequestCachingMixin):
         ns = self._ns.get(nk)
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
+        # The result array is allocated here, at the key's length, and the kernel
+        # writes the matched indices straight into it (no scratch + copy).
+        idx = np.empty(n, dtype=np.int64)
         with self._lock:
-            if self._out.shape[0] < n:
-                self._ensure_out(n)
             while True:
                 st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
-                                                   self._meta, units, n, ns, self._out)
+                                                   self._meta, units, n, ns, idx)
                 if st == L.OK:
                     break
                 self._grow(0)
-            idx = self._out[:plen].copy()
+        if plen < n:
+            idx = idx[:plen]
         vis = None if visited < 0 else visited
         if self._kind == "torch":
             idx = self._values_out(idx)
