@@ -350,6 +350,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         if params.value is None:
             value = raw[:nlog].astype(np.int64) if raw.dtype != np.int64 else raw[:nlog]
             value = np.ascontiguousarray(value)
+            limit = L.VALUES_UNCHECKED  # the values are the token ids themselves
         else:
             value = as_int64(params.value, "params.value")
             bigram = params.key.is_bigram or self.is_eagle
@@ -357,36 +358,60 @@ class UnifiedRadixCache(RequestCachingMixin):
             if not ok:
                 raise ValueError(f"params.value has {value.shape[0]} entries but params.key has "
                                  f"{nlog} logical units")
-            if value.shape[0] and value.min() < 0:
-                raise ValueError("params.value: KV indices must be >= 0")
-            limit = self._kv_limit()
-            if limit is not None and value.shape[0] and value.max() >= limit:
-                raise ValueError(f"params.value: KV index {int(value.max())} is outside the "
-                                 f"allocator's pool (indices must be < {limit})")
-            self._note_kind(params.value)
+            limit = self._kv_bound()  # checked by the kernel, before anything changes
         if self.disable:
             return InsertResult(prefix_len=0)
+        plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len, priority,
+                                              limit, _EMPTY, "params.value")
+        if params.value is not None:
+            self._note_kind(params.value)
+        if self.token_to_kv_pool_allocator is not None:
+            dup_out = None
+        else:
+            dup_out = self._values_out(dup)
+        adopted = None
+        if params.track_adopted_ranges:
+            adopted = {ComponentType.FULL: [(plen, n)] if n > plen else []}
+        return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
+                            duplicate_indices=dup_out, mamba_exist=(n == 0))
+
+    def _kv_bound(self):
+        """``insert`` kernel's ``limit``: the allocator's bound, or VALUES_NONNEG."""
+        limit = self._kv_limit()
+        return L.VALUES_NONNEG if limit is None else limit
+
+    def _insert_core(self, units, value, n, nk, prev, inserted_len, priority, limit, out, name):
+        """One insert kernel call on validated arguments (shared by ``insert`` and the
+        request path). Frees the duplicates ``value[prev:prefix_len]`` through the
+        allocator when there is one. Returns ``(prefix_len, target_id, duplicates)``.
+        Raises ``ValueError`` naming ``name`` for a bad KV index, nothing changed
+        (a namespace first seen by this call is forgotten again)."""
         with self._lock:
-            ns = self._intern_ns(nk)
+            ns = self._ns.get(nk)
+            new_ns = ns is None
+            if new_ns:
+                ns = self._intern_ns(nk)
             while True:
                 st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
-                                             self._meta, units, value, n, ns, inserted_len, priority)
+                                             self._meta, units, value, n, ns, inserted_len,
+                                             priority, limit, out)
                 if st == L.OK:
                     break
+                if st == L.E_BAD_VALUE:
+                    if new_ns:
+                        del self._ns[nk]
+                    bad = int(value[plen])
+                    if bad < 0:
+                        raise ValueError(f"{name}: KV indices must be >= 0, got {bad} at {plen}")
+                    raise ValueError(f"{name}: KV index {bad} at {plen} is outside the "
+                                     f"allocator's pool (indices must be < {limit})")
                 self._grow(n)
             if self.enable_kv_cache_events and n > plen:
                 self._queue_event_stored(target, nk)
             dup = value[prev:plen].copy() if prev < plen else _EMPTY
             if self.token_to_kv_pool_allocator is not None:
                 self._free_to_allocator(dup)
-                dup_out = None
-            else:
-                dup_out = self._values_out(dup)
-        adopted = None
-        if params.track_adopted_ranges:
-            adopted = {ComponentType.FULL: [(plen, n)] if n > plen else []}
-        return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
-                            duplicate_indices=dup_out, mamba_exist=(n == 0))
+        return plen, target, dup
 
     # ------------------------------------------------------------------ evict
     def evict(self, params):

@@ -173,3 +173,12 @@ def test_readonly_and_noncontiguous_inputs_are_accepted(cache):
     np.testing.assert_array_equal(m.device_indices.numpy() if hasattr(m.device_indices, "numpy")
                                   else m.device_indices, vals)
     cache.sanity_check()
+
+
+def test_bool_among_int_token_ids_counts_as_int(cache):
+    """Python's bool is an int subclass: a bool among ints is the token 0/1 (as in
+    SGLang's cores); an all-bool list or a bool array is refused (test above)."""
+    a = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4])))
+    b = cache.match_prefix(MatchPrefixParams(key=RadixKey([True, 2, 3, 4])))
+    assert a.device_prefix_len == b.device_prefix_len == 4
+    np.testing.assert_array_equal(a.device_indices, b.device_indices)

@@ -187,4 +187,10 @@ E_WALK_OPEN = 4       # a step-wise eviction round is already open
 E_NO_WALK = 5         # no step-wise eviction round is open
 E_NOT_LEAF = 6        # node is not an evictable device leaf
 E_NOT_ANCHORED = 7    # release of a node whose lock_ref is held only by descendants' locks
+E_BAD_VALUE = 8       # a KV index < 0 or >= the allocator's bound (insert; nothing changed)
+
+#: ``insert``'s ``limit`` argument: no check of the values (they are token ids) /
+#: only ``>= 0`` (no allocator bound known)
+VALUES_UNCHECKED = -2
+VALUES_NONNEG = -1
 # sanity_check codes (kernels/check.py) start at 100.
