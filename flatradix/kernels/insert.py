@@ -3,12 +3,12 @@
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    E_BAD_VALUE, E_CAPACITY, FULL_DEV, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS, M_PAGE, OK,
+    E_BAD_VALUE, E_CAPACITY, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS, M_PAGE, OK,
     PRIORITY, ROOT, VALUES_UNCHECKED,
 )
 from .order import fix
 from .state import has_room, node_id, tick
-from .tree import add_leaf, edge_match_len, split_node
+from .tree import add_leaf, copy_values, edge_match_len, split_node
 
 
 @kernel
@@ -59,9 +59,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         if m < nodes[child, KEY_LEN]:
             child = split_node(nodes, ctab, pool, heap, meta, child, m)
         if out.shape[0] >= n:
-            off = nodes[child, KEY_OFF]
-            for i in range(m):
-                out[length + i] = pool[off + i, FULL_DEV]
+            copy_values(pool, nodes[child, KEY_OFF], m, out, length)
         if priority > nodes[child, PRIORITY]:
             nodes[child, PRIORITY] = priority
         if length + m > inserted_len:

@@ -1,8 +1,9 @@
 """Read-only queries: path indices, node lookup by key without side effects."""
 
 from ._jit import kernel
-from .layout import E_CAPACITY, E_STALE, FULL_DEV, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
+from .layout import E_CAPACITY, E_STALE, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
 from .state import resolve
+from .tree import copy_values
 
 
 @kernel
@@ -27,8 +28,7 @@ def path_device_indices(nodes, pool, meta, nid, out):
     while a != ROOT:
         ln = nodes[a, KEY_LEN]
         off = nodes[a, KEY_OFF]
-        for i in range(ln):
-            out[end - ln + i] = pool[off + i, FULL_DEV]
+        copy_values(pool, off, ln, out, end - ln)
         end -= ln
         a = nodes[a, PARENT]
     return OK, n
