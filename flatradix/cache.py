@@ -41,6 +41,17 @@ _EMPTY = np.empty(0, dtype=np.int64)
 #: initial length of the output scratch ``_out`` (grown on demand by ``_ensure_out``)
 _OUT_MIN = 1024
 _tuple_new = tuple.__new__
+
+
+def _aligned_zeros(rows, cols, align=64):
+    """A zeroed C-contiguous int64 ``(rows, cols)`` array whose data starts on an
+    ``align``-byte boundary (a view into a slightly larger buffer), so node-table
+    rows (320 bytes) and child-table rows (32 bytes) never straddle cache lines
+    more than their size needs (kernels/layout.py: column order)."""
+    n = rows * cols
+    buf = np.zeros(n + align // 8, dtype=np.int64)
+    skip = (-buf.ctypes.data % align) // 8
+    return buf[skip:skip + n].reshape(rows, cols)
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
                     "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
@@ -140,9 +151,9 @@ class UnifiedRadixCache(RequestCachingMixin):
         return out
 
     def _alloc_arrays(self, ncap, pcap):
-        self._nodes = np.zeros((ncap, L.NCOL), dtype=np.int64)
+        self._nodes = _aligned_zeros(ncap, L.NCOL)
         self._heap = np.full(ncap, -1, dtype=np.int64)
-        self._ctab = np.zeros((self._ct_capacity_for(ncap), L.CT_NCOL), dtype=np.int64)
+        self._ctab = _aligned_zeros(self._ct_capacity_for(ncap), L.CT_NCOL)
         self._pool = np.zeros((pcap, self._pool_ncol()), dtype=np.int64)
         self._out = np.zeros(_OUT_MIN, dtype=np.int64)  # grown per call (_ensure_out)
         self._spans = np.zeros((ncap if self.enable_kv_cache_events else 0, 2), dtype=np.int64)
@@ -177,7 +188,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         meta = self._meta
         ncap = self._nodes.shape[0]
         if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < 2:
-            new = np.zeros((ncap * 2, L.NCOL), dtype=np.int64)
+            new = _aligned_zeros(ncap * 2, L.NCOL)
             new[:ncap] = self._nodes
             self._nodes = new
             heap = np.full(ncap * 2, -1, dtype=np.int64)
@@ -191,7 +202,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) * 3 // 2 + 2)
         if (need_ct > ccap or (meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2) * L.CT_LOAD_DEN
                 > ccap * L.CT_LOAD_NUM):
-            self._ctab = np.zeros((max(need_ct, ccap), L.CT_NCOL), dtype=np.int64)
+            self._ctab = _aligned_zeros(max(need_ct, ccap), L.CT_NCOL)
             self._ctab[:, L.CT_CHILD] = L.CT_EMPTY
             _k_rebuild_children(self._nodes, self._ctab, self._pool, meta)
         pcap = self._pool.shape[0]
