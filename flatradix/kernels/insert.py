@@ -37,11 +37,16 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     two free slots, two child-table entries and ``n`` free pool rows; E_CAPACITY
     otherwise, with nothing changed.
     """
-    if limit != VALUES_UNCHECKED:
-        for i in range(value.shape[0]):
-            v = value[i]
-            if v < 0 or (limit >= 0 and v >= limit):
-                return E_BAD_VALUE, i, -1
+    if limit != VALUES_UNCHECKED and value.shape[0] > 0:
+        lo = value[0]
+        hi = value[0]
+        for i in range(value.shape[0]):  # branch-free min/max: vectorised
+            lo = min(lo, value[i])
+            hi = max(hi, value[i])
+        if lo < 0 or (limit >= 0 and hi >= limit):
+            for i in range(value.shape[0]):
+                if value[i] < 0 or (limit >= 0 and value[i] >= limit):
+                    return E_BAD_VALUE, i, -1
     if not has_room(nodes, ctab, pool, meta, 2, n):
         return E_CAPACITY, 0, -1
     page = meta[M_PAGE]

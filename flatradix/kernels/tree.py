@@ -116,9 +116,13 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
     s = node_alloc(nodes, meta)
     length = n - start
     top = meta[M_POOL_TOP]
+    ptok = pool[top:top + length, TOK]  # 1-D views: no 2-D index arithmetic per unit
+    pval = pool[top:top + length, FULL_DEV]
+    k = key[start:n]
+    v = value[start:n]
     for i in range(length):
-        pool[top + i, TOK] = key[start + i]
-        pool[top + i, FULL_DEV] = value[start + i]
+        ptok[i] = k[i]
+        pval[i] = v[i]
     meta[M_POOL_TOP] = top + length
     nodes[s, KEY_OFF] = top
     nodes[s, KEY_LEN] = length
