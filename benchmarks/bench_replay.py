@@ -8,6 +8,9 @@
   prompt tokens) at page size 16 and a 2M-token pool, the issue's speed target;
   skipped when ``../shared/traces/`` is absent.
 
+The same replay through SGLang 0.5.23's Rust (and Python) tree core, side by
+side with flatradix and with a per-request work check: ``benchmarks/replay_peer.py``.
+
 The workload is built and the kernels JIT-loaded in ``setup``, so a sample
 times only the replay (one replay per sample: ``number = 1``). Run outside asv
 with ``python benchmarks/bench_replay.py`` for one line per case.

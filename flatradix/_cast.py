@@ -37,12 +37,27 @@ def _to_numpy(x, name):
             raise TypeError(f"{name} must hold integers, got array('{x.typecode}')")
         a = np.frombuffer(x, dtype=np.dtype(x.typecode)) if len(x) else np.empty(0, np.int64)
     elif isinstance(x, (list, tuple, range)):
-        if len(x) and not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
-            raise TypeError(f"{name} must hold integers")
+        if not len(x):
+            return np.empty(0, np.int64)
+        # numpy infers the dtype in C (a per-element isinstance check in Python cost
+        # ~5x more): Python ints give int64 (uint64 / object beyond), and anything
+        # else gives a dtype refused below, so no float is ever truncated. All-bool
+        # lists are refused; a bool among ints is an int (Python's bool is an int
+        # subclass, and SGLang's cores take it as 0/1), so it counts as 0/1.
         try:
-            a = np.asarray(x, dtype=np.int64) if len(x) else np.empty(0, np.int64)
-        except OverflowError as e:
-            raise ValueError(f"{name}: integer out of int64 range") from e
+            a = np.asarray(x)
+        except (ValueError, TypeError) as e:  # ragged nesting
+            raise ValueError(f"{name} must be 1-D integer sequence: {e}") from None
+        if a.dtype.kind == "O":
+            if a.ndim == 1 and all(type(v) is int for v in x):
+                raise ValueError(f"{name}: integer out of int64 range")
+            raise TypeError(f"{name} must hold integers")
+        if a.dtype.kind not in _INT_KINDS:
+            if a.dtype.kind == "f" and a.ndim == 1 and all(
+                    isinstance(v, (int, np.integer)) for v in x):
+                # ints beyond int64 mixed with small ones: numpy falls back to float64
+                raise ValueError(f"{name}: integer out of int64 range")
+            raise TypeError(f"{name} must hold integers, got {'bools' if a.dtype.kind == 'b' else a.dtype}")
     else:
         raise TypeError(f"{name} must be a 1-D integer sequence (list, array('q'), numpy "
                         f"array or torch tensor), got {type(x).__name__}")

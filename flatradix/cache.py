@@ -39,7 +39,20 @@ from .types import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
+#: initial length of the output scratch ``_out`` (grown on demand by ``_ensure_out``)
+_OUT_MIN = 1024
 _tuple_new = tuple.__new__
+
+
+def _aligned_zeros(rows, cols, align=64):
+    """A zeroed C-contiguous int64 ``(rows, cols)`` array whose data starts on an
+    ``align``-byte boundary (a view into a slightly larger buffer), so node-table
+    rows (320 bytes) and child-table rows (32 bytes) never straddle cache lines
+    more than their size needs (kernels/layout.py: column order)."""
+    n = rows * cols
+    buf = np.zeros(n + align // 8, dtype=np.int64)
+    skip = (-buf.ctypes.data % align) // 8
+    return buf[skip:skip + n].reshape(rows, cols)
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
                     "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
@@ -225,11 +238,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         return out
 
     def _alloc_arrays(self, ncap, pcap):
-        self._nodes = np.zeros((ncap, L.NCOL), dtype=np.int64)
+        self._nodes = _aligned_zeros(ncap, L.NCOL)
         self._heap = np.full(ncap, -1, dtype=np.int64)
-        self._ctab = np.zeros((self._ct_capacity_for(ncap), L.CT_NCOL), dtype=np.int64)
+        self._ctab = _aligned_zeros(self._ct_capacity_for(ncap), L.CT_NCOL)
         self._pool = np.zeros((pcap, self._pool_ncol()), dtype=np.int64)
-        self._out = np.zeros(pcap, dtype=np.int64)
+        self._out = np.zeros(_OUT_MIN, dtype=np.int64)  # grown per call (_ensure_out)
         self._spans = np.zeros((ncap if self.enable_kv_cache_events else 0, 2), dtype=np.int64)
         meta = np.zeros(L.META_LEN, dtype=np.int64)
         meta[L.M_EVENTS] = int(self.enable_kv_cache_events)
@@ -262,7 +275,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         meta = self._meta
         ncap = self._nodes.shape[0]
         if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < 2:
-            new = np.zeros((ncap * 2, L.NCOL), dtype=np.int64)
+            new = _aligned_zeros(ncap * 2, L.NCOL)
             new[:ncap] = self._nodes
             self._nodes = new
             heap = np.full(ncap * 2, -1, dtype=np.int64)
@@ -276,7 +289,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) * 3 // 2 + 2)
         if (need_ct > ccap or (meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2) * L.CT_LOAD_DEN
                 > ccap * L.CT_LOAD_NUM):
-            self._ctab = np.zeros((max(need_ct, ccap), L.CT_NCOL), dtype=np.int64)
+            self._ctab = _aligned_zeros(max(need_ct, ccap), L.CT_NCOL)
             self._ctab[:, L.CT_CHILD] = L.CT_EMPTY
             _k_rebuild_children(self._nodes, self._ctab, self._pool, meta)
         pcap = self._pool.shape[0]
@@ -289,12 +302,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             new_pool = np.zeros((new_cap, self._pool_ncol()), dtype=np.int64)
             _k_compact(self._nodes, self._pool, new_pool, meta)
             self._pool = new_pool
-            if self._out.shape[0] < new_cap:
-                self._out = np.zeros(new_cap, dtype=np.int64)
 
     def _ensure_out(self, n):
+        """Make the output scratch ``_out`` hold at least ``n`` indices.
+
+        ``_out`` is sized by what calls need (a key's length, an eviction's
+        victims), never by the pool: it doubles on demand, so it stays small."""
         if self._out.shape[0] < n:
-            self._out = np.zeros(max(n, 2 * self._out.shape[0]), dtype=np.int64)
+            self._out = np.empty(max(n, 2 * self._out.shape[0]), dtype=np.int64)
 
     # ------------------------------------------------------------------ casting
     def _intern_ns(self, nk):
@@ -304,12 +319,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         up without the lock can at worst miss (the namespace was dropped and
         re-interned meanwhile), never see another namespace's nodes. Entries no
         live node uses are dropped once the map reaches ``_ns_gc_at`` (O(slots),
-        amortised O(1) per new namespace), so per-request salts do not grow it
-        without bound. Caller holds the lock."""
+        amortised O(1) per new namespace; ``_insert_core`` runs it after a
+        successful insert), so per-request salts do not grow it without bound.
+        Caller holds the lock."""
         ns = self._ns.get(nk)
         if ns is None:
-            if len(self._ns) >= self._ns_gc_at:
-                self._gc_namespaces()
             ns = self._ns_next
             self._ns_next += 1
             self._ns[nk] = ns
@@ -408,14 +422,18 @@ class UnifiedRadixCache(RequestCachingMixin):
         ns = self._ns.get(nk)
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
+        # The result array is allocated here, at the key's length, and the kernel
+        # writes the matched indices straight into it (no scratch + copy).
+        idx = np.empty(n, dtype=np.int64)
         with self._lock:
             while True:
                 st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
-                                                   self._meta, units, n, ns, self._out)
+                                                   self._meta, units, n, ns, idx)
                 if st == L.OK:
                     break
                 self._grow(0)
-            idx = self._out[:plen].copy()
+        if plen < n:
+            idx = idx[:plen]
         vis = None if visited < 0 else visited
         if self._kind == "torch":
             idx = self._values_out(idx)
@@ -455,7 +473,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         if params.value is None:
             value = raw[:nlog].astype(np.int64) if raw.dtype != np.int64 else raw[:nlog]
             value = np.ascontiguousarray(value)
-            what = "params.value is None, so the token ids are the KV indices"
+            name = "params.value is None, so the token ids are the KV indices"
+            # without an allocator the token ids are values as they are; with one they
+            # must be slots of its pool like any value (evicting them frees them there)
+            limit = (L.VALUES_UNCHECKED if self.token_to_kv_pool_allocator is None
+                     else self._kv_bound())
         else:
             value = as_int64(params.value, "params.value")
             bigram = params.key.is_bigram or self.is_eagle
@@ -463,47 +485,76 @@ class UnifiedRadixCache(RequestCachingMixin):
             if not ok:
                 raise ValueError(f"params.value has {value.shape[0]} entries but params.key has "
                                  f"{nlog} logical units")
-            what = "params.value"
-        if value.shape[0]:
-            if value.min() < 0:
-                raise ValueError(f"{what}: KV indices must be >= 0, got {int(value.min())}")
-            limit = self._kv_limit()
-            if limit is not None and value.max() >= limit:
-                raise ValueError(f"{what}: KV index {int(value.max())} is outside the "
-                                 f"allocator's pool (indices must be < {limit})")
-        if params.value is not None:
-            self._note_kind(params.value)
+            name = "params.value"
+            limit = self._kv_bound()  # checked by the kernel, before anything changes
         if self.disable:
             return InsertResult(prefix_len=0)
         if n == 0:  # documented no-op (see above): no namespace, no clock tick
+            if limit != L.VALUES_UNCHECKED and value.shape[0] and (
+                    value.min() < 0 or (limit >= 0 and value.max() >= limit)):
+                bound = f"[0, {limit})" if limit >= 0 else ">= 0"
+                raise ValueError(f"{name}: KV indices must be in {bound}")
             dup_out = None if self.token_to_kv_pool_allocator is not None else self._values_out(
                 _EMPTY.copy())
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
                                 mamba_exist=True, adopted_ranges={ComponentType.FULL: []}
                                 if params.track_adopted_ranges else None)
-        if inserted_len > n:
-            inserted_len = n  # same hit accounting; keeps the kernel argument in int64
-        with self._lock:
-            ns = self._intern_ns(nk)
-            while True:
-                st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
-                                             self._meta, units, value, n, ns, inserted_len, priority)
-                if st == L.OK:
-                    break
-                self._grow(n)
-            if self.enable_kv_cache_events and n > plen:
-                self._queue_event_stored(target, nk)
-            dup = value[prev:plen].copy() if prev < plen else _EMPTY
-            if self.token_to_kv_pool_allocator is not None:
-                self._free_to_allocator(dup)
-                dup_out = None
-            else:
-                dup_out = self._values_out(dup)
+        plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len, priority,
+                                              limit, _EMPTY, name)
+        if params.value is not None:
+            self._note_kind(params.value)
+        if self.token_to_kv_pool_allocator is not None:
+            dup_out = None
+        else:
+            dup_out = self._values_out(dup)
         adopted = None
         if params.track_adopted_ranges:
             adopted = {ComponentType.FULL: [(plen, n)] if n > plen else []}
         return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
                             duplicate_indices=dup_out, mamba_exist=(n == 0))
+
+    def _kv_bound(self):
+        """``insert`` kernel's ``limit``: the allocator's bound, or VALUES_NONNEG."""
+        limit = self._kv_limit()
+        return L.VALUES_NONNEG if limit is None else limit
+
+    def _insert_core(self, units, value, n, nk, prev, inserted_len, priority, limit, out, name):
+        """One insert kernel call on validated arguments (shared by ``insert`` and the
+        request path). Frees the duplicates ``value[prev:prefix_len]`` through the
+        allocator when there is one. Returns ``(prefix_len, target_id, duplicates)``.
+        Raises ``ValueError`` naming ``name`` for a bad KV index, nothing changed
+        (a namespace first seen by this call is forgotten again). ``inserted_len``
+        beyond ``n`` is clamped to ``n`` (same hit accounting; keeps it in int64)."""
+        if inserted_len > n:
+            inserted_len = n
+        with self._lock:
+            ns = self._ns.get(nk)
+            new_ns = ns is None
+            if new_ns:
+                ns = self._intern_ns(nk)
+            while True:
+                st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
+                                             self._meta, units, value, n, ns, inserted_len,
+                                             priority, limit, out)
+                if st == L.OK:
+                    break
+                if st == L.E_BAD_VALUE:
+                    if new_ns:
+                        del self._ns[nk]
+                    bad = int(value[plen])
+                    if bad < 0:
+                        raise ValueError(f"{name}: KV indices must be >= 0, got {bad} at {plen}")
+                    raise ValueError(f"{name}: KV index {bad} at {plen} is outside the "
+                                     f"allocator's pool (indices must be < {limit})")
+                self._grow(n)
+            if new_ns and len(self._ns) > self._ns_gc_at:
+                self._gc_namespaces()  # after the insert: a refused call changes nothing
+            if self.enable_kv_cache_events and n > plen:
+                self._queue_event_stored(target, nk)
+            dup = value[prev:plen].copy() if prev < plen else _EMPTY
+            if self.token_to_kv_pool_allocator is not None:
+                self._free_to_allocator(dup)
+        return plen, target, dup
 
     # ------------------------------------------------------------------ evict
     def evict(self, params):
@@ -534,16 +585,26 @@ class UnifiedRadixCache(RequestCachingMixin):
         if self.disable or num == 0:
             return EvictResult(0, 0, 0, None if self.token_to_kv_pool_allocator else self._values_out(_EMPTY.copy()))
         with self._lock:
-            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
-            done, nout, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
-                                          self._meta, num, self._out, self._spans)
+            st, nout, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
+                                        self._meta, num, self._out, self._spans)
             freed = self._out[:nout].copy()
             if nspans:
                 self._queue_event_removed(nspans)
+            if st != L.OK:  # _out too small for the next victim: grow, go on with the round
+                parts = [freed]
+                while st != L.OK:
+                    self._ensure_out(2 * self._out.shape[0])
+                    st, n2, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
+                                              self._meta, num - nout, self._out, self._spans)
+                    parts.append(self._out[:n2].copy())
+                    nout += n2
+                    if nspans:
+                        self._queue_event_removed(nspans)
+                freed = np.concatenate(parts)
             if self.token_to_kv_pool_allocator is not None:
                 self._free_to_allocator(freed)
-                return EvictResult(int(done), 0, 0, None)
-        return EvictResult(int(done), 0, 0, self._values_out(freed))
+                return EvictResult(int(nout), 0, 0, None)
+        return EvictResult(int(nout), 0, 0, self._values_out(freed))
 
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
         """Open a step-wise eviction round of ``num_tokens`` units for ``component``.
@@ -568,9 +629,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         """
         self._check_component(component)
         with self._lock:
-            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
-            st, nid, nout, nspans = _k_evict_next(self._nodes, self._ctab, self._pool, self._heap,
-                                                  self._meta, self._out, self._spans)
+            while True:
+                st, nid, nout, nspans = _k_evict_next(self._nodes, self._ctab, self._pool,
+                                                      self._heap, self._meta, self._out, self._spans)
+                if st != L.E_CAPACITY:
+                    break
+                self._ensure_out(nout)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             freed = self._out[:nout].copy()
@@ -773,8 +837,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
         nid = as_node_id(node, "node")
         with self._lock:
-            self._ensure_out(int(self._meta[L.M_TOTAL + L.FULL]))
             st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
+            if st == L.E_CAPACITY:
+                self._ensure_out(n)
+                st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
             if st == L.E_STALE:
                 raise self._stale(nid)
             return self._values_out(self._out[:n].copy())

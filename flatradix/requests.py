@@ -17,6 +17,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
+from .kernels import layout as L
 from .types import ComponentType, InsertParams, RadixKey
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -207,12 +208,17 @@ class RequestCachingMixin:
         Returns the page-aligned length cached.
 
         Every field read is validated first (``TypeError`` / ``ValueError`` naming
-        it, ``NodeAccessError`` / ``LockRefError`` for a ``req.last_node`` that is
-        stale or holds no lock); nothing changes then.
+        it: token lists, lengths, the row and its KV slots; ``NodeAccessError`` /
+        ``LockRefError`` for a ``req.last_node`` that is stale or holds no lock);
+        nothing changes then.
         """
         self._need_pools("checkpoint")
         self._check_req_type(req)
-        up_to = as_count(up_to, "up_to")
+        return self._checkpoint(req, as_count(up_to, "up_to"), finished, None)
+
+    def _checkpoint(self, req, up_to, finished, row):
+        """``checkpoint`` with ``up_to`` validated; ``row``: the request's row
+        (int64 copy, at least ``up_to`` long) when the caller already read it."""
         # fill_ids is a prefix of origin_input_ids + output_ids; a finished request's
         # fill_ids may be stale (shorter), then the full list is used.
         n_prompt = _seq_len(req, "origin_input_ids")
@@ -224,45 +230,40 @@ class RequestCachingMixin:
                                       _tokens(req.output_ids, "req.output_ids")])
         if up_to > all_ids.size:
             raise ValueError(f"up_to={up_to} exceeds the request's {all_ids.size} tokens")
-        token_ids = all_ids[:up_to]
         protected = self._protected_len(req)
         if protected > up_to:
             raise ValueError(f"req.cache_protected_len={protected} exceeds the {up_to} tokens "
                              "being cached")
         inserted = as_count(getattr(req, "cache_inserted_len", 0) or 0, "req.cache_inserted_len")
         priority = as_int(getattr(req, "priority", None) or 0, "req.priority")
-        for name in ("extra_key", "cache_salt"):
-            v = getattr(req, name, None)
-            if v is not None and type(v) is not str:
-                raise TypeError(f"req.{name} must be a str or None, got {type(v).__name__}")
-        key = self._request_key(req, token_ids)
-        units = len(key)
-        aligned = units - units % self.page_size
-        with self._lock:
-            row = self._row(req, up_to, "up_to")
+        key = self._request_key(req, all_ids[:up_to])
+        units, aligned, nk, _ = self._key(key, "req")
+        with self._lock:  # the row's slots and the lock are checked where they can't change
+            if row is None:
+                row = self._row(req, up_to, "up_to")
             self._check_last_node(req)
             old_node = req.last_node
             if aligned <= 0:
-                new_node, path = old_node, _EMPTY
+                new_node = old_node
             else:
                 values = row[:aligned]
-                result = self.insert(InsertParams(key=key[:aligned], value=values,
-                                                  prev_prefix_len=protected,
-                                                  inserted_len=inserted, priority=priority))
+                self._ensure_out(aligned)
+                out = self._out
+                plen, new_node, _ = self._insert_core(
+                    units, values, aligned, nk, protected, inserted, priority, self._kv_bound(),
+                    out, "req row (req_to_token_pool)")
+                self._note_kind(values)
+                # the path's value: the tree's slots for the cached prefix, ours after it
+                row[:plen] = out[:plen]
                 if self.components == (ComponentType.FULL,):
                     prompt_units = n_prompt - (1 if self.is_eagle else 0)
                     prompt = prompt_units - prompt_units % self.page_size
                     if 0 < prompt < aligned:
-                        self.insert(InsertParams(key=key[:prompt], value=values[:prompt],
-                                                 prev_prefix_len=prompt, inserted_len=prompt,
-                                                 priority=min(priority + 1, (1 << 62) - 1)))
-                new_node = result.last_device_node
-                path = self.path_device_indices(new_node)
-                path = path.numpy() if is_torch(path) else path
-                if path.size != aligned:
-                    raise AssertionError(f"checkpoint: path holds {path.size} indices, expected {aligned}")
-                self._write_row(req, protected, np.ascontiguousarray(path[protected:]))
-                row[:aligned] = path
+                        self._insert_core(units, values, prompt, nk, prompt, prompt,
+                                          min(priority + 1, (1 << 62) - 1), L.VALUES_UNCHECKED,
+                                          _EMPTY, "req row")
+                if protected < plen:
+                    self._write_row(req, protected, np.ascontiguousarray(row[protected:plen]))
                 req.cache_inserted_len = max(inserted, aligned)
             if old_node is not None:
                 self.dec_lock_ref(old_node)
@@ -308,7 +309,7 @@ class RequestCachingMixin:
                                      f"req.kv_allocated_len={allocated}")
                 self._check_last_node(req)
             if checkpoint:
-                self.checkpoint(req, committed, finished=True)
+                self._checkpoint(req, committed, True, row)
                 keep = self._protected_len(req)
             else:
                 keep = self._protected_len(req)

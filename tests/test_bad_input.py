@@ -898,3 +898,12 @@ def test_odd_arrays_in_a_request_like_contiguous_copies(how):
         e.conserve()
     assert_same(a.state(), b.state())
     assert a.cache.total_size()[0] == 12  # 10 + [50, 51] (52 is the unaligned tail, freed)
+
+
+def test_bool_among_int_token_ids_counts_as_int(tree):
+    """Python's bool is an int subclass: a bool among ints is the token 0/1 (as in
+    SGLang's cores); an all-bool list or a bool array is refused (BAD_KEYS)."""
+    a = tree.cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4])))
+    b = tree.cache.match_prefix(MatchPrefixParams(key=RadixKey([True, 2, 3, 4])))
+    assert a.device_prefix_len == b.device_prefix_len == 4
+    np.testing.assert_array_equal(a.device_indices, b.device_indices)

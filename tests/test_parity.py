@@ -182,3 +182,44 @@ def test_release_of_unlocked_ancestor_keeps_invariants():
     else:
         assert (c.evictable_size(), c.protected_size()) == (2, 1)
     c.sanity_check()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_output_scratch_outgrown_mid_call(monkeypatch, page_size):
+    """The output scratch is sized per call, not by the pool: start it at 2 entries so
+    nearly every match, path query and eviction outgrows it (an eviction resumes its
+    round after growing it). Results, in order, must still equal the reference's."""
+    import flatradix.cache as fc
+
+    monkeypatch.setattr(fc, "_OUT_MIN", 2)
+    pair = Pair(page_size, "lru", None, False, small=True)
+    assert pair.f._out.shape[0] == 2
+    try:
+        run_stream(pair, random.Random(4242 + page_size), 600, namespaces=True, max_total=3000,
+                   n_prompts=12, vocab=6)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nlast ops:\n{pair.history()}") from e
+    assert pair.f._out.shape[0] > 2
+
+
+def test_step_wise_eviction_of_a_leaf_longer_than_the_scratch(monkeypatch):
+    """A step-wise victim longer than the output scratch: the scratch grows, the step
+    returns the leaf's whole value, and a long path query returns every index."""
+    import flatradix.cache as fc
+
+    monkeypatch.setattr(fc, "_OUT_MIN", 4)
+    c = fc.UnifiedRadixCache(page_size=1)
+    c.insert(InsertParams(key=RadixKey(list(range(100, 150))), value=np.arange(1000, 1050)))
+    r = c.insert(InsertParams(key=RadixKey(list(range(100, 120)) + [7] * 30),
+                              value=np.arange(2000, 2050)))
+    assert r.prefix_len == 20
+    np.testing.assert_array_equal(c.path_device_indices(r.last_device_node),
+                                  np.r_[np.arange(1000, 1020), np.arange(2020, 2050)])
+    c.evict_device_start(num_tokens=31)
+    first = c.evict_device_next_node()   # LRU: the older leaf [120:150) goes first
+    second = c.evict_device_next_node()  # then the other 30-unit leaf
+    assert c.evict_device_next_node().node_id is None  # 60 >= 31: the round is done
+    assert c.evict_device_end() == 60
+    np.testing.assert_array_equal(first.freed_indices, np.arange(1020, 1050))
+    np.testing.assert_array_equal(second.freed_indices, np.arange(2020, 2050))
+    c.sanity_check()

@@ -3,17 +3,22 @@
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    E_CAPACITY, HIT_COUNT, KEY_LEN, LAST_ACCESS, M_PAGE, OK, PRIORITY,
-    ROOT,
+    E_BAD_VALUE, E_CAPACITY, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS, M_PAGE, OK,
+    PRIORITY, ROOT, VALUES_UNCHECKED,
 )
 from .order import fix
 from .state import has_room, node_id, tick
-from .tree import add_leaf, edge_match_len, split_node
+from .tree import add_leaf, copy_values, edge_match_len, split_node
 
 
 @kernel
-def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, priority):
+def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, priority, limit, out):
     """Insert ``key[:n]`` -> ``value[:n]`` (n page-aligned) in namespace ``ns``.
+
+    Check first: every entry of ``value`` (all of it, not only ``[:n]``) must be
+    ``>= 0`` and, when ``limit >= 0``, ``< limit`` (``limit`` = VALUES_NONNEG:
+    only ``>= 0``; VALUES_UNCHECKED: no check). Else ``(E_BAD_VALUE, i, -1)``
+    names the first bad entry ``i``, and nothing has changed.
 
     Walk (SGLang §5.2): touch each walked node with a fresh tick, split a
     partially matched node, raise ``priority`` along the path, and count a hit
@@ -22,11 +27,26 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     The duplicates the caller must free are exactly
     ``value[max(prev_prefix_len, 0):prefix_len]`` (the façade does that).
 
+    When ``out`` holds at least ``n`` entries, the cached prefix's KV indices
+    (the tree's, not the caller's duplicates) are written to ``out[:prefix_len]``,
+    so ``out[:prefix_len] ++ value[prefix_len:n]`` is the path's value (the
+    request path needs it); pass an empty ``out`` to skip that.
+
     Returns ``(status, prefix_len, target_node_id)`` where the target is the new
     leaf, else the node the key ended on (the root for an empty key). Requires
     two free slots, two child-table entries and ``n`` free pool rows; E_CAPACITY
     otherwise, with nothing changed.
     """
+    if limit != VALUES_UNCHECKED and value.shape[0] > 0:
+        lo = value[0]
+        hi = value[0]
+        for i in range(value.shape[0]):  # branch-free min/max: vectorised
+            lo = min(lo, value[i])
+            hi = max(hi, value[i])
+        if lo < 0 or (limit >= 0 and hi >= limit):
+            for i in range(value.shape[0]):
+                if value[i] < 0 or (limit >= 0 and value[i] >= limit):
+                    return E_BAD_VALUE, i, -1
     if not has_room(nodes, ctab, pool, meta, 2, n):
         return E_CAPACITY, 0, -1
     page = meta[M_PAGE]
@@ -43,6 +63,8 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         m = edge_match_len(nodes, pool, child, key, length, n, page)
         if m < nodes[child, KEY_LEN]:
             child = split_node(nodes, ctab, pool, heap, meta, child, m)
+        if out.shape[0] >= n:
+            copy_values(pool, nodes[child, KEY_OFF], m, out, length)
         if priority > nodes[child, PRIORITY]:
             nodes[child, PRIORITY] = priority
         if length + m > inserted_len:

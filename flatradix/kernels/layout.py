@@ -26,9 +26,11 @@ this order (dispatch costs ~40 ns per array argument, so there are few):
     eviction round costs O(evicted * log leaves), never O(tree).
 ``meta``   int64 ``(META_LEN,)``
     Counters and configuration (indices ``M_*`` below).
-``out``    int64 ``(>= pool_capacity,)``
-    Scratch output: matched or freed KV indices. The façade copies what it
-    needs out of it before the next call.
+``out``    int64, grown on demand (never sized by the pool)
+    Scratch output: freed KV indices and path queries (``match_prefix`` writes
+    into its own result array instead). Kernels that could overflow it return
+    ``E_CAPACITY`` with the length they need; the façade copies what it needs
+    out of it before the next call.
 
 Node handles (``NodeId``) handed to callers are ``(GEN << 32) | slot``. A
 slot's ``GEN`` is bumped whenever its node is freed (and for every live node
@@ -62,36 +64,40 @@ HOST = 1
 N_TIERS = 2
 
 # ---------------------------------------------------------------- node table
-# Tree links (written by kernels/state.py: node_alloc/node_free, kernels/insert.py:
-# split_node / new leaf, kernels/evict.py: delete_leaf).
+# Column order is for the cache: rows are 320 bytes (5 cache lines) and the
+# façade allocates the table 64-byte aligned, so columns 0-7 and 8-15 are one
+# line each. Everything a lock walk or a match walk reads per node is in them.
+# --- line 0: links, edge span, flags, lock counts
 PARENT = 0        # parent slot; NIL for the root
 KEY_OFF = 1       # start of the edge key (and value) span in ``pool``
 KEY_LEN = 2       # edge length in logical units (multiple of page_size; 0 for root)
-NS = 3            # namespace id (interned (extra_key, cache_salt) by the façade)
-NCHILD = 4        # number of children
-NDEVCHILD = 5     # number of children holding a Full device value (O(1) D-leaf test)
-FIRST_CHILD = 6   # intrusive child list, for DFS / checks / reset
-NEXT_SIB = 7      # next sibling; for a free slot: next free slot
-PREV_SIB = 8      # previous sibling
-# Policy inputs (written by kernels/match.py, kernels/insert.py; read by kernels/order.py).
-LAST_ACCESS = 9   # logical clock tick of last access (see TICK)
-CREATION = 10     # logical clock tick of creation (inherited by a split's upper part)
-HIT_COUNT = 11    # insert-driven hit counter (LFU / SLRU)
-PRIORITY = 12     # request priority, max'ed along insert paths (``priority`` policy)
-# Handles and membership (kernels/state.py, kernels/order.py).
-GEN = 13          # generation of this slot; NodeId = GEN << 32 | slot (< GEN_LIMIT)
-FLAGS = 14        # bit set: F_ALIVE, and F_HAS(c, t) value-presence bits
-HEAP_POS = 15     # position in ``heap`` while an evictable device leaf, else NIL
+FLAGS = 3         # bit set: F_ALIVE, and F_HAS(c, t) value-presence bits
 # Per (component, tier) columns: index = base + c * N_TIERS + t.
-LOCK_REF = 16     # lock_ref (tier DEVICE) / host_lock_ref (tier HOST); kernels/lock.py
-LRU_PREV = 22     # aux-component LRU links (SWA, Mamba); Full uses the heap instead
-LRU_NEXT = 28
-MAMBA_SLOT = 34   # Mamba state slot per tier (+ t); NIL when absent
-SWA_UUID = 36     # SWA window-lock boundary stamp (0 = none)
-TLRU_CACHED = 37  # T-LRU: root-path depth in units (maintained only under tlru)
-TLRU_HIST = 38    # T-LRU: high-water depth of the branch
-CHILD_LOCK = 39   # sum of the children's Full lock_ref: lock_ref - CHILD_LOCK = locks
+LOCK_REF = 4      # lock_ref (tier DEVICE) / host_lock_ref (tier HOST), cols 4-9; kernels/lock.py
+# --- line 1 (cols 8-15; 8-9 are the Mamba lock counts)
+CHILD_LOCK = 10   # sum of the children's Full lock_ref: lock_ref - CHILD_LOCK = locks
                   # anchored at this node, so a release without one is refused in O(1)
+NDEVCHILD = 11    # number of children holding a Full device value (O(1) D-leaf test)
+HEAP_POS = 12     # position in ``heap`` while an evictable device leaf, else NIL
+LAST_ACCESS = 13  # logical clock tick of last access (see TICK)
+NS = 14           # namespace id (interned (extra_key, cache_salt) by the façade)
+GEN = 15          # generation of this slot; NodeId = GEN << 32 | slot (< GEN_LIMIT)
+# --- lines 2-4: the rest
+NCHILD = 16       # number of children
+FIRST_CHILD = 17  # intrusive child list, for DFS / checks / reset
+NEXT_SIB = 18     # next sibling; for a free slot: next free slot
+PREV_SIB = 19     # previous sibling
+# Policy inputs (written by kernels/match.py, kernels/insert.py; read by kernels/order.py);
+# LAST_ACCESS above is one of them.
+CREATION = 20     # logical clock tick of creation (inherited by a split's upper part)
+HIT_COUNT = 21    # insert-driven hit counter (LFU / SLRU)
+PRIORITY = 22     # request priority, max'ed along insert paths (``priority`` policy)
+LRU_PREV = 23     # aux-component LRU links (SWA, Mamba); Full uses the heap instead
+LRU_NEXT = 29
+MAMBA_SLOT = 35   # Mamba state slot per tier (+ t); NIL when absent
+SWA_UUID = 37     # SWA window-lock boundary stamp (0 = none)
+TLRU_CACHED = 38  # T-LRU: root-path depth in units (maintained only under tlru)
+TLRU_HIST = 39    # T-LRU: high-water depth of the branch
 NCOL = 40
 
 
@@ -194,4 +200,10 @@ E_WALK_OPEN = 4       # a step-wise eviction round is already open
 E_NO_WALK = 5         # no step-wise eviction round is open
 E_NOT_LEAF = 6        # node is not an evictable device leaf
 E_NOT_ANCHORED = 7    # release of a node whose lock_ref is held only by descendants' locks
+E_BAD_VALUE = 8       # a KV index < 0 or >= the allocator's bound (insert; nothing changed)
+
+#: ``insert``'s ``limit`` argument: no check of the values (they are token ids) /
+#: only ``>= 0`` (no allocator bound known)
+VALUES_UNCHECKED = -2
+VALUES_NONNEG = -1
 # sanity_check codes (kernels/check.py) start at 100.

@@ -3,12 +3,12 @@
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    E_CAPACITY, F_HAS_FULL_DEV, FLAGS, FULL_DEV, KEY_LEN, KEY_OFF, LAST_ACCESS, M_PAGE, PARENT,
+    E_CAPACITY, F_HAS_FULL_DEV, FLAGS, KEY_LEN, KEY_OFF, LAST_ACCESS, M_PAGE, PARENT,
     ROOT,
 )
 from .order import fix
 from .state import has_room, node_id, tick
-from .tree import edge_match_len, split_node
+from .tree import copy_values, edge_match_len, split_node
 
 
 @kernel
@@ -39,9 +39,7 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
         if m < nodes[child, KEY_LEN]:
             child = split_node(nodes, ctab, pool, heap, meta, child, m)
             visited = child
-        off = nodes[child, KEY_OFF]
-        for i in range(m):
-            out[length + i] = pool[off + i, FULL_DEV]
+        copy_values(pool, nodes[child, KEY_OFF], m, out, length)
         length += m
         node = child
     t = tick(meta)

@@ -1,13 +1,18 @@
 """Read-only queries: path indices, node lookup by key without side effects."""
 
 from ._jit import kernel
-from .layout import E_STALE, FULL_DEV, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
+from .layout import E_CAPACITY, E_STALE, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
 from .state import resolve
+from .tree import copy_values
 
 
 @kernel
 def path_device_indices(nodes, pool, meta, nid, out):
-    """KV indices on the path root -> ``nid``, written to ``out``. Returns ``(status, n)``."""
+    """KV indices on the path root -> ``nid``, written to ``out``. Returns ``(status, n)``.
+
+    ``(E_CAPACITY, n)`` when ``out`` is shorter than the path's ``n`` units
+    (nothing written).
+    """
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
@@ -16,13 +21,14 @@ def path_device_indices(nodes, pool, meta, nid, out):
     while a != ROOT:
         n += nodes[a, KEY_LEN]
         a = nodes[a, PARENT]
+    if n > out.shape[0]:
+        return E_CAPACITY, n
     end = n
     a = s
     while a != ROOT:
         ln = nodes[a, KEY_LEN]
         off = nodes[a, KEY_OFF]
-        for i in range(ln):
-            out[end - ln + i] = pool[off + i, FULL_DEV]
+        copy_values(pool, off, ln, out, end - ln)
         end -= ln
         a = nodes[a, PARENT]
     return OK, n

@@ -24,13 +24,37 @@ _SPLIT_FLAGS = F_HAS(FULL) | F_HAS(FULL, HOST) | F_HAS(SWA) | F_HAS(SWA, HOST)
 
 @helper
 def edge_match_len(nodes, pool, s, key, start, n, page):
-    """Units of ``s``'s edge equal to ``key[start:n]``, rounded down to a page."""
+    """Units of ``s``'s edge equal to ``key[start:n]``, rounded down to a page.
+
+    Compares through 1-D views (no per-element 2-D index arithmetic) in blocks
+    of 8 without early exit, which the compiler vectorises; the first differing
+    block is finished unit by unit. About 2x faster than a unit loop on a
+    1,300-unit path (benchmarks/profile_ops.py).
+    """
     off = nodes[s, KEY_OFF]
     lim = min(nodes[s, KEY_LEN], n - start)
+    ptok = pool[off:off + lim, TOK]
+    k = key[start:start + lim]
     i = 0
-    while i < lim and pool[off + i, TOK] == key[start + i]:
+    while i + 8 <= lim:
+        d = 0
+        for j in range(8):
+            d |= ptok[i + j] ^ k[i + j]
+        if d != 0:
+            break
+        i += 8
+    while i < lim and ptok[i] == k[i]:
         i += 1
     return i - i % page
+
+
+@helper
+def copy_values(pool, off, m, out, dst):
+    """``out[dst:dst + m] = pool[off:off + m, FULL_DEV]`` through 1-D views."""
+    src = pool[off:off + m, FULL_DEV]
+    o = out[dst:dst + m]
+    for j in range(m):
+        o[j] = src[j]
 
 
 @helper
@@ -92,9 +116,13 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
     s = node_alloc(nodes, meta)
     length = n - start
     top = meta[M_POOL_TOP]
+    ptok = pool[top:top + length, TOK]  # 1-D views: no 2-D index arithmetic per unit
+    pval = pool[top:top + length, FULL_DEV]
+    k = key[start:n]
+    v = value[start:n]
     for i in range(length):
-        pool[top + i, TOK] = key[start + i]
-        pool[top + i, FULL_DEV] = value[start + i]
+        ptok[i] = k[i]
+        pval[i] = v[i]
     meta[M_POOL_TOP] = top + length
     nodes[s, KEY_OFF] = top
     nodes[s, KEY_LEN] = length
@@ -137,8 +165,7 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout, spans, nspans):
         spans[nspans, 0] = off
         spans[nspans, 1] = n
         nspans += 1
-    for i in range(n):
-        out[nout + i] = pool[off + i, FULL_DEV]
+    copy_values(pool, off, n, out, nout)
     meta[M_EVICTABLE + FULL] -= n
     meta[M_TOTAL + FULL] -= n
     meta[M_POOL_DEAD] += n
