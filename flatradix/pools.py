@@ -20,6 +20,7 @@ from .kernels.slots import E_DOUBLE as _S_DOUBLE
 from .kernels.slots import E_RANGE as _S_RANGE
 from .kernels.slots import E_REPEATED as _S_REPEATED
 from .kernels.slots import slots_alloc as _k_alloc
+from .kernels.slots import slots_first_unheld as _k_first_unheld
 from .kernels.slots import slots_free as _k_free
 
 
@@ -129,6 +130,13 @@ class TokenToKVPoolAllocator:
             raise ValueError(f"free_index: double free of slot {int(bad)}")
         if code == _S_REPEATED:
             raise ValueError(f"free_index: slot {int(bad)} is given more than once")
+
+    def _first_unheld(self, idx):
+        """``(code, i)``: the first entry of the int64 array ``idx`` that is outside
+        ``1..size`` (code 1) or free (code 2); ``(0, -1)`` when all are held. O(len),
+        one kernel pass (the cache checks a request's row with it before changing
+        anything)."""
+        return _k_first_unheld(self._mark, idx, self.size)
 
     def is_free(self, indices):
         """Boolean mask (same length): which of ``indices`` are free. Slot 0 (padding)

@@ -11,6 +11,7 @@ SGLang ``Req`` works): ``origin_input_ids``, ``output_ids``, ``fill_ids``,
 ``cache_inserted_len``, ``kv_committed_len``, ``kv_allocated_len``.
 """
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -90,9 +91,14 @@ def _tokens(x, name):
     return as_int64(x, name)
 
 
+_SEQ_TYPES = frozenset((list, tuple, np.ndarray, array))
+
+
 def _seq_len(req, attr):
     """``len(req.<attr>)`` of a token container; TypeError naming it otherwise."""
     x = getattr(req, attr)
+    if type(x) in _SEQ_TYPES:  # the usual containers: no further checks
+        return len(x)
     if x is None or isinstance(x, (str, bytes, dict, set)) or not hasattr(x, "__len__"):
         raise TypeError(f"req.{attr} must be a 1-D integer sequence, got {type(x).__name__}")
     return len(x)
@@ -140,15 +146,14 @@ class RequestCachingMixin:
         if is_torch(row):
             row = row.cpu().numpy()
         row = np.array(row, dtype=np.int64)
-        is_free = getattr(self.token_to_kv_pool_allocator, "is_free", None)
-        if is_free is not None and row.size:
-            limit = self._kv_limit()
-            if row.min() < 1 or (limit is not None and row.max() >= limit):
-                raise ValueError(f"req_to_token row {idx}: KV slot outside the allocator's pool "
-                                 f"in [0, {n})")
-            free = is_free(row)
-            if free.any():
-                raise ValueError(f"req_to_token row {idx}: slot {int(row[np.argmax(free)])} is "
+        check = getattr(self.token_to_kv_pool_allocator, "_first_unheld", None)
+        if check is not None and row.size:  # flatradix's allocator: one kernel pass
+            code, i = check(row)
+            if code == 1:
+                raise ValueError(f"req_to_token row {idx}: KV slot {int(row[i])} at {int(i)} is "
+                                 "outside the allocator's pool")
+            if code == 2:
+                raise ValueError(f"req_to_token row {idx}: slot {int(row[i])} at {int(i)} is "
                                  "free in the allocator (the row is stale)")
         return row
 
@@ -293,12 +298,13 @@ class RequestCachingMixin:
         allocated = committed if allocated is None else as_count(allocated, "req.kv_allocated_len")
         if allocated < committed:
             raise ValueError(f"req.kv_allocated_len={allocated} < committed length {committed}")
-        n_tokens = _seq_len(req, "origin_input_ids") + _seq_len(req, "output_ids")
-        if req.fill_ids is not None:
-            n_tokens = max(n_tokens, _seq_len(req, "fill_ids"))
-        if committed > n_tokens:
-            raise ValueError(f"req.kv_committed_len={committed} exceeds the request's "
-                             f"{n_tokens} tokens")
+        if getattr(req, "kv_committed_len", None) is not None:  # else derived from the lengths
+            n_tokens = _seq_len(req, "origin_input_ids") + _seq_len(req, "output_ids")
+            if req.fill_ids is not None:
+                n_tokens = max(n_tokens, _seq_len(req, "fill_ids"))
+            if committed > n_tokens:
+                raise ValueError(f"req.kv_committed_len={committed} exceeds the request's "
+                                 f"{n_tokens} tokens")
         with self._lock:
             row = self._row(req, allocated,
                             "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")

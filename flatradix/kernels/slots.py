@@ -38,6 +38,20 @@ def slots_free(stack, top, mark, idx, size):
 
 
 @kernel
+def slots_first_unheld(mark, idx, size):
+    """First entry of ``idx`` that is not a held slot: ``(E_RANGE, i)`` outside
+    ``1..size``, ``(E_DOUBLE, i)`` free; ``(OK, -1)`` when every slot is held.
+    Read-only, one pass."""
+    for i in range(idx.shape[0]):
+        s = idx[i]
+        if s < 1 or s > size:
+            return E_RANGE, i
+        if mark[s]:
+            return E_DOUBLE, i
+    return OK, -1
+
+
+@kernel
 def slots_alloc(stack, top, mark, out):
     """Pop ``len(out)`` slots (lowest first) into ``out``; the caller checked ``top``."""
     n = out.shape[0]
