@@ -97,9 +97,10 @@ _SEQ_TYPES = frozenset((list, tuple, np.ndarray, array))
 def _seq_len(req, attr):
     """``len(req.<attr>)`` of a token container; TypeError naming it otherwise."""
     x = getattr(req, attr)
-    if type(x) in _SEQ_TYPES:  # the usual containers: no further checks
-        return len(x)
-    if x is None or isinstance(x, (str, bytes, dict, set)) or not hasattr(x, "__len__"):
+    if type(x) in _SEQ_TYPES and (type(x) is not np.ndarray or x.ndim == 1):
+        return len(x)  # the usual containers: no further checks
+    if (x is None or isinstance(x, (str, bytes, dict, set)) or not hasattr(x, "__len__")
+            or getattr(x, "ndim", 1) != 1):
         raise TypeError(f"req.{attr} must be a 1-D integer sequence, got {type(x).__name__}")
     return len(x)
 
@@ -135,9 +136,9 @@ class RequestCachingMixin:
         return idx
 
     def _row(self, req, n, name="req.kv_committed_len"):
-        """``req_to_token[req.req_pool_idx, :n]`` as an int64 numpy copy. Checks that
-        the row's slots are allocated (allocators with ``is_free``), so that freeing
-        them later cannot fail half-way."""
+        """``req_to_token[req.req_pool_idx, :n]`` as an int64 numpy copy. With
+        flatradix's allocator, checks in one pass that every slot of the row is held
+        (in range, not free), so that freeing them later cannot fail half-way."""
         idx = self._row_index(req)
         table = self.req_to_token_pool.req_to_token
         if n > table.shape[1]:
