@@ -133,9 +133,9 @@ class TokenToKVPoolAllocator:
 
     def _first_unheld(self, idx):
         """``(code, i)``: the first entry of the int64 array ``idx`` that is outside
-        ``1..size`` (code 1) or free (code 2); ``(0, -1)`` when all are held. O(len),
-        one kernel pass (the cache checks a request's row with it before changing
-        anything)."""
+        ``1..size`` (code 1), free (code 2) or a repeat of an earlier entry (code 3);
+        ``(0, -1)`` when all are distinct held slots. O(len), one kernel (the cache
+        checks a request's row with it before changing anything)."""
         return _k_first_unheld(self._mark, idx, self.size)
 
     def is_free(self, indices):

@@ -156,6 +156,9 @@ class RequestCachingMixin:
             if code == 2:
                 raise ValueError(f"req_to_token row {idx}: slot {int(row[i])} at {int(i)} is "
                                  "free in the allocator (the row is stale)")
+            if code == 3:
+                raise ValueError(f"req_to_token row {idx}: slot {int(row[i])} at {int(i)} "
+                                 "appears twice in the row")
         return row
 
     def _write_row(self, req, start, values):

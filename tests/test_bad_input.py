@@ -25,7 +25,7 @@ conservation (available + evictable + protected == pool) is checked.
 | receipt "abc" / {} / 5; skip_swa "yes" / None / 2; receipt of another node; unlock without lock; double unlock; unlock of an ancestor whose lock_ref is held by a descendant | dec_lock_ref | TypeError naming receipt / LockRefError |
 | lock / unlock the root | inc_lock_ref, dec_lock_ref | documented no-op |
 | component 7 / None / "x"; file "x" / 5; block_hashes with events off | component_*_size, pretty_print, block_hashes | ValueError / TypeError naming it |
-| req None / str / dict / int; req_pool_idx -1 / 99 / unallocated / "x" / 1.0 / None; last_node stale / never issued / 2**63 / "x" / unlocked; kv_committed_len -1 / 2**63 / > row / > tokens; kv_allocated_len < committed / > row / "x"; cache_protected_len -1 / > tokens / "x"; cache_inserted_len -1 / "x"; priority "high" / 2**63; extra_key 5; cache_salt b"x"; origin_input_ids None / str; output_ids None; fill_ids str / floats / None; prefix_indices "x"; row holding a free slot or slot 0; is_insert / checkpoint not bool; up_to -1 / None / 1.5 / > tokens; a second release; a cache without pools | cache_finished_req, cache_unfinished_req, release_kv_cache, checkpoint | TypeError / ValueError / NodeAccessError / LockRefError naming the field; nothing changed (tree, allocator, row pool, request) |
+| req None / str / dict / int; req_pool_idx -1 / 99 / unallocated / "x" / 1.0 / None; last_node stale / never issued / 2**63 / "x" / unlocked; kv_committed_len -1 / 2**63 / > row / > tokens; kv_allocated_len < committed / > row / "x"; cache_protected_len -1 / > tokens / "x"; cache_inserted_len -1 / "x"; priority "high" / 2**63; extra_key 5; cache_salt b"x"; origin_input_ids None / str; output_ids None; fill_ids str / floats / None; prefix_indices "x"; row holding a free slot, slot 0, a slot > pool or a slot twice; is_insert / checkpoint not bool; up_to -1 / None / 1.5 / > tokens; a second release; a cache without pools | cache_finished_req, cache_unfinished_req, release_kv_cache, checkpoint | TypeError / ValueError / NodeAccessError / LockRefError naming the field; nothing changed (tree, allocator, row pool, request) |
 | size -1 / None / 1.5 / 2**41 / 2**63, page_size 0, index_kind "x", device "cuda"; need_size -1 / None / 1.5 / "3"; free_index None / int / str / float / 2-D / 2**63 / -1 / 0 / > size / already free / repeated; is_free outside [0, size] | TokenToKVPoolAllocator | TypeError / ValueError naming the argument, free slots unchanged; alloc(2**63) is a documented None |
 | size / max_context_len -1, None, 2**41, product > 2**40; device / index_kind; need_size -1; free_index None / str / float / bool / 2**63 / unallocated / repeated; write float / str values, out-of-range rows | ReqToTokenPool | TypeError / ValueError / IndexError naming the argument, rows unchanged |
 | origin_input_ids None / str / int / floats / bools / float array; output_ids None; fill_ids str; prefix_indices str; req_pool_idx str / -1; last_node str / 2**63; extra_key int; cache_salt bytes; priority str / 2**63; cache_inserted_len -1 / None; kv_committed_len -1; cache_protected_len float | Req(...) | TypeError / ValueError naming the field |
@@ -664,13 +664,14 @@ def test_request_of_the_wrong_type(env, call, bad):
     _finish_cleanly(env, env.req, {})
 
 
-@pytest.mark.parametrize("slot,msg", [(60, "is free in the allocator"), (0, "outside the allocator")],
-                         ids=["free slot", "slot 0"])
+@pytest.mark.parametrize("slot,msg", [(60, "is free in the allocator"), (0, "outside the allocator"),
+                                      (POOL + 1, "outside the allocator"), ("dup", "appears twice")],
+                         ids=["free slot", "slot 0", "slot > pool", "repeated slot"])
 def test_request_row_holding_a_bad_slot(env, slot, msg):
     req = env.req
     row = env.rtp.req_to_token[req.req_pool_idx]
     keep = int(row[5])
-    row[5] = slot
+    row[5] = row[4] if slot == "dup" else slot
     for call in REQ_CALLS:
         unchanged(env, lambda: call(env, req), ValueError, msg)
     row[5] = keep

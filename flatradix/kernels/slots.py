@@ -39,16 +39,30 @@ def slots_free(stack, top, mark, idx, size):
 
 @kernel
 def slots_first_unheld(mark, idx, size):
-    """First entry of ``idx`` that is not a held slot: ``(E_RANGE, i)`` outside
-    ``1..size``, ``(E_DOUBLE, i)`` free; ``(OK, -1)`` when every slot is held.
-    Read-only, one pass."""
+    """First entry of ``idx`` that is not a distinct held slot: ``(E_RANGE, i)``
+    outside ``1..size``, ``(E_DOUBLE, i)`` free, ``(E_REPEATED, i)`` given earlier
+    in ``idx``; ``(OK, -1)`` when all are distinct held slots. Two passes; held
+    slots are marked 2 during the first and restored to 0 before returning (the
+    kernel holds the GIL, so no other thread sees the marks)."""
+    code = OK
+    bad = -1
+    n = 0
     for i in range(idx.shape[0]):
         s = idx[i]
         if s < 1 or s > size:
-            return E_RANGE, i
-        if mark[s]:
-            return E_DOUBLE, i
-    return OK, -1
+            code = E_RANGE
+        elif mark[s] == 1:
+            code = E_DOUBLE
+        elif mark[s] == 2:
+            code = E_REPEATED
+        if code != OK:
+            bad = i
+            break
+        mark[s] = 2
+        n = i + 1
+    for i in range(n):
+        mark[idx[i]] = 0
+    return code, bad
 
 
 @kernel
