@@ -72,3 +72,14 @@ def test_first_process_compiles_later_processes_load_from_cache(tmp_path):
     second = run()
     assert "[cache] data saved" not in second
     assert "[cache] data loaded" in second
+
+
+@pytest.mark.parametrize("ids", [[5, 6, 7], np.array([5, 6, 7]), torch.tensor([5, 6, 7]),
+                                 array("q", [5, 6, 7]), (5, 6, 7)],
+                         ids=["list", "numpy", "torch", "array", "tuple"])
+def test_req_default_fill_ids_are_python_ints(ids):
+    """``Req.fill_ids`` defaults to the prompt as a list of Python ints, whatever the
+    prompt's container (a numpy array's ``list()`` would hold numpy scalars)."""
+    r = Req(origin_input_ids=ids)
+    assert r.fill_ids == [5, 6, 7]
+    assert all(type(t) is int for t in r.fill_ids)
