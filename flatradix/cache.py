@@ -459,7 +459,8 @@ class UnifiedRadixCache(RequestCachingMixin):
 
         Raises ``TypeError``/``ValueError`` naming the argument for a malformed
         key or value (wrong type, dtype, shape or length, negative or
-        out-of-range KV index) before anything changes.
+        out-of-range KV index; with flatradix's allocator attached, a slot it has
+        not handed out: free, slot 0, or given twice) before anything changes.
         """
         if not isinstance(params, InsertParams):
             raise TypeError(f"params must be a flatradix.InsertParams, got {type(params).__name__}")
@@ -499,8 +500,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
                                 mamba_exist=True, adopted_ranges={ComponentType.FULL: []}
                                 if params.track_adopted_ranges else None)
-        plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len, priority,
-                                              limit, _EMPTY, name)
+        if limit != L.VALUES_UNCHECKED:
+            # flatradix's allocator: every slot must be held (allocated, in range, not
+            # given twice), else evicting or freeing it later fails half-way
+            self._check_held(value, name)
+        with self._lock:
+            self._ensure_out(n)
+            plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len,
+                                                  priority, limit, self._out, name)
         if params.value is not None:
             self._note_kind(params.value)
         if self.token_to_kv_pool_allocator is not None:
@@ -518,11 +525,14 @@ class UnifiedRadixCache(RequestCachingMixin):
         limit = self._kv_limit()
         return L.VALUES_NONNEG if limit is None else limit
 
-    def _insert_core(self, units, value, n, nk, prev, inserted_len, priority, limit, out, name):
+    def _insert_core(self, units, value, n, nk, prev, inserted_len, priority, limit, out, name,
+                     keep_own=False):
         """One insert kernel call on validated arguments (shared by ``insert`` and the
         request path). Frees the duplicates ``value[prev:prefix_len]`` through the
         allocator when there is one. Returns ``(prefix_len, target_id, duplicates)``.
-        Raises ``ValueError`` naming ``name`` for a bad KV index, nothing changed
+        ``keep_own`` (request path): duplicates equal to the tree's own slot at their
+        position are not freed. Raises ``ValueError`` naming ``name`` for a bad KV
+        index, nothing changed
         (a namespace first seen by this call is forgotten again). ``inserted_len``
         beyond ``n`` is clamped to ``n`` (same hit accounting; keeps it in int64)."""
         if inserted_len > n:
@@ -553,8 +563,33 @@ class UnifiedRadixCache(RequestCachingMixin):
                 self._queue_event_stored(target, nk)
             dup = value[prev:plen].copy() if prev < plen else _EMPTY
             if self.token_to_kv_pool_allocator is not None:
+                if keep_own and dup.size and out.shape[0] >= n:
+                    # request path: never free the tree's own slot: a row entry equal to
+                    # the cached slot at its position is the same KV, not a duplicate
+                    # (a request released without prefix_indices / cache_protected_len;
+                    # SGLang frees it and the tree then points at a free slot)
+                    own = dup == out[prev:plen]
+                    if own.any():
+                        dup = dup[~own]
                 self._free_to_allocator(dup)
         return plen, target, dup
+
+    def _check_held(self, value, name):
+        """With flatradix's allocator attached: ``ValueError`` naming ``name`` unless
+        every entry of ``value`` is a distinct slot the allocator has handed out
+        (one kernel pass, O(len)). No check with other allocators."""
+        check = getattr(self.token_to_kv_pool_allocator, "_first_unheld", None)
+        if check is None or not value.shape[0]:
+            return
+        code, i = check(value)
+        if code == 1:
+            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is outside the "
+                             "allocator's pool")
+        if code == 2:
+            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is free in the "
+                             "allocator (insert only slots it handed out)")
+        if code == 3:
+            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} appears twice")
 
     # ------------------------------------------------------------------ evict
     def evict(self, params):

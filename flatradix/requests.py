@@ -226,7 +226,10 @@ class RequestCachingMixin:
         """
         self._need_pools("checkpoint")
         self._check_req_type(req)
-        return self._checkpoint(req, as_count(up_to, "up_to"), finished, None)
+        up_to = as_count(up_to, "up_to")
+        if self.disable:  # SGLang: a disabled cache caches nothing; the request keeps its KV
+            return 0
+        return self._checkpoint(req, up_to, finished, None)
 
     def _checkpoint(self, req, up_to, finished, row):
         """``checkpoint`` with ``up_to`` validated; ``row``: the request's row
@@ -263,7 +266,7 @@ class RequestCachingMixin:
                 out = self._out
                 plen, new_node, _ = self._insert_core(
                     units, values, aligned, nk, protected, inserted, priority, self._kv_bound(),
-                    out, "req row (req_to_token_pool)")
+                    out, "req row (req_to_token_pool)", keep_own=True)
                 self._note_kind(values)
                 # the path's value: the tree's slots for the cached prefix, ours after it
                 row[:plen] = out[:plen]
@@ -296,7 +299,9 @@ class RequestCachingMixin:
         its row (an allocated ``req_pool_idx`` whose slots are allocated),
         ``kv_committed_len`` <= ``kv_allocated_len`` <= row length,
         ``req.last_node``; a second release of the same request raises
-        ``ValueError`` (its ``req_pool_idx`` is None then)."""
+        ``ValueError`` (its ``req_pool_idx`` is None then). On a cache built with
+        ``disable=True`` every slot of the row is freed (nothing is cached), as in
+        SGLang; ``checkpoint`` is then a no-op returning 0."""
         self._need_pools("release_kv_cache")
         self._check_req_type(req)
         checkpoint = as_flag(checkpoint, "checkpoint")
@@ -315,6 +320,13 @@ class RequestCachingMixin:
         with self._lock:
             row = self._row(req, allocated,
                             "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")
+            if self.disable:
+                # a disabled cache holds nothing (SGLang: the whole row goes back)
+                self._free_slots(row[:allocated])
+                self.req_to_token_pool.free(req.req_pool_idx)
+                req.req_pool_idx = None
+                req.last_node = None
+                return
             if not checkpoint:
                 keep = self._protected_len(req)
                 if keep > allocated:
