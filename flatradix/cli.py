@@ -22,6 +22,16 @@ def _positive_int(text):
     return v
 
 
+def _nonnegative_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
 def _capacity(text):
     from .replay.report import parse_capacity
 
@@ -66,7 +76,7 @@ def build_parser():
                    help="eviction policy (default: lru)")
     r.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                    help="replay only the first N requests (synthetic: generate N; default 3000)")
-    r.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default: 0)")
+    r.add_argument("--seed", type=_nonnegative_int, default=0, help="synthetic workload seed (default: 0)")
     r.add_argument("--cache-outputs", action="store_true",
                    help="also insert output tokens (fresh ids that never match)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
@@ -97,6 +107,7 @@ def _replay(args, parser):
     from .replay.report import format_report, format_sweep, plot_sweep, sweep
     from .replay.sim import replay
     from .replay.trace import TraceFormatError
+    from .cache import UnifiedRadixCache
 
     if args.plot and not args.sweep:
         parser.error("--plot needs --sweep C1,C2,...")
@@ -109,6 +120,13 @@ def _replay(args, parser):
         return 2
     kw = dict(page_size=args.page_size, max_running=args.max_running, policy=args.policy,
               cache_outputs=args.cache_outputs, progress=not args.no_progress)
+    try:
+        # a cache the options cannot build (e.g. a page size beyond the pool) is a
+        # usage error, reported like one
+        UnifiedRadixCache(page_size=args.page_size, eviction_policy=args.policy)
+    except (ValueError, TypeError) as e:
+        print(f"flatradix replay: error: {e}", file=sys.stderr)
+        return 2
     if args.sweep:
         curve = sweep(workload, args.sweep, **kw)
         text = json.dumps(curve, indent=2)

@@ -359,3 +359,18 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         replay(synthetic_workload(200, seed=12), progress=True)
         assert ("req" in stream.getvalue()) == shown
+
+
+def test_cli_usage_errors_are_clean(tmp_path, capsys):
+    """Options no cache can be built with, a negative seed and a hash id beyond int64
+    expansion are reported as errors (exit 2), never as tracebacks."""
+    assert main(["replay", "--page-size", "2000000", "--limit", "10", "--no-progress"]) == 2
+    assert "page_size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["replay", "--seed", "-1"])
+    assert e.value.code == 2
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, '
+                 '"hash_ids": [99999999999999999999]}\n')
+    assert main(["replay", "--trace", str(p), "--no-progress"]) == 2
+    assert ":1: hash id 99999999999999999999 too large" in capsys.readouterr().err

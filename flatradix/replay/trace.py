@@ -178,6 +178,9 @@ def load_mooncake(path, block_size=MOONCAKE_BLOCK_SIZE, limit=None):
             for v in h:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                     raise _line_error(path, lineno, f"hash_ids must hold integers >= 0, got {v!r}")
+                if v >= (1 << 62) // block_size:
+                    raise _line_error(path, lineno, f"hash id {v} too large to expand into "
+                                                    f"int64 tokens at block size {block_size}")
             ts.append(t)
             nin.append(n)
             nout.append(o)
