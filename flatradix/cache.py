@@ -235,6 +235,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             as_int(v, f"eviction_policy_config[{k!r}]")
         if name == "tlru" and not out["threshold"] >= 0:
             raise ValueError("eviction_policy_config['threshold'] must be >= 0")
+        if name == "slru" and not out["protected_threshold"] >= 0:
+            raise ValueError("eviction_policy_config['protected_threshold'] must be >= 0")
         return out
 
     def _alloc_arrays(self, ncap, pcap):

@@ -193,6 +193,8 @@ CTOR = [
      "eviction_policy_config"),
     (dict(eviction_policy="tlru", eviction_policy_config={"threshold": -1}), ValueError,
      "eviction_policy_config"),
+    (dict(eviction_policy="slru", eviction_policy_config={"protected_threshold": -5}), ValueError,
+     "protected_threshold"),
     (dict(token_to_kv_pool_allocator="x"), TypeError, "token_to_kv_pool_allocator"),
     (dict(token_to_kv_pool_allocator=object()), TypeError, "token_to_kv_pool_allocator"),
     (dict(req_to_token_pool=5), TypeError, "req_to_token_pool"),
