@@ -966,7 +966,11 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def reset(self):
         """Drop the whole tree; every old node id goes stale and the root gets a new id.
-        Closes any open step-wise eviction round. O(nodes)."""
+        Closes any open step-wise eviction round. O(nodes).
+
+        As SGLang's ``reset``: the tree's KV slots are not given back to the
+        allocator (clear it too, as SGLang's ``flush_cache`` does), and locks held
+        by running requests go stale (releasing them raises ``NodeAccessError``)."""
         with self._lock:
             self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
             self._queue_event_cleared()
