@@ -150,18 +150,7 @@ class RequestCachingMixin:
         if is_torch(row):
             row = row.cpu().numpy()
         row = np.array(row, dtype=np.int64)
-        check = getattr(self.token_to_kv_pool_allocator, "_first_unheld", None)
-        if check is not None and row.size:  # flatradix's allocator: one kernel pass
-            code, i = check(row)
-            if code == 1:
-                raise ValueError(f"req_to_token row {idx}: KV slot {int(row[i])} at {int(i)} is "
-                                 "outside the allocator's pool")
-            if code == 2:
-                raise ValueError(f"req_to_token row {idx}: slot {int(row[i])} at {int(i)} is "
-                                 "free in the allocator (the row is stale)")
-            if code == 3:
-                raise ValueError(f"req_to_token row {idx}: slot {int(row[i])} at {int(i)} "
-                                 "appears twice in the row")
+        self._check_held(row, f"req_to_token row {idx}")  # flatradix's allocator: one pass
         return row
 
     def _write_row(self, req, start, values):
