@@ -502,10 +502,10 @@ class UnifiedRadixCache(RequestCachingMixin):
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
                                 mamba_exist=True, adopted_ranges={ComponentType.FULL: []}
                                 if params.track_adopted_ranges else None)
-        if limit != L.VALUES_UNCHECKED:
-            # flatradix's allocator: every slot must be held (allocated, in range, not
-            # given twice), else evicting or freeing it later fails half-way
-            self._check_held(value, name)
+        if limit != L.VALUES_UNCHECKED and self._check_held(value, name):
+            # flatradix's allocator: every slot is held (allocated, in 1..size, not
+            # given twice), which implies the kernel's bound check: skip that pass
+            limit = L.VALUES_UNCHECKED
         with self._lock:
             self._ensure_out(n)
             plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len,
@@ -579,10 +579,13 @@ class UnifiedRadixCache(RequestCachingMixin):
     def _check_held(self, value, name):
         """With flatradix's allocator attached: ``ValueError`` naming ``name`` unless
         every entry of ``value`` is a distinct slot the allocator has handed out
-        (one kernel pass, O(len)). No check with other allocators."""
+        (one kernel pass, O(len)). No check with other allocators. Returns whether
+        the check applies (then every slot is also inside the allocator's bound)."""
         check = getattr(self.token_to_kv_pool_allocator, "_first_unheld", None)
-        if check is None or not value.shape[0]:
-            return
+        if check is None:
+            return False
+        if not value.shape[0]:
+            return True
         code, i = check(value)
         if code == 1:
             raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is outside the "
@@ -592,6 +595,7 @@ class UnifiedRadixCache(RequestCachingMixin):
                              "allocator (insert only slots it handed out)")
         if code == 3:
             raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} appears twice")
+        return True
 
     # ------------------------------------------------------------------ evict
     def evict(self, params):
