@@ -500,8 +500,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             dup_out = None if self.token_to_kv_pool_allocator is not None else self._values_out(
                 _EMPTY.copy())
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
-                                mamba_exist=True, adopted_ranges={ComponentType.FULL: []}
-                                if params.track_adopted_ranges else None)
+                                mamba_exist=True)  # adopted_ranges None, as SGLang's empty key
         if limit != L.VALUES_UNCHECKED and self._check_held(value, name):
             # flatradix's allocator: every slot is held (allocated, in 1..size, not
             # given twice), which implies the kernel's bound check: skip that pass
@@ -518,7 +517,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             dup_out = self._values_out(dup)
         adopted = None
         if params.track_adopted_ranges:
-            adopted = {ComponentType.FULL: [(plen, n)] if n > plen else []}
+            # only components that adopted something appear (SGLang: {} when none)
+            adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
         return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
                             duplicate_indices=dup_out, mamba_exist=(n == 0))
 

@@ -141,6 +141,11 @@ class InsertResult(NamedTuple):
     duplicate what the tree holds. With an allocator attached the cache has
     already freed them and this is ``None``; without one the caller must free
     them (flatradix extension; SGLang always frees through its allocator).
+    ``adopted_ranges``: with ``track_adopted_ranges``, ``{ComponentType.FULL:
+    [(prefix_len, n)]}`` — the half-open logical-unit range whose slots the tree
+    took ownership of (``n`` the page-aligned key length) — or ``{}`` when the
+    insert adopted nothing; ``None`` without tracking and for an empty
+    page-aligned key (both as SGLang 0.5.23).
     """
 
     prefix_len: int = 0

@@ -223,3 +223,29 @@ def test_step_wise_eviction_of_a_leaf_longer_than_the_scratch(monkeypatch):
     np.testing.assert_array_equal(first.freed_indices, np.arange(1020, 1050))
     np.testing.assert_array_equal(second.freed_indices, np.arange(2020, 2050))
     c.sanity_check()
+
+
+def test_adopted_ranges_worked_numbers():
+    """spec §5.2's worked numbers (page P = 4), and SGLang 0.5.23's shapes for
+    the edge cases: ``{}`` when nothing is adopted, ``None`` for an empty
+    page-aligned key or without tracking."""
+    from flatradix import UnifiedRadixCache
+    from flatradix.types import ComponentType
+
+    P = 4
+    cache = UnifiedRadixCache(page_size=P)
+
+    def ins(n_tokens, first_value, prev=0, track=True, key_start=0):
+        res = cache.insert(InsertParams(
+            key=RadixKey(list(range(key_start, key_start + n_tokens))),
+            value=np.arange(first_value, first_value + n_tokens), prev_prefix_len=prev,
+            track_adopted_ranges=track))
+        return res.adopted_ranges
+
+    assert ins(P, 100) == {ComponentType.FULL: [(0, P)]}
+    assert ins(2 * P, 200) == {ComponentType.FULL: [(P, 2 * P)]}
+    assert ins(3 * P, 300, prev=2 * P) == {ComponentType.FULL: [(2 * P, 3 * P)]}
+    assert ins(3 * P, 400) == {}                    # all cached: nothing adopted
+    assert ins(P - 1, 500, key_start=50) is None    # page-aligned key is empty
+    assert ins(P, 600, track=False, key_start=60) is None
+    cache.sanity_check()

@@ -53,7 +53,7 @@ from collections import Counter
 
 from .engines import FlatEngine, SglEngine
 from .normalize import (
-    Divergence, EventHashMap, NodeIdMap, coalesce_removed, compare, event_tuples, known_bug,
+    Divergence, EventHashMap, NodeIdMap, coalesce_removed, compare, event_tuples,
 )
 
 # --------------------------------------------------------------------------- configs
@@ -298,9 +298,6 @@ class Executor:
             lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track))
         compare("insert.prefix_len", fl, sl)
         self.ids.bind("insert", fn, sn)
-        if known_bug("adopted_ranges_empty", fx[3], sx[3]):
-            self.stats["known:adopted_ranges_empty"] += 1
-            fx = fx[:3] + (sx[3],)
         compare("insert.other_fields(total_len,mamba_exist,swa_branch_inserted,adopted_ranges)", fx, sx)
         self._sync("insert", ns)
 

@@ -48,39 +48,13 @@ normalisation below says why it is a documented choice and not a bug.
    (``flatradix/_cast.py: key_units``); SGLang accepts any int64. The generator
    keeps EAGLE tokens inside that domain (plain keys use the whole 32-bit range).
 
-7. **Known engine bugs** (``KNOWN_ENGINE_BUGS``): reported differences
-   awaiting a flatradix fix, normalised (and counted) only while listed.
-
 Not compared at all (documented in docs/architecture.md "Semantics"):
 logical clock values (SGLang's float global counter vs flatradix's integer
 ticks; only the *orderings* they induce are observable, through eviction
 order), and root recency (the root is never evicted).
 """
 
-import os
 from typing import Any, Dict, List, Optional, Tuple
-
-
-# Differences this oracle found in flatradix that are reported as engine bugs but
-# not fixed yet. Each is normalised only while it is listed here, and the driver
-# counts every use (stats "known:<name>"); FLATRADIX_ORACLE_STRICT=1 turns them
-# all off, so a fix can be checked. Remove an entry when flatradix is fixed.
-KNOWN_ENGINE_BUGS = {
-    "adopted_ranges_empty": (
-        "InsertResult.adopted_ranges with track_adopted_ranges=True when the insert adopts "
-        "nothing: flatradix {FULL: []}; SGLang {} (None when the page-aligned key is empty)"),
-}
-STRICT = os.environ.get("FLATRADIX_ORACLE_STRICT") == "1"
-
-
-def known_bug(name: str, fr: Any, sg: Any) -> bool:
-    """True when ``fr`` vs ``sg`` is exactly the listed difference ``name`` (and
-    normalisation is on)."""
-    if STRICT or name not in KNOWN_ENGINE_BUGS:
-        return False
-    if name == "adopted_ranges_empty":
-        return fr == {"FULL": []} and sg in ({}, None)
-    return False
 
 
 class Divergence(AssertionError):
