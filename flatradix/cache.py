@@ -505,10 +505,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             # flatradix's allocator: every slot is held (allocated, in 1..size, not
             # given twice), which implies the kernel's bound check: skip that pass
             limit = L.VALUES_UNCHECKED
-        with self._lock:
-            self._ensure_out(n)
-            plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len,
-                                                  priority, limit, self._out, name)
+        # empty out: plain insert does not need the cached prefix's indices
+        plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len, priority,
+                                              limit, _EMPTY, name)
         if params.value is not None:
             self._note_kind(params.value)
         if self.token_to_kv_pool_allocator is not None:
@@ -576,17 +575,20 @@ class UnifiedRadixCache(RequestCachingMixin):
                 self._free_to_allocator(dup)
         return plen, target, dup
 
+    def _held_checked(self):
+        """Whether ``_check_held`` checks slots: flatradix's allocator is attached."""
+        return hasattr(self.token_to_kv_pool_allocator, "_first_unheld")
+
     def _check_held(self, value, name):
         """With flatradix's allocator attached: ``ValueError`` naming ``name`` unless
         every entry of ``value`` is a distinct slot the allocator has handed out
         (one kernel pass, O(len)). No check with other allocators. Returns whether
         the check applies (then every slot is also inside the allocator's bound)."""
-        check = getattr(self.token_to_kv_pool_allocator, "_first_unheld", None)
-        if check is None:
+        if not self._held_checked():
             return False
         if not value.shape[0]:
             return True
-        code, i = check(value)
+        code, i = self.token_to_kv_pool_allocator._first_unheld(value)
         if code == 1:
             raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is outside the "
                              "allocator's pool")

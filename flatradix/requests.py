@@ -253,8 +253,11 @@ class RequestCachingMixin:
                 values = row[:aligned]
                 self._ensure_out(aligned)
                 out = self._out
+                # _row checked every slot held when flatradix's allocator is attached,
+                # which implies the kernel's bound check: skip that pass then
+                limit = L.VALUES_UNCHECKED if self._held_checked() else self._kv_bound()
                 plen, new_node, _ = self._insert_core(
-                    units, values, aligned, nk, protected, inserted, priority, self._kv_bound(),
+                    units, values, aligned, nk, protected, inserted, priority, limit,
                     out, "req row (req_to_token_pool)", keep_own=True)
                 self._note_kind(values)
                 # the path's value: the tree's slots for the cached prefix, ours after it
