@@ -314,22 +314,17 @@ class RequestCachingMixin:
                             "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")
             if self.disable:
                 # a disabled cache holds nothing (SGLang: the whole row goes back)
-                self._free_slots(row[:allocated])
-                self.req_to_token_pool.free(req.req_pool_idx)
-                req.req_pool_idx = None
+                keep = 0
                 req.last_node = None
-                return
-            if not checkpoint:
+            elif checkpoint:
+                self._checkpoint(req, committed, True, row)
+                keep = self._protected_len(req)
+            else:
                 keep = self._protected_len(req)
                 if keep > allocated:
                     raise ValueError(f"req.cache_protected_len={keep} exceeds "
                                      f"req.kv_allocated_len={allocated}")
                 self._check_last_node(req)
-            if checkpoint:
-                self._checkpoint(req, committed, True, row)
-                keep = self._protected_len(req)
-            else:
-                keep = self._protected_len(req)
                 if req.last_node is not None:
                     self.dec_lock_ref(req.last_node)
                 req.last_node = None
