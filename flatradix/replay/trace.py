@@ -148,6 +148,7 @@ def load_mooncake(path, block_size=MOONCAKE_BLOCK_SIZE, limit=None):
     block_size = int(block_size)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
+    max_hash = (1 << 62) // block_size  # larger ids overflow int64 tokens once expanded
     ts, nin, nout, nblk, flat = [], [], [], [], []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -178,7 +179,7 @@ def load_mooncake(path, block_size=MOONCAKE_BLOCK_SIZE, limit=None):
             for v in h:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                     raise _line_error(path, lineno, f"hash_ids must hold integers >= 0, got {v!r}")
-                if v >= (1 << 62) // block_size:
+                if v >= max_hash:
                     raise _line_error(path, lineno, f"hash id {v} too large to expand into "
                                                     f"int64 tokens at block size {block_size}")
             ts.append(t)
