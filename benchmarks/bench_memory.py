@@ -61,8 +61,8 @@ def flatradix_array_bytes(cache):
     arrays = [getattr(cache, n) for n in ("_nodes", "_ctab", "_pool", "_heap", "_out", "_meta")
               if getattr(cache, n, None) is not None]
     allocated = sum(a.nbytes for a in arrays)
-    meta = cache._meta
-    nodes, pool, ctab, heap = cache._nodes, cache._pool, cache._ctab, cache._heap
+    meta = cache._engine.meta
+    nodes, pool, ctab, heap = cache._engine.st.nodes, cache._engine.st.pool, cache._engine.st.ctab, cache._engine.st.heap
     hwm = int(meta[L.M_HWM])
     used = (hwm * nodes.strides[0] + hwm * heap.itemsize
             + int(meta[L.M_POOL_TOP]) * pool.strides[0]

@@ -62,11 +62,11 @@ def rss_peak_bytes():
 def capacities(cache):
     """Every capacity of the cache that could grow (rows / entries)."""
     return {
-        "node_rows": int(cache._nodes.shape[0]),
-        "heap_rows": int(cache._heap.shape[0]),
-        "ctab_rows": int(cache._ctab.shape[0]),
-        "pool_rows": int(cache._pool.shape[0]),
-        "out_len": int(cache._out.shape[0]),
+        "node_rows": int(cache._engine.st.nodes.shape[0]),
+        "heap_rows": int(cache._engine.st.heap.shape[0]),
+        "ctab_rows": int(cache._engine.st.ctab.shape[0]),
+        "pool_rows": int(cache._engine.st.pool.shape[0]),
+        "out_len": int(cache._engine.out.shape[0]),
     }
 
 
@@ -74,7 +74,7 @@ def ns_map_bound(cache):
     """The namespace map never exceeds its GC threshold ``live + max(1024, live,
     slots / 4)`` (live namespaces <= live nodes <= node rows); with the node
     table fixed that is a constant."""
-    rows = int(cache._nodes.shape[0])
+    rows = int(cache._engine.st.nodes.shape[0])
     return 2 * rows + 1024 + rows // 4
 
 
@@ -316,8 +316,8 @@ class Churn:
             self.ops += 1
 
     def max_generation(self):
-        hwm = int(self.cache._meta[L.M_HWM])
-        return int(self.cache._nodes[:hwm, L.GEN].max())
+        hwm = int(self.cache._engine.meta[L.M_HWM])
+        return int(self.cache._engine.st.nodes[:hwm, L.GEN].max())
 
 
 def report_line(ch, t0, extra=""):
@@ -329,11 +329,11 @@ def report_line(ch, t0, extra=""):
         "peak_rss_mib": round(rss_peak_bytes() / 2**20, 1),
         "rss_mib": round(rss_now_bytes() / 2**20, 1),
         **cap,
-        "ns_map": len(c._ns), "ns_bound": ns_map_bound(c),
-        "slots_used": int(c._meta[L.M_HWM]), "live_nodes": c.node_count(),
+        "ns_map": len(c._engine.ns.ids), "ns_bound": ns_map_bound(c),
+        "slots_used": int(c._engine.meta[L.M_HWM]), "live_nodes": c.node_count(),
         "cached_tokens": c.total_size()[0], "available": ch.alloc.available_size(),
         "running": len(ch.running),
-        "max_gen": ch.max_generation(), "retired": int(c._meta[L.M_RETIRED]),
+        "max_gen": ch.max_generation(), "retired": int(c._engine.meta[L.M_RETIRED]),
     }
 
 

@@ -120,13 +120,12 @@ def dispatch_floor(cache):
     reps = 20000
     t0 = perf_counter()
     for _ in range(reps):
-        K._k_match(cache._nodes, cache._ctab, cache._pool, cache._heap, cache._meta, units, 0, 0,
-                   cache._out)
+        K._k_match(*cache._engine.st, units, 0, 0, cache._engine.out)
     out["match"] = (perf_counter() - t0) / reps * 1e6
     stale = (1 << 40) | 1
     t0 = perf_counter()
     for _ in range(reps):
-        K._k_inc(cache._nodes, cache._heap, cache._meta, stale)
+        K._k_inc(cache._engine.st.nodes, cache._engine.st.heap, cache._engine.meta, stale, 0)
     out["inc_lock_ref"] = (perf_counter() - t0) / reps * 1e6
     return out
 

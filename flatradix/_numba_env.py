@@ -2,8 +2,8 @@
 
 Numba's cache does not notice changes in *other* modules a cached function
 calls (numba#8396), and our kernels span several modules. So the cache
-directory is keyed by a hash of every ``kernels/*.py`` source: an edited or
-upgraded kernel package never loads a stale object file.
+directory is keyed by a hash of every ``kernels/*.py`` and ``components/*.py``
+source: an edited or upgraded kernel package never loads a stale object file.
 
 Base directory, first writable of: ``$NUMBA_CACHE_DIR`` (the user's choice is
 kept, we add a sub-folder), ``~/.cache/flatradix/numba``, a temporary
@@ -21,10 +21,11 @@ import numba
 
 def _source_hash():
     h = hashlib.sha256()
-    kdir = pathlib.Path(__file__).with_name("kernels")
-    for f in sorted(kdir.glob("*.py")):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
+    here = pathlib.Path(__file__).parent
+    for sub in ("kernels", "components"):
+        for f in sorted((here / sub).glob("*.py")):
+            h.update(f"{sub}/{f.name}".encode())
+            h.update(f.read_bytes())
     h.update(numba.__version__.encode())
     return h.hexdigest()[:16]
 

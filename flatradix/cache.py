@@ -13,25 +13,26 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
+from . import inspection
 from ._cast import as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
+from .engine import Engine, node_id
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
+from .event_sink import EventSink
+from .executor import execute
 from .kernels import layout as L
 from .kernels.check import sanity_check as _k_check
-from .kernels.children import rebuild_children as _k_rebuild_children
 from .kernels.evict import evict as _k_evict
 from .kernels.evict import evict_end as _k_evict_end
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
-from .kernels.hashing import hash_node as _k_hash_node
 from .kernels.insert import insert as _k_insert
 from .kernels.lock import dec_lock_ref as _k_dec
 from .kernels.lock import inc_lock_ref as _k_inc
 from .kernels.match import match_prefix as _k_match
 from .kernels.query import path_device_indices as _k_path
 from .kernels.query import resolve_slot as _k_resolve
-from .kernels.state import compact_pool as _k_compact
-from .kernels.state import reset_tree as _k_reset
 from .requests import RequestCachingMixin
+from .values import ValueBridge
 from .types import (
     ComponentType, DecLockRefResult, EvictParams, EvictResult, EvictStep,
     IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams, MatchResult,
@@ -39,20 +40,7 @@ from .types import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
-#: initial length of the output scratch ``_out`` (grown on demand by ``_ensure_out``)
-_OUT_MIN = 1024
 _tuple_new = tuple.__new__
-
-
-def _aligned_zeros(rows, cols, align=64):
-    """A zeroed C-contiguous int64 ``(rows, cols)`` array whose data starts on an
-    ``align``-byte boundary (a view into a slightly larger buffer), so node-table
-    rows (320 bytes) and child-table rows (32 bytes) never straddle cache lines
-    more than their size needs (kernels/layout.py: column order)."""
-    n = rows * cols
-    buf = np.zeros(n + align // 8, dtype=np.int64)
-    skip = (-buf.ctypes.data % align) // 8
-    return buf[skip:skip + n].reshape(rows, cols)
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
                     "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
@@ -190,36 +178,33 @@ class UnifiedRadixCache(RequestCachingMixin):
         self.disable = as_flag(disable, "disable")
         self.enable_kv_cache_events = (as_flag(enable_kv_cache_events, "enable_kv_cache_events")
                                        and not self.disable)
-        self._events = []
-        self._seeds = {}
-        if self.enable_kv_cache_events:
-            from . import events as _events  # msgspec is needed only with events on
-
-            self._ev = _events
-            self._hmsg = np.zeros(self.page_size * 16 + 128, dtype=np.uint8)
-            self._hstate = np.zeros(8, dtype=np.uint64)
-            self._hw = np.zeros(64, dtype=np.uint64)
-        self._lock = threading.RLock()
-        self._ns = {(None, None): 0}  # (extra_key, cache_salt) -> namespace id
-        self._ns_next = 1
-        self._ns_gc_at = 1024
-        self._kind = getattr(token_to_kv_pool_allocator, "index_kind", None)
-        if self._kind is None and token_to_kv_pool_allocator is not None:
-            self._kind = "torch"  # SGLang's allocators hold torch tensors
-        self._torch_device = None
+        self._mutex = threading.RLock()
+        self._vals = ValueBridge(token_to_kv_pool_allocator)
+        cfg = self._policy_cfg
+        pa = pb = 0
+        if self.eviction_policy == "slru":
+            pa = cfg["protected_threshold"]
+        elif self.eviction_policy == "tlru":
+            pa, pb = cfg["threshold"], cfg["next_prompt_estimate"]
         try:
-            self._alloc_arrays(max(4, ncap), max(64, pcap))
+            self._engine = Engine(
+                page_size=self.page_size, policy=L.POLICY_NAMES.index(self.eviction_policy),
+                policy_a=pa, policy_b=pb, events=self.enable_kv_cache_events,
+                bigram=self.is_eagle, node_capacity=max(4, ncap), pool_capacity=max(64, pcap))
         except MemoryError as e:
             raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "
                               f"initial arrays ({e})") from None
-        self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
-        self._queue_event_cleared()
+        self._sink = (EventSink(self._engine, self.page_size, self.is_eagle)
+                      if self.enable_kv_cache_events else None)
+        self._root = self._engine.root
+        if self._sink is not None:
+            self._sink.cleared()
 
     @property
     def lock(self):
         """The cache's ``threading.RLock``: hold it to make several calls one atomic
         step (e.g. ``match_prefix`` + ``inc_lock_ref``). See the class docstring."""
-        return self._lock
+        return self._mutex
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -239,113 +224,18 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise ValueError("eviction_policy_config['protected_threshold'] must be >= 0")
         return out
 
-    def _alloc_arrays(self, ncap, pcap):
-        self._nodes = _aligned_zeros(ncap, L.NCOL)
-        self._heap = np.full(ncap, -1, dtype=np.int64)
-        self._ctab = _aligned_zeros(self._ct_capacity_for(ncap), L.CT_NCOL)
-        self._pool = np.zeros((pcap, self._pool_ncol()), dtype=np.int64)
-        self._out = np.zeros(_OUT_MIN, dtype=np.int64)  # grown per call (_ensure_out)
-        self._spans = np.zeros((ncap if self.enable_kv_cache_events else 0, 2), dtype=np.int64)
-        meta = np.zeros(L.META_LEN, dtype=np.int64)
-        meta[L.M_EVENTS] = int(self.enable_kv_cache_events)
-        meta[L.M_BIGRAM] = int(self.is_eagle)
-        meta[L.M_CLOCK] = L.TICK
-        meta[L.M_PAGE] = self.page_size
-        meta[L.M_POLICY] = L.POLICY_NAMES.index(self.eviction_policy)
-        if self.eviction_policy == "slru":
-            meta[L.M_POLICY_A] = self._policy_cfg["protected_threshold"]
-        elif self.eviction_policy == "tlru":
-            meta[L.M_POLICY_A] = self._policy_cfg["threshold"]
-            meta[L.M_POLICY_B] = self._policy_cfg["next_prompt_estimate"]
-        self._meta = meta
-
-    def _pool_ncol(self):
-        return L.POOL_NCOL_EVENTS if self.enable_kv_cache_events else L.POOL_NCOL
-
-    @staticmethod
-    def _ct_capacity_for(nslots):
-        cap = 16
-        while cap * L.CT_MAX_LOAD < nslots + 2:
-            cap *= 2
-        return cap
-
-    def _grow(self, units_needed):
-        """Make room for one operation: 2 node slots, ``units_needed`` pool rows,
-        2 child-table entries (a rebuild purges tombstones). Doubles arrays
-        (amortised O(1)); called only after a kernel answered E_CAPACITY, so the hot
-        path pays nothing."""
-        meta = self._meta
-        ncap = self._nodes.shape[0]
-        if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < 2:
-            new = _aligned_zeros(ncap * 2, L.NCOL)
-            new[:ncap] = self._nodes
-            self._nodes = new
-            heap = np.full(ncap * 2, -1, dtype=np.int64)
-            heap[:ncap] = self._heap
-            self._heap = heap
-            if self.enable_kv_cache_events:
-                self._spans = np.zeros((ncap * 2, 2), dtype=np.int64)
-        ccap = self._ctab.shape[0]
-        # headroom: after a rebuild live entries fill at most ~2/3 of the allowed
-        # load, so the next rebuild is >= cap/5 operations away (amortised O(1))
-        need_ct = self._ct_capacity_for(int(meta[L.M_NLIVE]) * 3 // 2 + 2)
-        if (need_ct > ccap or (meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + 2) * L.CT_LOAD_DEN
-                > ccap * L.CT_LOAD_NUM):
-            self._ctab = _aligned_zeros(max(need_ct, ccap), L.CT_NCOL)
-            self._ctab[:, L.CT_CHILD] = L.CT_EMPTY
-            _k_rebuild_children(self._nodes, self._ctab, self._pool, meta)
-        pcap = self._pool.shape[0]
-        top = int(meta[L.M_POOL_TOP])
-        if top + units_needed > pcap:
-            live = top - int(meta[L.M_POOL_DEAD])
-            new_cap = pcap
-            while live + units_needed > new_cap // 2 and live + units_needed > new_cap - new_cap // 4:
-                new_cap *= 2
-            new_pool = np.zeros((new_cap, self._pool_ncol()), dtype=np.int64)
-            _k_compact(self._nodes, self._pool, new_pool, meta)
-            self._pool = new_pool
-
-    def _ensure_out(self, n):
-        """Make the output scratch ``_out`` hold at least ``n`` indices.
-
-        ``_out`` is sized by what calls need (a key's length, an eviction's
-        victims), never by the pool: it doubles on demand, so it stays small."""
-        if self._out.shape[0] < n:
-            self._out = np.empty(max(n, 2 * self._out.shape[0]), dtype=np.int64)
-
-    # ------------------------------------------------------------------ casting
-    def _intern_ns(self, nk):
-        """Namespace id of ``(extra_key, cache_salt)``, creating it (after validation).
-
-        Ids come from a counter and are never reused, so a match that looked an id
-        up without the lock can at worst miss (the namespace was dropped and
-        re-interned meanwhile), never see another namespace's nodes. Entries no
-        live node uses are dropped once the map reaches ``_ns_gc_at`` (O(slots),
-        amortised O(1) per new namespace; ``_insert_core`` runs it after a
-        successful insert), so per-request salts do not grow it without bound.
-        Caller holds the lock."""
-        ns = self._ns.get(nk)
-        if ns is None:
-            ns = self._ns_next
-            self._ns_next += 1
-            self._ns[nk] = ns
-        return ns
-
-    def _gc_namespaces(self):
-        """Drop the namespaces no live node is in (their ids are never reissued)."""
-        used = set(np.unique(self._nodes[self._live_slots(), L.NS]).tolist())
-        used.add(0)
-        for nk, ns in list(self._ns.items()):
-            if ns not in used:
-                del self._ns[nk]
-                self._seeds.pop(nk, None)
-        self._ns_gc_at = len(self._ns) + max(1024, len(self._ns), int(self._meta[L.M_HWM]) // 4)
+    # ------------------------------------------------------------------ request-path API
+    # The request path (``requests.py``) uses the public API plus exactly these:
+    # ``_mutex``, ``_vals`` (the ValueBridge), ``_key``, ``_insert_units`` and
+    # ``_check_anchored``; each is documented where it is defined.
 
     def _key(self, key, name="key"):
         """``(units, aligned_len, ns_key, raw_tokens)`` of a RadixKey; changes nothing.
 
-        ``ns_key`` is the ``(extra_key, cache_salt)`` tuple: namespaces are compared
-        as tuples, never concatenated (known_bugs B5).
+        ``units`` are the key's logical units (int64, bigram pairs packed in EAGLE
+        trees), ``aligned_len`` their count aligned down to a page, ``ns_key`` the
+        ``(extra_key, cache_salt)`` tuple: namespaces are compared as tuples, never
+        concatenated (known_bugs B5). ``TypeError`` / ``ValueError`` naming ``name``.
         """
         if not isinstance(key, RadixKey):
             raise TypeError(f"{name} must be a flatradix.RadixKey, got {type(key).__name__}")
@@ -362,44 +252,68 @@ class UnifiedRadixCache(RequestCachingMixin):
         n -= n % self.page_size
         return units, n, (ek, salt), raw
 
-    def _values_out(self, a):
-        """Return int64 indices in the cache's index kind (copy of scratch data)."""
-        if self._kind == "torch":
-            import torch
+    def _insert_units(self, units, value, n, nk, prev, inserted_len, priority, limit, name,
+                      want_path=False, keep_own=False):
+        """One insert kernel call on validated arguments (shared by ``insert`` and the
+        request path); executes its actions (duplicate frees, events).
 
-            t = torch.from_numpy(a)
-            if self._torch_device is not None:
-                t = t.to(self._torch_device)
-            return t
-        return a
+        ``units``/``value``: int64, ``n`` page-aligned (> 0); ``limit``: the
+        kernel's bound check (``VALUES_*`` or the allocator's bound). ``want_path``:
+        the path's value is returned (a view valid until the next engine call;
+        ``path[:prefix_len]`` are the tree's slots). ``keep_own`` (request path):
+        duplicates equal to the tree's own slot at their position are not freed.
+        Returns ``(prefix_len, target_id, freed, path)``; ``freed`` are the
+        duplicate slots freed (what the caller frees without an allocator).
+        Raises ``ValueError`` naming ``name`` for a bad KV index, nothing changed
+        (a namespace first seen by this call is forgotten again).
+        ``inserted_len`` beyond ``n`` is clamped to ``n`` (same hit accounting)."""
+        if inserted_len > n:
+            inserted_len = n
+        if prev > n:
+            prev = n
+        eng = self._engine
+        with self._mutex:
+            ns = eng.ns.get(nk)
+            new_ns = ns is None
+            if new_ns:
+                ns = eng.ns.intern(nk)
+            if want_path:
+                eng.ensure_out(2 * n)
+            st, plen, target = eng.call(_k_insert, units, value, n, ns, inserted_len, priority,
+                                        limit, prev, n if want_path else 0)
+            if st == L.E_BAD_VALUE:
+                if new_ns:
+                    eng.ns.forget(nk)
+                bad = int(value[plen])
+                if bad < 0:
+                    raise ValueError(f"{name}: KV indices must be >= 0, got {bad} at {plen}")
+                raise ValueError(f"{name}: KV index {bad} at {plen} is outside the "
+                                 f"allocator's pool (indices must be < {limit})")
+            if new_ns and len(eng.ns.ids) > eng.ns.gc_at:
+                # after the insert: a refused call changes nothing
+                eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
+            freed = execute(eng.actions(), eng.out, value, self._vals, self._sink,
+                            keep_own=keep_own)
+            path = eng.out[:n] if want_path else None
+        return plen, target, freed, path
 
-    def _kv_limit(self):
-        """Exclusive upper bound of valid KV indices, from the allocator (None: no bound).
-        SGLang's KV pools have ``size + page_size`` rows (slot 0 is padding)."""
-        alloc = self.token_to_kv_pool_allocator
-        size = getattr(alloc, "size", None)
-        if size is None:
-            return None
-        return int(size) + int(getattr(alloc, "page_size", 1) or 1)
-
-    def _note_kind(self, value):
-        if self._kind is None:
-            self._kind = "torch" if is_torch(value) else "numpy"
-        if is_torch(value) and value.is_cuda:
-            self._torch_device = value.device
-
-    def _free_to_allocator(self, idx):
-        alloc = self.token_to_kv_pool_allocator
-        if alloc is None or idx.size == 0:
-            return
-        if getattr(alloc, "index_kind", "torch") == "numpy":
-            alloc.free(idx)
-        else:
-            import torch
-
-            t = torch.from_numpy(idx)
-            dev = getattr(alloc, "device", "cpu")
-            alloc.free(t.to(dev) if str(dev) != "cpu" else t)
+    def _check_anchored(self, node, name):
+        """Raise (before any change) unless ``dec_lock_ref(node)`` would succeed:
+        ``NodeAccessError`` for a stale id, ``LockRefError`` when no lock is
+        anchored on the node. O(1): a lock anchored on a node implies lock_ref >= 1
+        on its whole path (each parent counts its children's locks). Returns the id."""
+        nid = as_node_id(node, name)
+        if self.disable:
+            return nid
+        nodes = self._engine.st.nodes
+        s = int(_k_resolve(nodes, self._engine.meta, nid))
+        if s < 0:
+            raise self._stale(nid, name)
+        if s != L.ROOT and nodes[s, L.FULL_LOCK] - nodes[s, L.CHILD_LOCK] < 1:
+            raise LockRefError(f"{name}={nid} holds no lock to release (lock_ref="
+                               f"{int(nodes[s, L.FULL_LOCK])}, all of it held by locks on "
+                               "its descendants)")
+        return nid
 
     def _stale(self, nid, name="node"):
         return NodeAccessError(f"{name}: node id {nid} does not name a live node "
@@ -408,7 +322,7 @@ class UnifiedRadixCache(RequestCachingMixin):
     # ------------------------------------------------------------------ match
     def _empty_match(self):
         r = self._root
-        return _tuple_new(MatchResult, (self._values_out(_EMPTY.copy()), r, r, r, 0, 0, 0, None,
+        return _tuple_new(MatchResult, (self._vals.empty(), r, r, r, 0, 0, 0, None,
                                         0, None, 0, None, None, None))
 
     def match_prefix(self, params):
@@ -421,24 +335,20 @@ class UnifiedRadixCache(RequestCachingMixin):
         """
         key = params.key if type(params) is MatchPrefixParams else params
         units, n, nk, _ = self._key(key, "params.key")
-        ns = self._ns.get(nk)
+        eng = self._engine
+        ns = eng.ns.get(nk)
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
         # The result array is allocated here, at the key's length, and the kernel
         # writes the matched indices straight into it (no scratch + copy).
         idx = np.empty(n, dtype=np.int64)
-        with self._lock:
-            while True:
-                st, plen, best, visited = _k_match(self._nodes, self._ctab, self._pool, self._heap,
-                                                   self._meta, units, n, ns, idx)
-                if st == L.OK:
-                    break
-                self._grow(0)
+        with self._mutex:
+            st, plen, best, visited = eng.call_tree(_k_match, units, n, ns, idx)
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
-        if self._kind == "torch":
-            idx = self._values_out(idx)
+        if self._vals.kind == "torch":
+            idx = self._vals.out(idx)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
         return _tuple_new(MatchResult, (idx, best, best, best, 0, plen, plen, vis,
                                         0, None, 0, None, None, None))
@@ -480,7 +390,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             # without an allocator the token ids are values as they are; with one they
             # must be slots of its pool like any value (evicting them frees them there)
             limit = (L.VALUES_UNCHECKED if self.token_to_kv_pool_allocator is None
-                     else self._kv_bound())
+                     else self._vals.kv_bound())
         else:
             value = as_int64(params.value, "params.value")
             bigram = params.key.is_bigram or self.is_eagle
@@ -489,7 +399,7 @@ class UnifiedRadixCache(RequestCachingMixin):
                 raise ValueError(f"params.value has {value.shape[0]} entries but params.key has "
                                  f"{nlog} logical units")
             name = "params.value"
-            limit = self._kv_bound()  # checked by the kernel, before anything changes
+            limit = self._vals.kv_bound()  # checked by the kernel, before anything changes
         if self.disable:
             return InsertResult(prefix_len=0)
         if n == 0:  # documented no-op (see above): no namespace, no clock tick
@@ -497,107 +407,24 @@ class UnifiedRadixCache(RequestCachingMixin):
                     value.min() < 0 or (limit >= 0 and value.max() >= limit)):
                 bound = f"[0, {limit})" if limit >= 0 else ">= 0"
                 raise ValueError(f"{name}: KV indices must be in {bound}")
-            dup_out = None if self.token_to_kv_pool_allocator is not None else self._values_out(
-                _EMPTY.copy())
+            dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.empty()
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
                                 mamba_exist=True)  # adopted_ranges None, as SGLang's empty key
-        if limit != L.VALUES_UNCHECKED and self._check_held(value, name):
+        if limit != L.VALUES_UNCHECKED and self._vals.check_held(value, name):
             # flatradix's allocator: every slot is held (allocated, in 1..size, not
             # given twice), which implies the kernel's bound check: skip that pass
             limit = L.VALUES_UNCHECKED
-        # empty out: plain insert does not need the cached prefix's indices
-        plen, target, dup = self._insert_core(units, value, n, nk, prev, inserted_len, priority,
-                                              limit, _EMPTY, name)
+        plen, target, dup, _ = self._insert_units(units, value, n, nk, prev, inserted_len,
+                                                  priority, limit, name)
         if params.value is not None:
-            self._note_kind(params.value)
-        if self.token_to_kv_pool_allocator is not None:
-            dup_out = None
-        else:
-            dup_out = self._values_out(dup)
+            self._vals.note_kind(params.value)
+        dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
         adopted = None
         if params.track_adopted_ranges:
             # only components that adopted something appear (SGLang: {} when none)
             adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
         return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
                             duplicate_indices=dup_out, mamba_exist=(n == 0))
-
-    def _kv_bound(self):
-        """``insert`` kernel's ``limit``: the allocator's bound, or VALUES_NONNEG."""
-        limit = self._kv_limit()
-        return L.VALUES_NONNEG if limit is None else limit
-
-    def _insert_core(self, units, value, n, nk, prev, inserted_len, priority, limit, out, name,
-                     keep_own=False):
-        """One insert kernel call on validated arguments (shared by ``insert`` and the
-        request path). Frees the duplicates ``value[prev:prefix_len]`` through the
-        allocator when there is one. Returns ``(prefix_len, target_id, duplicates)``.
-        ``keep_own`` (request path): duplicates equal to the tree's own slot at their
-        position are not freed. Raises ``ValueError`` naming ``name`` for a bad KV
-        index, nothing changed
-        (a namespace first seen by this call is forgotten again). ``inserted_len``
-        beyond ``n`` is clamped to ``n`` (same hit accounting; keeps it in int64)."""
-        if inserted_len > n:
-            inserted_len = n
-        with self._lock:
-            ns = self._ns.get(nk)
-            new_ns = ns is None
-            if new_ns:
-                ns = self._intern_ns(nk)
-            while True:
-                st, plen, target = _k_insert(self._nodes, self._ctab, self._pool, self._heap,
-                                             self._meta, units, value, n, ns, inserted_len,
-                                             priority, limit, out)
-                if st == L.OK:
-                    break
-                if st == L.E_BAD_VALUE:
-                    if new_ns:
-                        del self._ns[nk]
-                    bad = int(value[plen])
-                    if bad < 0:
-                        raise ValueError(f"{name}: KV indices must be >= 0, got {bad} at {plen}")
-                    raise ValueError(f"{name}: KV index {bad} at {plen} is outside the "
-                                     f"allocator's pool (indices must be < {limit})")
-                self._grow(n)
-            if new_ns and len(self._ns) > self._ns_gc_at:
-                self._gc_namespaces()  # after the insert: a refused call changes nothing
-            if self.enable_kv_cache_events and n > plen:
-                self._queue_event_stored(target, nk)
-            dup = value[prev:plen].copy() if prev < plen else _EMPTY
-            if self.token_to_kv_pool_allocator is not None:
-                if keep_own and dup.size and out.shape[0] >= n:
-                    # request path: never free the tree's own slot: a row entry equal to
-                    # the cached slot at its position is the same KV, not a duplicate
-                    # (a request released without prefix_indices / cache_protected_len;
-                    # SGLang frees it and the tree then points at a free slot)
-                    own = dup == out[prev:plen]
-                    if own.any():
-                        dup = dup[~own]
-                self._free_to_allocator(dup)
-        return plen, target, dup
-
-    def _held_checked(self):
-        """Whether ``_check_held`` checks slots: flatradix's allocator is attached."""
-        return hasattr(self.token_to_kv_pool_allocator, "_first_unheld")
-
-    def _check_held(self, value, name):
-        """With flatradix's allocator attached: ``ValueError`` naming ``name`` unless
-        every entry of ``value`` is a distinct slot the allocator has handed out
-        (one kernel pass, O(len)). No check with other allocators. Returns whether
-        the check applies (then every slot is also inside the allocator's bound)."""
-        if not self._held_checked():
-            return False
-        if not value.shape[0]:
-            return True
-        code, i = self.token_to_kv_pool_allocator._first_unheld(value)
-        if code == 1:
-            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is outside the "
-                             "allocator's pool")
-        if code == 2:
-            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is free in the "
-                             "allocator (insert only slots it handed out)")
-        if code == 3:
-            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} appears twice")
-        return True
 
     # ------------------------------------------------------------------ evict
     def evict(self, params):
@@ -625,29 +452,24 @@ class UnifiedRadixCache(RequestCachingMixin):
                             f"{type(params).__name__}")
         if num > _COUNT_CLAMP:
             num = _COUNT_CLAMP
+        no_alloc = self.token_to_kv_pool_allocator is None
         if self.disable or num == 0:
-            return EvictResult(0, 0, 0, None if self.token_to_kv_pool_allocator else self._values_out(_EMPTY.copy()))
-        with self._lock:
-            st, nout, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
-                                        self._meta, num, self._out, self._spans)
-            freed = self._out[:nout].copy()
-            if nspans:
-                self._queue_event_removed(nspans)
-            if st != L.OK:  # _out too small for the next victim: grow, go on with the round
-                parts = [freed]
-                while st != L.OK:
-                    self._ensure_out(2 * self._out.shape[0])
-                    st, n2, nspans = _k_evict(self._nodes, self._ctab, self._pool, self._heap,
-                                              self._meta, num - nout, self._out, self._spans)
-                    parts.append(self._out[:n2].copy())
-                    nout += n2
-                    if nspans:
-                        self._queue_event_removed(nspans)
-                freed = np.concatenate(parts)
-            if self.token_to_kv_pool_allocator is not None:
-                self._free_to_allocator(freed)
-                return EvictResult(int(nout), 0, 0, None)
-        return EvictResult(int(nout), 0, 0, self._values_out(freed))
+            return EvictResult(0, 0, 0, self._vals.empty() if no_alloc else None)
+        eng = self._engine
+        parts = []
+        with self._mutex:
+            done = 0
+            while True:
+                st, freed = _k_evict(*eng.st, num - done, eng.out, eng.acts)
+                done += freed
+                parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
+                if st == L.OK:
+                    break
+                eng.grow()  # out / acts too small for the next victim: grow, go on
+        if no_alloc:
+            return EvictResult(done, 0, 0, self._vals.out(
+                np.concatenate(parts) if len(parts) > 1 else parts[0]))
+        return EvictResult(done, 0, 0, None)
 
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
         """Open a step-wise eviction round of ``num_tokens`` units for ``component``.
@@ -657,10 +479,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         ``TypeError`` for a non-int count. Counts above 2**62 are clamped (the round
         then runs until nothing evictable is left).
         """
-        self._check_component(component)
+        c = self._check_component(component)
         num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
-        with self._lock:
-            if _k_evict_start(self._meta, num) != L.OK:
+        with self._mutex:
+            if _k_evict_start(self._engine.meta, c, num) != L.OK:
                 raise RuntimeError("device eviction already in progress")
 
     def evict_device_next_node(self, component=ComponentType.FULL):
@@ -670,28 +492,23 @@ class UnifiedRadixCache(RequestCachingMixin):
         frees them (SGLang's "tree decides, cache executes"). ``node_id is None``
         ends the round (request met, or nothing evictable).
         """
-        self._check_component(component)
-        with self._lock:
-            while True:
-                st, nid, nout, nspans = _k_evict_next(self._nodes, self._ctab, self._pool,
-                                                      self._heap, self._meta, self._out, self._spans)
-                if st != L.E_CAPACITY:
-                    break
-                self._ensure_out(nout)
+        c = self._check_component(component)
+        eng = self._engine
+        with self._mutex:
+            st, nid, n = eng.call(_k_evict_next, c)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
-            freed = self._out[:nout].copy()
-            if nspans:
-                self._queue_event_removed(nspans)
+            # the controller frees the step's slots: execute the events only
+            freed = execute(eng.actions(), eng.out, None, _NO_FREE, self._sink)
         if nid < 0:
-            return EvictStep(None, self._values_out(_EMPTY.copy()), 0, False)
-        return EvictStep(int(nid), self._values_out(freed), int(nout), True)
+            return EvictStep(None, self._vals.empty(), 0, False)
+        return EvictStep(int(nid), self._vals.out(freed), int(n), True)
 
     def evict_device_end(self, component=ComponentType.FULL):
         """Close the open round (idempotent); returns the units it evicted."""
-        self._check_component(component)
-        with self._lock:
-            return int(_k_evict_end(self._meta))
+        c = self._check_component(component)
+        with self._mutex:
+            return int(_k_evict_end(self._engine.meta, c))
 
     def evict_for_alloc(self, num_tokens):
         """Evict until the allocator has ``num_tokens`` free slots (or nothing is left).
@@ -706,15 +523,17 @@ class UnifiedRadixCache(RequestCachingMixin):
         alloc = self.token_to_kv_pool_allocator
         if alloc is None:
             raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
-        with self._lock:
+        with self._mutex:
             short = num - alloc.available_size()
             if short <= 0:
                 return 0
             return self.evict(EvictParams(num_tokens=short)).num_tokens_evicted
 
     def _check_component(self, component):
-        if _component(component) not in self.components:
+        c = _component(component)
+        if c not in self.components:
             raise ValueError(f"component {component!r} is not configured")
+        return int(c)
 
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node, skip_lock_components=()):
@@ -732,8 +551,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             skip = self._skip_components(skip)
         if self.disable:
             return IncLockRefResult(0, nid, skip)
-        with self._lock:
-            st, delta = _k_inc(self._nodes, self._heap, self._meta, nid)
+        st_ = self._engine.st
+        with self._mutex:
+            st, delta = _k_inc(st_.nodes, st_.heap, st_.meta, nid, 0)
         if st == L.E_STALE:
             raise self._stale(nid)
         return IncLockRefResult(delta, nid, skip)
@@ -770,16 +590,17 @@ class UnifiedRadixCache(RequestCachingMixin):
                 raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
         if self.disable:
             return DecLockRefResult()
-        with self._lock:
-            st, delta = _k_dec(self._nodes, self._heap, self._meta, nid)
+        st_ = self._engine.st
+        with self._mutex:
+            st, delta = _k_dec(st_.nodes, st_.heap, st_.meta, nid, 0)
             if st == L.E_NOT_ANCHORED:
                 slot = int(delta)
                 raise LockRefError(f"no lock is anchored at node {nid}: its lock_ref="
-                                   f"{int(self._nodes[slot, L.FULL_LOCK])} is held by locks on its "
+                                   f"{int(st_.nodes[slot, L.FULL_LOCK])} is held by locks on its "
                                    "descendants (release the node that was locked)")
             if st == L.E_LOCK_UNDERFLOW:
                 slot = int(delta)
-                bad = (int(self._nodes[slot, L.GEN]) << 32) | slot
+                bad = node_id(st_.nodes, slot)
                 raise LockRefError(f"FULL segment release hit lock_ref=0 on node {bad} "
                                    f"(releasing node {nid}: unlock without lock, or twice)")
         if st == L.E_STALE:
@@ -789,11 +610,11 @@ class UnifiedRadixCache(RequestCachingMixin):
     # ------------------------------------------------------------------ sizes
     def evictable_size(self):
         """Full units held by unlocked nodes."""
-        return int(self._meta[L.M_EVICTABLE + L.FULL])
+        return int(self._engine.meta[L.M_EVICTABLE + L.FULL])
 
     def protected_size(self):
         """Full units held by locked nodes."""
-        return int(self._meta[L.M_PROTECTED + L.FULL])
+        return int(self._engine.meta[L.M_PROTECTED + L.FULL])
 
     full_evictable_size = evictable_size
     full_protected_size = protected_size
@@ -801,11 +622,11 @@ class UnifiedRadixCache(RequestCachingMixin):
     def component_evictable_size(self, component):
         """Units held by unlocked nodes for ``component`` (0 for SWA / Mamba).
         ``ValueError`` naming ``component`` when it is not a ComponentType."""
-        return int(self._meta[L.M_EVICTABLE + int(_component(component))])
+        return int(self._engine.meta[L.M_EVICTABLE + int(_component(component))])
 
     def component_protected_size(self, component):
         """Units held by locked nodes for ``component`` (0 for SWA / Mamba)."""
-        return int(self._meta[L.M_PROTECTED + int(_component(component))])
+        return int(self._engine.meta[L.M_PROTECTED + int(_component(component))])
 
     def swa_evictable_size(self):
         return 0
@@ -814,11 +635,11 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def total_size(self):
         """``(full_units, aux_units)`` held on device (aux is 0 for Full-only)."""
-        return int(self._meta[L.M_TOTAL + L.FULL]), 0
+        return int(self._engine.meta[L.M_TOTAL + L.FULL]), 0
 
     def node_count(self):
         """Live nodes, root excluded."""
-        return int(self._meta[L.M_NLIVE]) - 1
+        return int(self._engine.meta[L.M_NLIVE]) - 1
 
     def available_and_evictable_str(self):
         alloc = self.token_to_kv_pool_allocator
@@ -854,88 +675,35 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def _slot(self, node, name="node"):
         nid = as_node_id(node, name)
-        s = int(_k_resolve(self._nodes, self._meta, nid))
+        s = int(_k_resolve(self._engine.st.nodes, self._engine.meta, nid))
         if s < 0:
             raise self._stale(nid, name)
         return s
 
-    def _check_anchored(self, node, name):
-        """Raise (before any change) unless ``dec_lock_ref(node)`` would succeed:
-        ``NodeAccessError`` for a stale id, ``LockRefError`` when no lock is
-        anchored on the node. O(1): a lock anchored on a node implies lock_ref >= 1
-        on its whole path (each parent counts its children's locks)."""
-        nid = as_node_id(node, name)
-        if self.disable:
-            return nid
-        s = int(_k_resolve(self._nodes, self._meta, nid))
-        if s < 0:
-            raise self._stale(nid, name)
-        if s != L.ROOT and self._nodes[s, L.FULL_LOCK] - self._nodes[s, L.CHILD_LOCK] < 1:
-            raise LockRefError(f"{name}={nid} holds no lock to release (lock_ref="
-                               f"{int(self._nodes[s, L.FULL_LOCK])}, all of it held by locks on "
-                               "its descendants)")
-        return nid
-
     def path_device_indices(self, node):
         """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
         nid = as_node_id(node, "node")
-        with self._lock:
-            st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
+        eng = self._engine
+        with self._mutex:
+            st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, nid, eng.out)
             if st == L.E_CAPACITY:
-                self._ensure_out(n)
-                st, n = _k_path(self._nodes, self._pool, self._meta, nid, self._out)
+                eng.ensure_out(n)
+                st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, nid, eng.out)
             if st == L.E_STALE:
                 raise self._stale(nid)
-            return self._values_out(self._out[:n].copy())
+            return self._vals.out(eng.out[:n].copy())
 
     def node_info(self, node):
-        """Debug view of one node: dict of its fields (key units, value, lock_ref, ...)."""
-        with self._lock:
-            s = self._slot(node)
-            row = self._nodes[s]
-            off, n = int(row[L.KEY_OFF]), int(row[L.KEY_LEN])
-            parent = int(row[L.PARENT])
-            return {
-                "node_id": as_node_id(node),
-                "parent": None if parent < 0 else (int(self._nodes[parent, L.GEN]) << 32) | parent,
-                "key": self._pool[off:off + n, L.TOK].copy(),
-                "value": self._pool[off:off + n, L.FULL_DEV].copy(),
-                "lock_ref": int(row[L.FULL_LOCK]),
-                "num_children": int(row[L.NCHILD]),
-                "last_access": int(row[L.LAST_ACCESS]),
-                "creation": int(row[L.CREATION]),
-                "hit_count": int(row[L.HIT_COUNT]),
-                "priority": int(row[L.PRIORITY]),
-                "evictable_leaf": bool(row[L.HEAP_POS] >= 0),
-            }
-
-    def _live_slots(self):
-        hwm = int(self._meta[L.M_HWM])
-        alive = (self._nodes[:hwm, L.FLAGS] & L.F_ALIVE) != 0
-        return np.nonzero(alive)[0]
+        """Debug view of one node: dict of its fields (key units, value, lock_ref, ...).
+        O(len(node)): copies its key and value."""
+        with self._mutex:
+            return inspection.node_info(self._engine, self._slot(node), as_node_id(node))
 
     def all_values_flatten(self):
         """Every non-root node's Full device value, concatenated in DFS order."""
-        with self._lock:
-            parts = [self._pool[int(self._nodes[s, L.KEY_OFF]):
-                                int(self._nodes[s, L.KEY_OFF] + self._nodes[s, L.KEY_LEN]), L.FULL_DEV]
-                     for s, _ in self._dfs() if s != L.ROOT]
-            flat = np.concatenate(parts) if parts else _EMPTY.copy()
-        return self._values_out(flat)
-
-    def _dfs(self):
-        stack = [(L.ROOT, 0)]
-        nodes = self._nodes
-        while stack:
-            s, depth = stack.pop()
-            yield s, depth
-            kids = []
-            c = int(nodes[s, L.FIRST_CHILD])
-            while c != L.NIL:
-                kids.append(c)
-                c = int(nodes[c, L.NEXT_SIB])
-            for c in reversed(kids):
-                stack.append((c, depth + 1))
+        with self._mutex:
+            flat = inspection.all_values_flatten(self._engine)
+        return self._vals.out(flat)
 
     def pretty_print(self, file=None):
         """Print one line per node in DFS order (format informative only) to ``file``
@@ -943,15 +711,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         if file is not None and not callable(getattr(file, "write", None)):
             raise TypeError(f"file must be a text stream with write() or None, got "
                             f"{type(file).__name__}")
-        lines = []
-        with self._lock:
-            for s, depth in self._dfs():
-                row = self._nodes[s]
-                nid = (int(row[L.GEN]) << 32) | s
-                off, n = int(row[L.KEY_OFF]), int(row[L.KEY_LEN])
-                head = self._pool[off:off + min(n, 8), L.TOK].tolist()
-                lines.append(f"{'  ' * depth}[{nid}] len={n} key={head}{'...' if n > 8 else ''} "
-                             f"full_lock={int(row[L.FULL_LOCK])} full=yes")
+        with self._mutex:
+            lines = inspection.pretty_lines(self._engine)
             lines.append(f"#tokens: {self.total_size()[0]}, evictable: {self.evictable_size()}, "
                          f"protected: {self.protected_size()}")
         print("\n".join(lines), file=file)
@@ -961,14 +722,15 @@ class UnifiedRadixCache(RequestCachingMixin):
         evictable-leaf heap, size ledgers incl. evictable + protected == total,
         free lists, pool accounting) in one kernel. Raises ``CacheInvariantError``
         (an ``AssertionError``) naming the failed check and node. O(tree)."""
-        with self._lock:
-            code, slot = _k_check(self._nodes, self._ctab, self._pool, self._heap, self._meta)
-        if code != 0:
-            from .kernels import check
+        with self._mutex:
+            code, slot = _k_check(*self._engine.st)
+            if code != 0:
+                from .kernels import check
 
-            nid = None if slot < 0 else (int(self._nodes[slot, L.GEN]) << 32) | int(slot)
-            raise CacheInvariantError(f"Sanity check FAILED: code {int(code)} on node {nid} "
-                                      f"(see flatradix.kernels.check: {check.__doc__.split(chr(10))[0]})")
+                nid = None if slot < 0 else node_id(self._engine.st.nodes, int(slot))
+                raise CacheInvariantError(
+                    f"Sanity check FAILED: code {int(code)} on node {nid} "
+                    f"(see flatradix.kernels.check: {check.__doc__.split(chr(10))[0]})")
 
     def reset(self):
         """Drop the whole tree; every old node id goes stale and the root gets a new id.
@@ -977,79 +739,42 @@ class UnifiedRadixCache(RequestCachingMixin):
         As SGLang's ``reset``: the tree's KV slots are not given back to the
         allocator (clear it too, as SGLang's ``flush_cache`` does), and locks held
         by running requests go stale (releasing them raises ``NodeAccessError``)."""
-        with self._lock:
-            self._root = int(_k_reset(self._nodes, self._ctab, self._meta))
-            self._queue_event_cleared()
+        with self._mutex:
+            self._root = self._engine.reset()
+            if self._sink is not None:
+                self._sink.cleared()
 
     # ------------------------------------------------------------------ events
     def take_events(self):
         """Return and clear the queued KV events (oldest first); ``[]`` when events
         are off. Stores of chained pages and consecutive removals are merged as
         SGLang does."""
-        with self._lock:
-            out, self._events = self._events, []
-        return out
-
-    def _queue_event_cleared(self):
-        if self.enable_kv_cache_events:
-            self._ev.enqueue(self._events, self._ev.AllBlocksCleared())
-
-    def _seed(self, nk):
-        seed = self._seeds.get(nk)
-        if seed is None:
-            words = self._ev.namespace_seed(*nk)
-            seed = (np.array(words if words else [0, 0, 0, 0], dtype=np.int64), words is not None)
-            self._seeds[nk] = seed
-        return seed
+        if self._sink is None:
+            return []
+        with self._mutex:
+            return self._sink.take()
 
     def block_hashes(self):
         """Event block hashes of every page cached on device (KV events on), as a set.
         What a router that applied every event so far believes is cached."""
-        if not self.enable_kv_cache_events:
+        if self._sink is None:
             raise ValueError("block_hashes() needs enable_kv_cache_events=True")
-        with self._lock:
-            out = set()
-            for s in self._live_slots():
-                if s != L.ROOT:
-                    out.update(self._page_hashes(int(self._nodes[s, L.KEY_OFF]),
-                                                 int(self._nodes[s, L.KEY_LEN])))
-            return out
-
-    def _page_hashes(self, off, n):
-        return self._pool[off:off + n:self.page_size, L.HASH0].tolist()
-
-    def _queue_event_stored(self, nid, nk):
-        seed, has_seed = self._seed(nk)
-        _k_hash_node(self._nodes, self._pool, self._meta, nid, seed, has_seed,
-                     self._hmsg, self._hstate, self._hw)
-        s = nid & 0xFFFFFFFF
-        off, n = int(self._nodes[s, L.KEY_OFF]), int(self._nodes[s, L.KEY_LEN])
-        p = int(self._nodes[s, L.PARENT])
-        parent_hash = None
-        if p != L.ROOT:
-            last = int(self._nodes[p, L.KEY_OFF] + self._nodes[p, L.KEY_LEN]) - self.page_size
-            parent_hash = int(self._pool[last, L.HASH0])
-        toks = self._pool[off:off + n, L.TOK]
-        if self.is_eagle:
-            token_ids = [[int(u) >> 32, int(u) & 0xFFFFFFFF] for u in toks]
-        else:
-            token_ids = toks.tolist()
-        self._ev.enqueue(self._events, self._ev.BlockStored(
-            block_hashes=self._page_hashes(off, n), parent_block_hash=parent_hash,
-            token_ids=token_ids, block_size=self.page_size, lora_id=None, medium="GPU",
-            cache_salt=nk[1]))
-
-    def _queue_event_removed(self, nspans):
-        for off, n in self._spans[:nspans].tolist():
-            self._ev.enqueue(self._events, self._ev.BlockRemoved(
-                block_hashes=self._page_hashes(off, n), medium="GPU"))
+        with self._mutex:
+            return self._sink.block_hashes()
 
     # ------------------------------------------------------------------ tests
     def _snapshot(self):
         """Copy of the whole state, for "unchanged after an error" tests."""
-        with self._lock:
-            return {
-                "nodes": self._nodes.copy(), "ctab": self._ctab.copy(), "pool": self._pool.copy(),
-                "heap": self._heap.copy(), "meta": self._meta.copy(), "ns": dict(self._ns),
-                "root": self._root,
-            }
+        with self._mutex:
+            return self._engine.snapshot()
+
+
+class _NoFree:
+    """A value bridge that frees nothing (step-wise eviction: the controller frees)."""
+
+    @staticmethod
+    def free(idx):
+        pass
+
+
+_NO_FREE = _NoFree()

@@ -9,17 +9,24 @@ SGLang ``Req`` works): ``origin_input_ids``, ``output_ids``, ``fill_ids``,
 ``req_pool_idx``, ``prefix_indices``, ``last_node``, ``extra_key``,
 ``cache_salt``, ``priority``; optional ``cache_protected_len``,
 ``cache_inserted_len``, ``kv_committed_len``, ``kv_allocated_len``.
+
+Besides the cache's public API, the request path uses exactly this engine API
+of the cache (documented where each is defined, ``flatradix/cache.py``):
+``_mutex`` (the cache's lock), ``_vals`` (``flatradix.values.ValueBridge``: the
+index kind, ``check_held``, ``kv_bound``, ``free``, ``out``), ``_key`` (key -> units),
+``_insert_units`` (one insert kernel call + its actions) and
+``_check_anchored`` (a lock to release exists).
 """
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
 from .kernels import layout as L
-from .types import ComponentType, InsertParams, RadixKey
+from .types import ComponentType, RadixKey
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -150,7 +157,7 @@ class RequestCachingMixin:
         if is_torch(row):
             row = row.cpu().numpy()
         row = np.array(row, dtype=np.int64)
-        self._check_held(row, f"req_to_token row {idx}")  # flatradix's allocator: one pass
+        self._vals.check_held(row, f"req_to_token row {idx}")  # flatradix's allocator: one pass
         return row
 
     def _write_row(self, req, start, values):
@@ -167,7 +174,7 @@ class RequestCachingMixin:
 
     def _free_slots(self, slots):
         if slots.size:
-            self._free_to_allocator(np.ascontiguousarray(slots))
+            self._vals.free(np.ascontiguousarray(slots))
 
     @staticmethod
     def _committed_len(req):
@@ -242,7 +249,7 @@ class RequestCachingMixin:
         priority = as_int(getattr(req, "priority", None) or 0, "req.priority")
         key = self._request_key(req, all_ids[:up_to])
         units, aligned, nk, _ = self._key(key, "req")
-        with self._lock:  # the row's slots and the lock are checked where they can't change
+        with self._mutex:  # the row's slots and the lock are checked where they can't change
             if row is None:
                 row = self._row(req, up_to, "up_to")
             self._check_last_node(req)
@@ -251,24 +258,22 @@ class RequestCachingMixin:
                 new_node = old_node
             else:
                 values = row[:aligned]
-                self._ensure_out(aligned)
-                out = self._out
                 # _row checked every slot held when flatradix's allocator is attached,
                 # which implies the kernel's bound check: skip that pass then
-                limit = L.VALUES_UNCHECKED if self._held_checked() else self._kv_bound()
-                plen, new_node, _ = self._insert_core(
+                limit = L.VALUES_UNCHECKED if self._vals.checks_held else self._vals.kv_bound()
+                plen, new_node, _, path = self._insert_units(
                     units, values, aligned, nk, protected, inserted, priority, limit,
-                    out, "req row (req_to_token_pool)", keep_own=True)
-                self._note_kind(values)
+                    "req row (req_to_token_pool)", want_path=True, keep_own=True)
+                self._vals.note_kind(values)
                 # the path's value: the tree's slots for the cached prefix, ours after it
-                row[:plen] = out[:plen]
+                row[:plen] = path[:plen]
                 if self.components == (ComponentType.FULL,):
                     prompt_units = n_prompt - (1 if self.is_eagle else 0)
                     prompt = prompt_units - prompt_units % self.page_size
                     if 0 < prompt < aligned:
-                        self._insert_core(units, values, prompt, nk, prompt, prompt,
-                                          min(priority + 1, (1 << 62) - 1), L.VALUES_UNCHECKED,
-                                          _EMPTY, "req row")
+                        self._insert_units(units, values, prompt, nk, prompt, prompt,
+                                           min(priority + 1, (1 << 62) - 1), L.VALUES_UNCHECKED,
+                                           "req row")
                 if protected < plen:
                     self._write_row(req, protected, np.ascontiguousarray(row[protected:plen]))
                 req.cache_inserted_len = max(inserted, aligned)
@@ -278,7 +283,7 @@ class RequestCachingMixin:
                 self.inc_lock_ref(new_node)
             req.last_node = None if finished else new_node
             req.cache_protected_len = max(aligned, 0) if aligned > 0 else protected
-            req.prefix_indices = self._values_out(np.ascontiguousarray(row[:up_to]))
+            req.prefix_indices = self._vals.out(np.ascontiguousarray(row[:up_to]))
         return max(aligned, 0)
 
     def release_kv_cache(self, req, checkpoint=True):
@@ -309,7 +314,7 @@ class RequestCachingMixin:
             if committed > n_tokens:
                 raise ValueError(f"req.kv_committed_len={committed} exceeds the request's "
                                  f"{n_tokens} tokens")
-        with self._lock:
+        with self._mutex:
             row = self._row(req, allocated,
                             "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")
             if self.disable:

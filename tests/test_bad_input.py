@@ -342,7 +342,7 @@ def test_empty_and_sub_page_keys_are_noops(tree, toks):
         assert (r.prefix_len, r.last_device_node, r.mamba_exist) == (0, root, True)
         assert not tree.alloc.is_free(slots).any()  # the slots are still the caller's
         tree.alloc.free(slots)
-    assert "never-seen" not in {k[0] for k in c._ns}
+    assert "never-seen" not in {k[0] for k in c._engine.ns.ids}
 
 
 def test_match_in_unseen_namespace_is_a_noop(tree):

@@ -125,7 +125,7 @@ def test_events_off_means_no_queue_and_no_hash_columns():
     c = UnifiedRadixCache(page_size=1)
     c.insert(InsertParams(key=RadixKey([1, 2, 3])))
     assert c.take_events() == []
-    assert c._pool.shape[1] == 2
+    assert c._engine.st.pool.shape[1] == 2
 
 
 def test_wire_format_is_tagged_maps_in_a_positional_batch():

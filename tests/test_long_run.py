@@ -51,7 +51,7 @@ def test_slot_generation_limit_retires_the_slot():
     r = c.insert(InsertParams(key=RadixKey([1, 2]), value=np.array([5, 6])))
     slot = r.last_device_node & 0xFFFFFFFF
     c.evict(EvictParams(num_tokens=2))
-    c._nodes[slot, L.GEN] = L.GEN_LIMIT - 2  # as after ~2**31 reuses of this slot
+    c._engine.st.nodes[slot, L.GEN] = L.GEN_LIMIT - 2  # as after ~2**31 reuses of this slot
     ids = []
     for _ in range(4):
         r = c.insert(InsertParams(key=RadixKey([1, 2]), value=np.array([5, 6])))
@@ -68,16 +68,16 @@ def test_slot_generation_limit_retires_the_slot():
     assert ids[1] == ((L.GEN_LIMIT - 1) << 32) | slot
     assert all(0 < i < 2 ** 63 for i in ids) and len(set(ids)) == 4
     assert ids[2] & 0xFFFFFFFF != slot and ids[3] & 0xFFFFFFFF == ids[2] & 0xFFFFFFFF
-    assert int(c._meta[L.M_RETIRED]) == 1
+    assert int(c._engine.meta[L.M_RETIRED]) == 1
     for old in ids:
         with pytest.raises(NodeAccessError):
             c.inc_lock_ref(old)
     c.reset()  # a reset keeps it retired
-    assert int(c._meta[L.M_RETIRED]) == 1
+    assert int(c._engine.meta[L.M_RETIRED]) == 1
     c.sanity_check()
     for k in range(50):
         c.insert(InsertParams(key=RadixKey([k, k + 1]), value=np.array([1, 2])))
-    live = c._nodes[: int(c._meta[L.M_HWM])]
+    live = c._engine.st.nodes[: int(c._engine.meta[L.M_HWM])]
     assert not (live[slot, L.FLAGS] & L.F_ALIVE)
     c.sanity_check()
 
@@ -88,12 +88,12 @@ def test_namespace_map_is_bounded_under_salt_churn():
     for i in range(6000):
         key = RadixKey([1, 2, 3], cache_salt=f"session{i}")
         c.insert(InsertParams(key=key, value=np.array([1, 2, 3])))
-        ids.add(c._ns[(None, f"session{i}")])
+        ids.add(c._engine.ns.ids[(None, f"session{i}")])
         if i % 5 == 4:
             c.evict(EvictParams(num_tokens=12))  # the oldest sessions' nodes go
-        assert len(c._ns) <= 2 * 1024 + c._nodes.shape[0]
+        assert len(c._engine.ns.ids) <= 2 * 1024 + c._engine.st.nodes.shape[0]
     assert len(ids) == 6000  # a dropped namespace's id is never reissued
-    assert len(c._ns) < 3000
+    assert len(c._engine.ns.ids) < 3000
     c.sanity_check()
     # live namespaces still match, dropped ones miss (they hold nothing)
     assert c.match_prefix(RadixKey([1, 2, 3], cache_salt="session5999")).device_prefix_len == 3

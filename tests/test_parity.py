@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 import pytest
 
-from flatradix import InsertParams, RadixKey
+from flatradix import InsertParams, RadixKey, UnifiedRadixCache
 
 from .parity import POLICY_CASES, Pair, policy_id, run_stream
 
@@ -186,29 +186,32 @@ def test_release_of_unlocked_ancestor_keeps_invariants():
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_output_scratch_outgrown_mid_call(monkeypatch, page_size):
-    """The output scratch is sized per call, not by the pool: start it at 2 entries so
-    nearly every match, path query and eviction outgrows it (an eviction resumes its
-    round after growing it). Results, in order, must still equal the reference's."""
-    import flatradix.cache as fc
+    """The output scratch and the action buffer are sized per call, not by the pool:
+    start them at 2 entries / 1 row so nearly every match, path query, insert and
+    eviction outgrows them (an eviction resumes its round after growing them).
+    Results, in order, must still equal the reference's."""
+    import flatradix.engine as fe
 
-    monkeypatch.setattr(fc, "_OUT_MIN", 2)
+    monkeypatch.setattr(fe, "OUT_MIN", 2)
+    monkeypatch.setattr(fe, "ACTS_MIN", 1)
     pair = Pair(page_size, "lru", None, False, small=True)
-    assert pair.f._out.shape[0] == 2
+    assert pair.f._engine.out.shape[0] == 2
     try:
         run_stream(pair, random.Random(4242 + page_size), 600, namespaces=True, max_total=3000,
                    n_prompts=12, vocab=6)
     except AssertionError as e:
         raise AssertionError(f"{e}\nlast ops:\n{pair.history()}") from e
-    assert pair.f._out.shape[0] > 2
+    assert pair.f._engine.out.shape[0] > 2
 
 
 def test_step_wise_eviction_of_a_leaf_longer_than_the_scratch(monkeypatch):
     """A step-wise victim longer than the output scratch: the scratch grows, the step
     returns the leaf's whole value, and a long path query returns every index."""
-    import flatradix.cache as fc
+    import flatradix.engine as fe
 
-    monkeypatch.setattr(fc, "_OUT_MIN", 4)
-    c = fc.UnifiedRadixCache(page_size=1)
+    monkeypatch.setattr(fe, "OUT_MIN", 4)
+    monkeypatch.setattr(fe, "ACTS_MIN", 1)
+    c = UnifiedRadixCache(page_size=1)
     c.insert(InsertParams(key=RadixKey(list(range(100, 150))), value=np.arange(1000, 1050)))
     r = c.insert(InsertParams(key=RadixKey(list(range(100, 120)) + [7] * 30),
                               value=np.arange(2000, 2050)))

@@ -25,7 +25,8 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL, FULL_LOCK, HEAP_POS,
+    CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS, FULL, FULL_LOCK,
+    HEAP_DEVICE, HEAP_POS, N_SENTINELS, SENTINEL0,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
@@ -72,15 +73,15 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         if dev != nodes[s, NDEVCHILD]:
             return 106, s
         leaf = is_device_leaf(nodes, s)
-        if leaf != (nodes[s, HEAP_POS] >= 0):
+        if leaf != (nodes[s, HEAP_POS + HEAP_DEVICE] >= 0):
             return 111, s
         if leaf:
             leaves += 1
-        if nodes[s, HEAP_POS] >= 0:
-            i = nodes[s, HEAP_POS]
-            if i >= meta[M_HEAP_N] or heap[i] != s:
+        if nodes[s, HEAP_POS + HEAP_DEVICE] >= 0:
+            i = nodes[s, HEAP_POS + HEAP_DEVICE]
+            if i >= meta[M_HEAP_N + HEAP_DEVICE] or heap[HEAP_DEVICE, i] != s:
                 return 112, s
-            if i > 0 and _less(nodes, meta, s, heap[(i - 1) >> 1]):
+            if i > 0 and _less(nodes, meta, s, heap[HEAP_DEVICE, (i - 1) >> 1]):
                 return 112, s
         lk = nodes[s, FULL_LOCK]
         if lk < 0:
@@ -108,7 +109,7 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             evictable += n
         else:
             protected += n
-    if leaves != meta[M_HEAP_N]:
+    if leaves != meta[M_HEAP_N + HEAP_DEVICE]:
         return 111, NIL
     if evictable != meta[M_EVICTABLE + FULL] or protected != meta[M_PROTECTED + FULL]:
         return 113, NIL
@@ -127,7 +128,11 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     for s in range(hwm):
         if not (nodes[s, FLAGS] & F_ALIVE) and nodes[s, GEN] >= GEN_LIMIT:
             retired += 1
-    if nfree != meta[M_NFREE] or retired != meta[M_RETIRED] or nfree + live + retired != hwm:
+    for t in range(SENTINEL0, FIRST_SLOT):
+        if nodes[t, FLAGS] & F_ALIVE:
+            return 114, t
+    if (nfree != meta[M_NFREE] or retired != meta[M_RETIRED]
+            or nfree + live + retired + N_SENTINELS != hwm):
         return 114, NIL
     if used + meta[M_POOL_DEAD] != meta[M_POOL_TOP]:
         return 115, NIL

@@ -1,36 +1,47 @@
 """The tree's memory layout: the single place a reader learns the node table.
 
 All tree state lives in a handful of C-contiguous numpy arrays owned by the
-façade (``flatradix.cache.UnifiedRadixCache``) and mutated only by the
-``@njit`` kernels of this package. They are passed to every entry kernel in
-this order (dispatch costs ~40 ns per array argument, so there are few):
+engine (``flatradix.engine.TreeArrays``) and mutated only by the ``@njit``
+kernels of this package and of ``flatradix.components``. Every entry kernel
+takes the five tree arrays first, in this order (dispatch costs ~40 ns per
+array argument, so there are few):
 
-``nodes``  int64 ``(node_capacity, NCOL)``
-    The node table, one row per *slot*. Columns below; each names the kernel
-    module that may write it. Row ``ROOT`` (slot 0) is the root.
-``ctab``   int64 ``(child_capacity, CT_NCOL)``
+``nodes``  NodeTable = int64 ``(node_capacity, NCOL)``
+    The node table, one row per *slot*. Columns below (``NODE_COLUMNS``); each
+    names the kernel module that may write it. Row ``ROOT`` (slot 0) is the
+    root; rows ``SENTINEL0 .. SENTINEL0 + N_SENTINELS - 1`` are the head/tail
+    sentinels of the auxiliary LRU lists (``kernels/lru.py``), never alive.
+``ctab``   ChildTable = int64 ``(child_capacity, CT_NCOL)``
     Open-addressing child table keyed by ``(parent slot, namespace, page
     key)``; power-of-two capacity, linear probing, tombstones
     (``kernels/children.py``).
-``pool``   int64 ``(pool_capacity, POOL_NCOL)``
+``pool``   Pool = int64 ``(pool_capacity, POOL_NCOL or POOL_NCOL_EVENTS)``
     Token and value pool. A node's edge key is the span
     ``pool[KEY_OFF : KEY_OFF + KEY_LEN, TOK]``; its Full device value (KV
     indices, one per logical unit) is the *same* span of column ``FULL_DEV``.
-    Value spans coincide with key spans because a Full/SWA value always has
-    one entry per logical unit, so a split is two span updates and copies
-    nothing. Space of removed nodes is counted in ``meta[POOL_DEAD]`` and
-    reclaimed by compaction (``kernels/state.py: compact_pool``).
-``heap``   int64 ``(node_capacity,)``
-    Binary min-heap of the slots of every *evictable device leaf*, ordered by
-    the eviction policy (``kernels/order.py``). It is kept incrementally, so an
-    eviction round costs O(evicted * log leaves), never O(tree).
-``meta``   int64 ``(META_LEN,)``
-    Counters and configuration (indices ``M_*`` below).
-``out``    int64, grown on demand (never sized by the pool)
-    Scratch output: freed KV indices and path queries (``match_prefix`` writes
-    into its own result array instead). Kernels that could overflow it return
-    ``E_CAPACITY`` with the length they need; the façade copies what it needs
-    out of it before the next call.
+    Value spans coincide with key spans because a Full value always has one
+    entry per logical unit, so a split is two span updates and copies nothing.
+    An SWA value is not stored: it is the SWA allocator's mapping of the Full
+    value (``flatradix.values``), so a node holds SWA data iff its
+    ``F_HAS(SWA)`` bit is set. Space of removed nodes is counted in
+    ``meta[M_POOL_DEAD]`` and reclaimed by compaction (``kernels/state.py:
+    compact_pool``).
+``heap``   Heaps = int64 ``(N_HEAPS, node_capacity)``
+    Binary min-heaps of node slots, one per heap id (``HEAP_DEVICE``: every
+    *evictable device leaf*), ordered by the eviction policy
+    (``kernels/order.py``). Kept incrementally, so an eviction round costs
+    O(evicted * log leaves), never O(tree).
+``meta``   Meta = int64 ``(META_LEN,)``
+    Counters and configuration (indices ``M_*``, generated from ``META_FIELDS``).
+
+Scratch outputs, passed only to the kernels that write them:
+
+``out``    int64 1-D, grown on demand (never sized by the pool)
+    Values referenced by actions (freed KV indices) and path queries
+    (``match_prefix`` writes into its own result array instead).
+``acts``   Actions = int64 ``(action_capacity, ACT_NCOL)``
+    The action buffer (``kernels/actions.py``): what the tree asks the façade to
+    execute (free KV slots, recover an SWA window, emit a KV event).
 
 Node handles (``NodeId``) handed to callers are ``(GEN << 32) | slot``. A
 slot's ``GEN`` is bumped whenever its node is freed (and for every live node
@@ -40,6 +51,10 @@ O(1) by comparing generations.
 Units: key lengths and sizes are *logical units* (tokens; for EAGLE bigram
 trees, token pairs packed by the façade into one int64 each). Page keys hash
 the first ``page_size`` units of an edge.
+
+Column and meta numbers are generated below from ordered lists, so adding a
+column is one line; ``tests/kernels/test_layout.py`` checks that no two
+overlap and that the walk-hot columns stay in the first two cache lines.
 """
 
 import numpy as np
@@ -58,47 +73,119 @@ FULL = 0
 SWA = 1
 MAMBA = 2
 N_COMPONENTS = 3
+#: ``meta[M_COMPONENTS]`` bit of each configured component.
+C_FULL = 1 << FULL
+C_SWA = 1 << SWA
+C_MAMBA = 1 << MAMBA
 #: Tiers.
 DEVICE = 0
 HOST = 1
 N_TIERS = 2
 
+# ---------------------------------------------------------------- aux LRU lists
+#: One intrusive LRU list per (auxiliary component, tier): Full has none (its
+#: eviction order is the leaf heap). List id of (c, t) for c in SWA, MAMBA.
+N_LRU = (N_COMPONENTS - 1) * N_TIERS
+
+
+def LRU_ID(c, t=DEVICE):
+    """List id of the LRU of auxiliary component ``c`` on tier ``t``."""
+    return (c - 1) * N_TIERS + t
+
+
+LRU_SWA = (SWA - 1) * N_TIERS + DEVICE
+LRU_MAMBA = (MAMBA - 1) * N_TIERS + DEVICE
+
+#: Sentinel slots: list ``l`` has head ``SENTINEL0 + 2l`` (its next is the most
+#: recently used entry) and tail ``SENTINEL0 + 2l + 1`` (its prev is the least
+#: recently used). Never alive, never freed, never popped.
+SENTINEL0 = 1
+N_SENTINELS = 2 * N_LRU
+#: First slot a node can take.
+FIRST_SLOT = SENTINEL0 + N_SENTINELS
+
+
+# ---------------------------------------------------------------- heaps
+#: Heap ids (rows of ``heap``): the device-leaf heap; the host-leaf heap lands here.
+HEAP_DEVICE = 0
+N_HEAPS = 1
+
+def _number(fields, align=1):
+    """Assign consecutive indices to ``(name, width)`` fields; returns
+    ``({name: first index}, total)`` with the total rounded up to ``align``."""
+    at = {}
+    i = 0
+    for name, width in fields:
+        at[name] = i
+        i += width
+    return at, -(-i // align) * align
+
+
 # ---------------------------------------------------------------- node table
-# Column order is for the cache: rows are 320 bytes (5 cache lines) and the
-# façade allocates the table 64-byte aligned, so columns 0-7 and 8-15 are one
-# line each. Everything a lock walk or a match walk reads per node is in them.
-# --- line 0: links, edge span, flags, lock counts
-PARENT = 0        # parent slot; NIL for the root
-KEY_OFF = 1       # start of the edge key (and value) span in ``pool``
-KEY_LEN = 2       # edge length in logical units (multiple of page_size; 0 for root)
-FLAGS = 3         # bit set: F_ALIVE, and F_HAS(c, t) value-presence bits
-# Per (component, tier) columns: index = base + c * N_TIERS + t.
-LOCK_REF = 4      # lock_ref (tier DEVICE) / host_lock_ref (tier HOST), cols 4-9; kernels/lock.py
-# --- line 1 (cols 8-15; 8-9 are the Mamba lock counts)
-CHILD_LOCK = 10   # sum of the children's Full lock_ref: lock_ref - CHILD_LOCK = locks
-                  # anchored at this node, so a release without one is refused in O(1)
-NDEVCHILD = 11    # number of children holding a Full device value (O(1) D-leaf test)
-HEAP_POS = 12     # position in ``heap`` while an evictable device leaf, else NIL
-LAST_ACCESS = 13  # logical clock tick of last access (see TICK)
-NS = 14           # namespace id (interned (extra_key, cache_salt) by the façade)
-GEN = 15          # generation of this slot; NodeId = GEN << 32 | slot (< GEN_LIMIT)
-# --- lines 2-4: the rest
-NCHILD = 16       # number of children
-FIRST_CHILD = 17  # intrusive child list, for DFS / checks / reset
-NEXT_SIB = 18     # next sibling; for a free slot: next free slot
-PREV_SIB = 19     # previous sibling
-# Policy inputs (written by kernels/match.py, kernels/insert.py; read by kernels/order.py);
-# LAST_ACCESS above is one of them.
-CREATION = 20     # logical clock tick of creation (inherited by a split's upper part)
-HIT_COUNT = 21    # insert-driven hit counter (LFU / SLRU)
-PRIORITY = 22     # request priority, max'ed along insert paths (``priority`` policy)
-LRU_PREV = 23     # aux-component LRU links (SWA, Mamba); Full uses the heap instead
-LRU_NEXT = 29
-MAMBA_SLOT = 35   # Mamba state slot per tier (+ t); NIL when absent
-SWA_UUID = 37     # SWA window-lock boundary stamp (0 = none)
-TLRU_CACHED = 38  # T-LRU: root-path depth in units (maintained only under tlru)
-TLRU_HIST = 39    # T-LRU: high-water depth of the branch
-NCOL = 40
+#: Columns in table order. Rows are NCOL int64 (a multiple of 8: whole 64-byte
+#: lines) and the table is allocated 64-byte aligned, so HOT_COLUMNS (the first
+#: 16) are lines 0 and 1: everything a lock walk or a match walk reads per node.
+#: Writer of each column in the comment.
+NODE_COLUMNS = (
+    # --- line 0
+    ("PARENT", 1),       # parent slot; NIL for the root (state, tree)
+    ("KEY_OFF", 1),      # start of the edge key (and value) span in ``pool`` (tree, state.compact_pool)
+    ("KEY_LEN", 1),      # edge length in logical units (multiple of page_size; 0 for root) (tree)
+    ("FLAGS", 1),        # bit set: F_ALIVE, F_HAS(c, t) value-presence bits (state, tree, components)
+    ("LOCK_REF", N_COMPONENTS * N_TIERS),  # lock_ref per (c, t) at LOCK_COL(c, t); 6 cols, into line 1
+                         # (lock.py and each component's lock rule; tree.split_node copies)
+    # --- line 1
+    ("CHILD_LOCK", 1),   # sum of the children's Full lock_ref: lock_ref - CHILD_LOCK = locks
+                         # anchored at this node, so a release without one is refused in O(1) (lock)
+    ("NDEVCHILD", 1),    # children holding a Full device value (O(1) D-leaf test) (tree)
+    ("HEAP_POS", N_HEAPS),  # + h: position in heap h (HEAP_DEVICE: while an evictable device
+                         # leaf), else NIL (order)
+    ("LAST_ACCESS", 1),  # logical clock tick of last access (see TICK) (match, insert, tree)
+    ("NS", 1),           # namespace id (interned (extra_key, cache_salt) by the façade) (tree)
+    ("GEN", 1),          # generation of this slot; NodeId = GEN << 32 | slot (< GEN_LIMIT) (state)
+    # --- lines 2-4
+    ("NCHILD", 1),       # number of children (tree)
+    ("FIRST_CHILD", 1),  # intrusive child list, for DFS / checks / reset (state, tree)
+    ("NEXT_SIB", 1),     # next sibling; for a free slot: next free slot (state, tree)
+    ("PREV_SIB", 1),     # previous sibling (state, tree)
+    ("CREATION", 1),     # logical clock tick of creation (inherited by a split's upper part) (tree)
+    ("HIT_COUNT", 1),    # insert-driven hit counter (LFU / SLRU) (insert, tree)
+    ("PRIORITY", 1),     # request priority, max'ed along insert paths (insert, tree)
+    ("LRU_PREV", N_LRU),  # aux LRU links at LRU_PREV + LRU_ID(c, t) (lru only)
+    ("LRU_NEXT", N_LRU),  # (lru only)
+    ("MAMBA_SLOT", N_TIERS),  # Mamba state slot per tier (+ t); NIL when absent (reserved: Mamba)
+    ("SWA_UUID", N_TIERS),    # SWA window-lock boundary stamp per tier (0 = none) (components.swa)
+    ("TLRU_CACHED", 1),  # T-LRU: root-path depth in units (maintained only under tlru) (tree)
+    ("TLRU_HIST", 1),    # T-LRU: high-water depth of the branch (tree)
+)
+_COL, NCOL = _number(NODE_COLUMNS, align=8)
+PARENT = _COL["PARENT"]
+KEY_OFF = _COL["KEY_OFF"]
+KEY_LEN = _COL["KEY_LEN"]
+FLAGS = _COL["FLAGS"]
+LOCK_REF = _COL["LOCK_REF"]
+CHILD_LOCK = _COL["CHILD_LOCK"]
+NDEVCHILD = _COL["NDEVCHILD"]
+HEAP_POS = _COL["HEAP_POS"]
+LAST_ACCESS = _COL["LAST_ACCESS"]
+NS = _COL["NS"]
+GEN = _COL["GEN"]
+NCHILD = _COL["NCHILD"]
+FIRST_CHILD = _COL["FIRST_CHILD"]
+NEXT_SIB = _COL["NEXT_SIB"]
+PREV_SIB = _COL["PREV_SIB"]
+CREATION = _COL["CREATION"]
+HIT_COUNT = _COL["HIT_COUNT"]
+PRIORITY = _COL["PRIORITY"]
+LRU_PREV = _COL["LRU_PREV"]
+LRU_NEXT = _COL["LRU_NEXT"]
+MAMBA_SLOT = _COL["MAMBA_SLOT"]
+SWA_UUID = _COL["SWA_UUID"]
+TLRU_CACHED = _COL["TLRU_CACHED"]
+TLRU_HIST = _COL["TLRU_HIST"]
+#: Columns a match or lock walk reads per node: they must stay in lines 0-1.
+HOT_COLUMNS = ("PARENT", "KEY_OFF", "KEY_LEN", "FLAGS", "LOCK_REF", "CHILD_LOCK", "NDEVCHILD",
+               "HEAP_POS", "LAST_ACCESS", "NS", "GEN")
 
 
 def LOCK_COL(c, t=DEVICE):
@@ -108,6 +195,8 @@ def LOCK_COL(c, t=DEVICE):
 
 #: Column of the Full device lock_ref (the one every Full-only path touches).
 FULL_LOCK = LOCK_REF + FULL * N_TIERS + DEVICE
+#: Column of the SWA device lock_ref (window segment locks).
+SWA_LOCK = LOCK_REF + SWA * N_TIERS + DEVICE
 
 F_ALIVE = 1
 
@@ -117,7 +206,8 @@ def F_HAS(c, t=DEVICE):
     return 1 << (1 + c * N_TIERS + t)
 
 
-F_HAS_FULL_DEV = 1 << 1
+F_HAS_FULL_DEV = 1 << (1 + FULL * N_TIERS + DEVICE)
+F_HAS_SWA_DEV = 1 << (1 + SWA * N_TIERS + DEVICE)
 
 # ---------------------------------------------------------------- pool columns
 TOK = 0           # key units
@@ -144,30 +234,77 @@ CT_LOAD_DEN = 5
 CT_MAX_LOAD = CT_LOAD_NUM / CT_LOAD_DEN
 
 # ---------------------------------------------------------------- meta
-M_CLOCK = 0           # logical clock (next tick to hand out)
-M_PAGE = 1            # page_size
-M_POLICY = 2          # eviction policy id (POLICY_*)
-M_POLICY_A = 3        # policy parameter (slru threshold, tlru threshold)
-M_POLICY_B = 4        # policy parameter (tlru next_prompt_estimate)
-M_HWM = 5             # slots ever used (high-water mark); slots >= HWM are untouched
-M_FREE_HEAD = 6       # head of the free-slot list (linked through NEXT_SIB)
-M_NFREE = 7           # slots on the free list
-M_NLIVE = 8           # live nodes, root included
-M_POOL_TOP = 9        # pool rows in use (live + dead)
-M_POOL_DEAD = 10      # pool rows of removed nodes, reclaimable by compaction
-M_CT_LIVE = 11        # live child-table entries
-M_CT_TOMB = 12        # tombstoned child-table entries
-M_HEAP_N = 13         # heap size
-M_EVICTABLE = 14      # + c: evictable units per component (device tier)
-M_PROTECTED = 17      # + c: protected units per component (device tier)
-M_TOTAL = 20          # + c: units held on device per component (evictable + protected)
-M_EVICT_WALK = 24     # 1 while a step-wise Full eviction round is open
-M_EVICT_REQ = 25      # request of the open round
-M_EVICT_DONE = 26     # units evicted so far in the open round
-M_EVENTS = 27         # 1 when KV events are on: eviction kernels report removed spans
-M_BIGRAM = 28         # 1 for an EAGLE bigram tree (units pack two tokens)
-M_RETIRED = 29        # slots retired for good: their generation reached GEN_LIMIT
-META_LEN = 32
+#: Meta slots in order (``M_<name>``); per-component and per-heap blocks are
+#: indexed ``M_X + c`` / ``M_X + h``.
+META_FIELDS = (
+    ("CLOCK", 1),         # logical clock (next tick to hand out)
+    ("PAGE", 1),          # page_size
+    ("POLICY", 1),        # eviction policy id (POLICY_*)
+    ("POLICY_A", 1),      # policy parameter (slru threshold, tlru threshold)
+    ("POLICY_B", 1),      # policy parameter (tlru next_prompt_estimate)
+    ("HWM", 1),           # slots ever used (high-water mark); slots >= HWM are untouched
+    ("FREE_HEAD", 1),     # head of the free-slot list (linked through NEXT_SIB)
+    ("NFREE", 1),         # slots on the free list
+    ("NLIVE", 1),         # live nodes, root included
+    ("POOL_TOP", 1),      # pool rows in use (live + dead)
+    ("POOL_DEAD", 1),     # pool rows of removed nodes, reclaimable by compaction
+    ("CT_LIVE", 1),       # live child-table entries
+    ("CT_TOMB", 1),       # tombstoned child-table entries
+    ("HEAP_N", N_HEAPS),  # + h: size of heap h
+    ("EVICTABLE", N_COMPONENTS),  # + c: evictable units per component (device tier)
+    ("PROTECTED", N_COMPONENTS),  # + c: protected units per component (device tier)
+    ("TOTAL", N_COMPONENTS),      # + c: units held on device per component (evictable + protected)
+    ("EVICT_WALK", N_COMPONENTS),  # + c: 1 while a step-wise eviction round of c is open
+    ("EVICT_REQ", N_COMPONENTS),   # + c: request of that round
+    ("EVICT_DONE", N_COMPONENTS),  # + c: units of c evicted so far in that round
+    ("EVICT_CURSOR", N_COMPONENTS),  # + c: aux round's LRU cursor slot (NIL: none)
+    ("EVENTS", 1),        # 1 when KV events are on: mutating kernels emit event actions
+    ("BIGRAM", 1),        # 1 for an EAGLE bigram tree (units pack two tokens)
+    ("RETIRED", 1),       # slots retired for good: their generation reached GEN_LIMIT
+    ("COMPONENTS", 1),    # bit set C_* of the configured components (FULL always)
+    ("SWA_WINDOW", 1),    # SWA retain window W in units (0 without SWA)
+    ("SWA_UUID_NEXT", 1),  # next SWA window-lock boundary stamp (never reused, > 0)
+    ("NACTS", 1),         # rows written to ``acts`` by the last kernel call
+    ("NOUT", 1),          # entries of ``out`` holding action data after the last call
+    ("NEED_SLOTS", 1),    # after E_CAPACITY: free node slots (and child-table entries) the call needs
+    ("NEED_UNITS", 1),    # after E_CAPACITY: free pool rows the call needs
+    ("NEED_OUT", 1),      # after E_CAPACITY: entries of ``out`` the call needs
+    ("NEED_ACTS", 1),     # after E_CAPACITY: rows of ``acts`` the call needs
+)
+_META, META_LEN = _number(META_FIELDS, align=8)
+M_CLOCK = _META["CLOCK"]
+M_PAGE = _META["PAGE"]
+M_POLICY = _META["POLICY"]
+M_POLICY_A = _META["POLICY_A"]
+M_POLICY_B = _META["POLICY_B"]
+M_HWM = _META["HWM"]
+M_FREE_HEAD = _META["FREE_HEAD"]
+M_NFREE = _META["NFREE"]
+M_NLIVE = _META["NLIVE"]
+M_POOL_TOP = _META["POOL_TOP"]
+M_POOL_DEAD = _META["POOL_DEAD"]
+M_CT_LIVE = _META["CT_LIVE"]
+M_CT_TOMB = _META["CT_TOMB"]
+M_HEAP_N = _META["HEAP_N"]
+M_EVICTABLE = _META["EVICTABLE"]
+M_PROTECTED = _META["PROTECTED"]
+M_TOTAL = _META["TOTAL"]
+M_EVICT_WALK = _META["EVICT_WALK"]
+M_EVICT_REQ = _META["EVICT_REQ"]
+M_EVICT_DONE = _META["EVICT_DONE"]
+M_EVICT_CURSOR = _META["EVICT_CURSOR"]
+M_EVENTS = _META["EVENTS"]
+M_BIGRAM = _META["BIGRAM"]
+M_RETIRED = _META["RETIRED"]
+M_COMPONENTS = _META["COMPONENTS"]
+M_SWA_WINDOW = _META["SWA_WINDOW"]
+M_SWA_UUID_NEXT = _META["SWA_UUID_NEXT"]
+M_NACTS = _META["NACTS"]
+M_NOUT = _META["NOUT"]
+M_NEED_SLOTS = _META["NEED_SLOTS"]
+M_NEED_UNITS = _META["NEED_UNITS"]
+M_NEED_OUT = _META["NEED_OUT"]
+M_NEED_ACTS = _META["NEED_ACTS"]
 
 #: A slot whose generation reaches GEN_LIMIT is retired (never reused): one more id
 #: ``GEN << 32 | slot`` would overflow int64. Under churn the free list is LIFO, so a
@@ -195,12 +332,14 @@ POLICY_NAMES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 OK = 0
 E_STALE = 1           # node id does not name a live node
 E_LOCK_UNDERFLOW = 2  # a release would take a lock_ref below zero
-E_CAPACITY = 3        # the façade did not reserve enough capacity (a bug)
+E_CAPACITY = 3        # not enough room (slots, pool rows, child table, out, acts): grow and retry
 E_WALK_OPEN = 4       # a step-wise eviction round is already open
 E_NO_WALK = 5         # no step-wise eviction round is open
 E_NOT_LEAF = 6        # node is not an evictable device leaf
 E_NOT_ANCHORED = 7    # release of a node whose lock_ref is held only by descendants' locks
 E_BAD_VALUE = 8       # a KV index < 0 or >= the allocator's bound (insert; nothing changed)
+E_BAD_CURSOR = 9      # an SWA eviction cursor that is not page-aligned (insert; nothing changed)
+E_NO_BOUNDARY = 10    # an SWA window release whose boundary stamp is not on the path
 
 #: ``insert``'s ``limit`` argument: no check of the values (they are token ids) /
 #: only ``>= 0`` (no allocator bound known)

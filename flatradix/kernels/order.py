@@ -1,6 +1,7 @@
 """Eviction order of the evictable device leaves: an indexed binary min-heap.
 
-Owns ``heap``, ``nodes[:, HEAP_POS]`` and ``meta[M_HEAP_N]``. The heap holds
+Owns ``heap``, ``nodes[:, HEAP_POS]`` and ``meta[M_HEAP_N + h]``. Every heap
+helper takes a heap id ``h`` (a row of ``heap``); heap ``HEAP_DEVICE`` holds
 exactly the *evictable device leaves* (SGLang's ``evictable_device_leaves``:
 non-root, Full device value present, every component's lock_ref == 0, no child
 holding a Full device value). Membership is refreshed by ``refresh_leaf`` after
@@ -29,9 +30,9 @@ tlru      (-1 if (cached - key_len) >= max(hist + B - A, 0) else 0, last_access)
 
 from ._jit import helper
 from .layout import (
-    CREATION, F_ALIVE, F_HAS_FULL_DEV, FLAGS, HEAP_POS, HIT_COUNT, KEY_LEN,
+    CREATION, F_ALIVE, F_HAS_FULL_DEV, FLAGS, HEAP_DEVICE, HEAP_POS, HIT_COUNT, KEY_LEN,
     LAST_ACCESS, LOCK_REF, M_HEAP_N, M_POLICY, M_POLICY_A, M_POLICY_B,
-    N_COMPONENTS, N_TIERS, NDEVCHILD, NIL, POLICY_FIFO, POLICY_FILO, POLICY_LFU,
+    N_COMPONENTS, N_HEAPS, N_TIERS, NDEVCHILD, NIL, POLICY_FIFO, POLICY_FILO, POLICY_LFU,
     POLICY_LRU, POLICY_MRU, POLICY_PRIORITY, POLICY_SLRU, PRIORITY, ROOT,
     TLRU_CACHED, TLRU_HIST,
 )
@@ -76,83 +77,86 @@ def _less(nodes, meta, a, b):
 
 
 @helper
-def _place(nodes, heap, i, s):
-    heap[i] = s
-    nodes[s, HEAP_POS] = i
+def _place(nodes, heap, h, i, s):
+    heap[h, i] = s
+    nodes[s, HEAP_POS + h] = i
 
 
 @helper
-def _sift_up(nodes, heap, meta, i):
-    s = heap[i]
+def _sift_up(nodes, heap, meta, h, i):
+    s = heap[h, i]
     while i > 0:
         p = (i - 1) >> 1
-        if not _less(nodes, meta, s, heap[p]):
+        if not _less(nodes, meta, s, heap[h, p]):
             break
-        _place(nodes, heap, i, heap[p])
+        _place(nodes, heap, h, i, heap[h, p])
         i = p
-    _place(nodes, heap, i, s)
+    _place(nodes, heap, h, i, s)
 
 
 @helper
-def _sift_down(nodes, heap, meta, i):
-    n = meta[M_HEAP_N]
-    s = heap[i]
+def _sift_down(nodes, heap, meta, h, i):
+    n = meta[M_HEAP_N + h]
+    s = heap[h, i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _less(nodes, meta, heap[c + 1], heap[c]):
+        if c + 1 < n and _less(nodes, meta, heap[h, c + 1], heap[h, c]):
             c += 1
-        if not _less(nodes, meta, heap[c], s):
+        if not _less(nodes, meta, heap[h, c], s):
             break
-        _place(nodes, heap, i, heap[c])
+        _place(nodes, heap, h, i, heap[h, c])
         i = c
-    _place(nodes, heap, i, s)
+    _place(nodes, heap, h, i, s)
 
 
 @helper
-def heap_push(nodes, heap, meta, s):
-    i = meta[M_HEAP_N]
-    meta[M_HEAP_N] = i + 1
-    _place(nodes, heap, i, s)
-    _sift_up(nodes, heap, meta, i)
+def heap_push(nodes, heap, meta, h, s):
+    """Add slot ``s`` to heap ``h``."""
+    i = meta[M_HEAP_N + h]
+    meta[M_HEAP_N + h] = i + 1
+    _place(nodes, heap, h, i, s)
+    _sift_up(nodes, heap, meta, h, i)
 
 
 @helper
-def heap_remove(nodes, heap, meta, s):
-    i = nodes[s, HEAP_POS]
-    nodes[s, HEAP_POS] = NIL
-    n = meta[M_HEAP_N] - 1
-    meta[M_HEAP_N] = n
+def heap_remove(nodes, heap, meta, h, s):
+    """Remove slot ``s`` (a member) from heap ``h``."""
+    i = nodes[s, HEAP_POS + h]
+    nodes[s, HEAP_POS + h] = NIL
+    n = meta[M_HEAP_N + h] - 1
+    meta[M_HEAP_N + h] = n
     if i == n:
         return
-    _place(nodes, heap, i, heap[n])
-    fix_at(nodes, heap, meta, i)
+    _place(nodes, heap, h, i, heap[h, n])
+    fix_at(nodes, heap, meta, h, i)
 
 
 @helper
-def fix_at(nodes, heap, meta, i):
-    if i > 0 and _less(nodes, meta, heap[i], heap[(i - 1) >> 1]):
-        _sift_up(nodes, heap, meta, i)
+def fix_at(nodes, heap, meta, h, i):
+    if i > 0 and _less(nodes, meta, heap[h, i], heap[h, (i - 1) >> 1]):
+        _sift_up(nodes, heap, meta, h, i)
     else:
-        _sift_down(nodes, heap, meta, i)
+        _sift_down(nodes, heap, meta, h, i)
 
 
 @helper
 def fix(nodes, heap, meta, s):
-    """Re-sift slot ``s`` after its priority inputs changed (no-op when not in the heap)."""
-    i = nodes[s, HEAP_POS]
-    if i >= 0:
-        fix_at(nodes, heap, meta, i)
+    """Re-sift slot ``s`` in every heap it is in, after its priority inputs changed."""
+    for h in range(N_HEAPS):
+        i = nodes[s, HEAP_POS + h]
+        if i >= 0:
+            fix_at(nodes, heap, meta, h, i)
 
 
 @helper
-def heap_pop(nodes, heap, meta):
-    """Remove and return the slot with the smallest priority (-1 when empty)."""
-    if meta[M_HEAP_N] == 0:
+def heap_pop(nodes, heap, meta, h):
+    """Remove and return the slot of heap ``h`` with the smallest priority (-1 when empty)."""
+    if meta[M_HEAP_N + h] == 0:
         return -1
-    s = heap[0]
-    heap_remove(nodes, heap, meta, s)
+    s = heap[h, 0]
+    heap_remove(nodes, heap, meta, h, s)
     return s
 
 
@@ -171,10 +175,10 @@ def is_device_leaf(nodes, s):
 
 @helper
 def refresh_leaf(nodes, heap, meta, s):
-    """Bring ``s``'s heap membership in line with the D-leaf predicate."""
+    """Bring ``s``'s membership of the device-leaf heap in line with the D-leaf predicate."""
     leaf = is_device_leaf(nodes, s)
-    inside = nodes[s, HEAP_POS] >= 0
+    inside = nodes[s, HEAP_POS + HEAP_DEVICE] >= 0
     if leaf and not inside:
-        heap_push(nodes, heap, meta, s)
+        heap_push(nodes, heap, meta, HEAP_DEVICE, s)
     elif inside and not leaf:
-        heap_remove(nodes, heap, meta, s)
+        heap_remove(nodes, heap, meta, HEAP_DEVICE, s)

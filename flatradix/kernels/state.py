@@ -6,18 +6,17 @@ Owns ``nodes[:, GEN]``, ``FLAGS & F_ALIVE``, the free-slot list (linked through
 and the pool counters.
 """
 
-import numpy as np
-
 from ._jit import helper, kernel
 from .layout import (
-    CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS,
-    FULL, GEN, GEN_LIMIT, HEAP_POS, HIT_COUNT, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB,
+    CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD,
+    FIRST_SLOT, FLAGS, GEN, GEN_LIMIT, HEAP_POS, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB, M_EVICT_CURSOR,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
-    M_HWM, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
-    MAMBA_SLOT, N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
-    PARENT, PREV_SIB, PRIORITY, ROOT, SWA_UUID, TICK, TLRU_CACHED, TLRU_HIST,
+    M_HWM, M_NEED_ACTS, M_NEED_OUT, M_NEED_SLOTS, M_NEED_UNITS, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
+    MAMBA_SLOT, N_COMPONENTS, N_HEAPS, N_LRU, N_TIERS, NEXT_SIB, NIL,
+    PARENT, PREV_SIB, PRIORITY, SENTINEL0, TICK,
 )
+from .lru import lru_init
 
 SLOT_MASK = (1 << 32) - 1
 
@@ -54,14 +53,26 @@ def free_slots(meta, capacity):
 
 
 @helper
+def need(meta, slots, units, out_n, acts_n):
+    """Say what an ``E_CAPACITY`` answer needs (the engine grows that, then retries)."""
+    meta[M_NEED_SLOTS] = slots
+    meta[M_NEED_UNITS] = units
+    meta[M_NEED_OUT] = out_n
+    meta[M_NEED_ACTS] = acts_n
+
+
+@helper
 def has_room(nodes, ctab, pool, meta, slots, units):
     """Room for ``slots`` new nodes (and as many child-table entries) and ``units``
-    pool rows. Checked by mutating kernels before they change anything."""
-    if meta[M_NFREE] + nodes.shape[0] - meta[M_HWM] < slots:
-        return False
-    if meta[M_POOL_TOP] + units > pool.shape[0]:
-        return False
-    return (meta[M_CT_LIVE] + meta[M_CT_TOMB] + slots) * CT_LOAD_DEN <= ctab.shape[0] * CT_LOAD_NUM
+    pool rows. Checked by mutating kernels before they change anything; when
+    short, the needs are left in ``meta[M_NEED_*]``."""
+    ok = (meta[M_NFREE] + nodes.shape[0] - meta[M_HWM] >= slots
+          and meta[M_POOL_TOP] + units <= pool.shape[0]
+          and (meta[M_CT_LIVE] + meta[M_CT_TOMB] + slots) * CT_LOAD_DEN
+          <= ctab.shape[0] * CT_LOAD_NUM)
+    if not ok:
+        need(meta, slots, units, 0, 0)
+    return ok
 
 
 @helper
@@ -74,8 +85,9 @@ def _clear_row(nodes, s):
     nodes[s, FIRST_CHILD] = NIL
     nodes[s, NEXT_SIB] = NIL
     nodes[s, PREV_SIB] = NIL
-    nodes[s, HEAP_POS] = NIL
-    for i in range(N_COMPONENTS * N_TIERS):
+    for h in range(N_HEAPS):
+        nodes[s, HEAP_POS + h] = NIL
+    for i in range(N_LRU):
         nodes[s, LRU_PREV + i] = NIL
         nodes[s, LRU_NEXT + i] = NIL
     for t in range(N_TIERS):
@@ -155,7 +167,8 @@ def _make_root(nodes, meta):
 
 @kernel
 def reset_tree(nodes, ctab, meta):
-    """Drop every node (all their ids go stale), then lay out a new root.
+    """Drop every node (all their ids go stale), then lay out a new root and empty
+    the auxiliary LRU lists (their sentinel slots follow the root).
 
     Also lays out the first tree on fresh (zeroed) arrays.
 
@@ -175,28 +188,33 @@ def reset_tree(nodes, ctab, meta):
     meta[M_RETIRED] = 0
     meta[M_POOL_TOP] = 0
     meta[M_POOL_DEAD] = 0
-    meta[M_HEAP_N] = 0
+    for h in range(N_HEAPS):
+        meta[M_HEAP_N + h] = 0
     meta[M_CT_LIVE] = 0
     meta[M_CT_TOMB] = 0
-    meta[M_EVICT_WALK] = 0
-    meta[M_EVICT_REQ] = 0
-    meta[M_EVICT_DONE] = 0
     for c in range(N_COMPONENTS):
         meta[M_EVICTABLE + c] = 0
         meta[M_PROTECTED + c] = 0
         meta[M_TOTAL + c] = 0
+        meta[M_EVICT_WALK + c] = 0
+        meta[M_EVICT_REQ + c] = 0
+        meta[M_EVICT_DONE + c] = 0
+        meta[M_EVICT_CURSOR + c] = NIL
     ctab[:, CT_CHILD] = CT_EMPTY
     s = _make_root(nodes, meta)  # slot 0, its generation bumped above
+    for t in range(SENTINEL0, FIRST_SLOT):
+        _clear_row(nodes, t)
+        nodes[t, FLAGS] = 0
+    lru_init(nodes)
     # Every other used slot goes on the free list, lowest slot at the head.
-    for f in range(hwm - 1, ROOT, -1):
+    for f in range(hwm - 1, FIRST_SLOT - 1, -1):
         if nodes[f, GEN] >= GEN_LIMIT:
             meta[M_RETIRED] += 1
             continue
         nodes[f, NEXT_SIB] = meta[M_FREE_HEAD]
         meta[M_FREE_HEAD] = f
         meta[M_NFREE] += 1
-    if hwm > 1:
-        meta[M_HWM] = hwm
+    meta[M_HWM] = max(hwm, FIRST_SLOT)
     return node_id(nodes, s)
 
 

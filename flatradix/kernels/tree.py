@@ -6,15 +6,17 @@ sibling lists, the NCHILD / NDEVCHILD counters, the size ledgers and the
 eviction heap consistent.
 """
 
+from ..components import full
 from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
-    CHILD_LOCK, CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
-    FULL_DEV, FULL_LOCK, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS, LOCK_REF,
+    CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
+    FULL_DEV, HEAP_DEVICE, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS,
     M_EVENTS, M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
-    N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
+    NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
     PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
 )
+from .actions import A_FREE_SLOT, A_REMOVED, SRC_OUT, SRC_POOL, emit, out_put_span
 from .order import fix, heap_remove, refresh_leaf
 from .state import link_child, node_alloc, node_free, tick, unlink_child
 
@@ -98,9 +100,7 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
     nodes[u, CREATION] = nodes[child, CREATION]
     nodes[u, HIT_COUNT] = nodes[child, HIT_COUNT]
     nodes[u, PRIORITY] = nodes[child, PRIORITY]
-    for i in range(2 * N_TIERS):  # Full and SWA, both tiers
-        nodes[u, LOCK_REF + i] = nodes[child, LOCK_REF + i]
-    nodes[u, CHILD_LOCK] = nodes[child, FULL_LOCK]  # U's only child; no lock anchored at U
+    full.redistribute_on_node_split(nodes, u, child)
     if meta[M_POLICY] == POLICY_TLRU:
         nodes[u, TLRU_CACHED] = nodes[p, TLRU_CACHED] + m
         nodes[u, TLRU_HIST] = nodes[child, TLRU_HIST]
@@ -152,25 +152,25 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
 
 
 @helper
-def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout, spans, nspans):
-    """Remove the unlocked device leaf ``s``; its KV indices go to ``out[nout:]``.
+def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
+    """Remove the unlocked device leaf ``s``; returns its length in units.
 
-    With KV events on, its pool span ``(off, len)`` goes to ``spans[nspans]`` (the
-    rows keep their page digests until the next compaction). Returns the new
-    ``(nout, nspans)``. The parent re-enters the heap if it became a leaf.
+    Emits ``A_FREE_SLOT(FULL)`` with its KV indices (copied to ``out``) and, with
+    KV events on, ``A_REMOVED`` with its pool span (the rows keep their page
+    digests until the next compaction). The parent re-enters the heap if it
+    became a leaf. The caller checked room for 2 rows and ``len`` values.
     """
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
+    at = out_put_span(out, meta, pool, off, n)
+    emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
     if meta[M_EVENTS]:
-        spans[nspans, 0] = off
-        spans[nspans, 1] = n
-        nspans += 1
-    copy_values(pool, off, n, out, nout)
+        emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)
     meta[M_EVICTABLE + FULL] -= n
     meta[M_TOTAL + FULL] -= n
     meta[M_POOL_DEAD] += n
-    if nodes[s, HEAP_POS] >= 0:
-        heap_remove(nodes, heap, meta, s)
+    if nodes[s, HEAP_POS + HEAP_DEVICE] >= 0:
+        heap_remove(nodes, heap, meta, HEAP_DEVICE, s)
     remove_child_entry(nodes, ctab, pool, meta, s)
     p = nodes[s, PARENT]
     unlink_child(nodes, s)
@@ -178,4 +178,4 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, nout, spans, nspans):
     nodes[p, NDEVCHILD] -= 1
     node_free(nodes, meta, s)
     refresh_leaf(nodes, heap, meta, p)
-    return nout + n, nspans
+    return n

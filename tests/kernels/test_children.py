@@ -21,11 +21,11 @@ def test_colliding_page_keys_are_told_apart(monkeypatch):
     # key of [5,6,7,8]; lookups must still tell the two pages apart.
     k5 = page_key(np.array([5, 6, 7, 8], dtype=np.int64), 0, 4)
     k9 = page_key(np.array([9, 9, 9, 9], dtype=np.int64), 0, 4)
-    rows = np.nonzero(c._ctab[:, L.CT_PAGEKEY] == k9)[0]
+    rows = np.nonzero(c._engine.st.ctab[:, L.CT_PAGEKEY] == k9)[0]
     assert len(rows) == 1
     m9 = c.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4, 9, 9, 9, 9])))
     assert m9.device_prefix_len == 8
-    c._ctab[rows[0], L.CT_PAGEKEY] = k5
+    c._engine.st.ctab[rows[0], L.CT_PAGEKEY] = k5
     m5 = c.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4, 5, 6, 7, 8])))
     assert m5.device_prefix_len == 8
     assert m5.device_indices.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]

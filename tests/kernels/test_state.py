@@ -24,7 +24,7 @@ def test_growth_of_every_array_keeps_the_tree():
     for i, k in enumerate(keys):
         c.insert(InsertParams(key=RadixKey(k), value=np.arange(len(k)) + 1000 * i))
     c.sanity_check()
-    assert c._nodes.shape[0] > 4 and c._pool.shape[0] > 64
+    assert c._engine.st.nodes.shape[0] > 4 and c._engine.st.pool.shape[0] > 64
     for i, k in enumerate(keys):
         m = c.match_prefix(MatchPrefixParams(key=RadixKey(k)))
         assert m.device_prefix_len == len(k) - len(k) % 2
@@ -40,15 +40,15 @@ def test_compaction_reclaims_dead_rows_under_churn():
             c.evict(EvictParams(num_tokens=200))
     c.sanity_check()
     # live data stays bounded, so the pool must not grow without bound
-    assert c._pool.shape[0] <= 4096
-    assert c._meta[L.M_POOL_TOP] - c._meta[L.M_POOL_DEAD] == c.total_size()[0]
-    assert c._nodes.shape[0] <= 1024
+    assert c._engine.st.pool.shape[0] <= 4096
+    assert c._engine.meta[L.M_POOL_TOP] - c._engine.meta[L.M_POOL_DEAD] == c.total_size()[0]
+    assert c._engine.st.nodes.shape[0] <= 1024
 
 
 def test_reset_makes_every_id_stale_and_keeps_capacity():
     c = UnifiedRadixCache(page_size=1)
     ids = [c.insert(InsertParams(key=RadixKey([i, i + 1]))).last_device_node for i in range(0, 20, 2)]
-    cap = c._nodes.shape[0]
+    cap = c._engine.st.nodes.shape[0]
     c.reset()
     assert c.node_count() == 0 and c.total_size() == (0, 0)
     for nid in ids:
@@ -57,5 +57,5 @@ def test_reset_makes_every_id_stale_and_keeps_capacity():
         except KeyError:
             continue
         raise AssertionError("stale id accepted after reset")
-    assert c._nodes.shape[0] == cap
+    assert c._engine.st.nodes.shape[0] == cap
     c.sanity_check()

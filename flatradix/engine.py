@@ -1,0 +1,279 @@
+"""The engine: the tree's state arrays, their growth, namespaces, and the call-and-grow helper.
+
+``Engine`` owns every array the kernels mutate (``TreeArrays``: ``nodes, ctab,
+pool, heap, meta``, in the order every entry kernel takes them first) and the
+two scratch outputs (``out``, ``acts``), and calls kernels through one helper
+that grows what a kernel reports too small (``E_CAPACITY`` with
+``meta[M_NEED_*]``) and calls again. Nothing here knows the public API: the
+façade (``flatradix.cache``) validates, calls the engine, and hands the
+actions to the executor (``flatradix.executor``). See ``kernels/layout.py``
+for the arrays' layout.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
+from .kernels import layout as L
+from .kernels.actions import ACT_NCOL
+from .kernels.children import rebuild_children as _k_rebuild_children
+from .kernels.state import compact_pool as _k_compact
+from .kernels.state import reset_tree as _k_reset
+
+#: initial length of the ``out`` scratch and rows of ``acts`` (both grown on demand)
+OUT_MIN = 1024
+ACTS_MIN = 64
+
+
+class TreeArrays(NamedTuple):
+    """The five tree arrays, in the order every entry kernel takes them first.
+
+    ``nodes`` int64 ``(node_capacity, NCOL)``, ``ctab`` int64 ``(2^k, CT_NCOL)``,
+    ``pool`` int64 ``(pool_capacity, POOL_NCOL[_EVENTS])``, ``heap`` int64
+    ``(N_HEAPS, node_capacity)``, ``meta`` int64 ``(META_LEN,)``. Rebuilt (a new
+    tuple) whenever an array is replaced by a larger one.
+    """
+
+    nodes: np.ndarray
+    ctab: np.ndarray
+    pool: np.ndarray
+    heap: np.ndarray
+    meta: np.ndarray
+
+
+def aligned_zeros(rows, cols, align=64):
+    """A zeroed C-contiguous int64 ``(rows, cols)`` array whose data starts on an
+    ``align``-byte boundary (a view into a slightly larger buffer), so node-table
+    rows (NCOL * 8 bytes) and child-table rows (32 bytes) never straddle cache
+    lines more than their size needs (``kernels/layout.py``: column order)."""
+    n = rows * cols
+    buf = np.zeros(n + align // 8, dtype=np.int64)
+    skip = (-buf.ctypes.data % align) // 8
+    return buf[skip:skip + n].reshape(rows, cols)
+
+
+def ct_capacity_for(nslots):
+    """Power-of-two child-table size that keeps ``nslots`` entries under the load limit."""
+    cap = 16
+    while cap * L.CT_MAX_LOAD < nslots + 2:
+        cap *= 2
+    return cap
+
+
+def node_id(nodes, slot):
+    """The NodeId of the live node in ``slot``: ``GEN << 32 | slot`` (``kernels/state.node_id``)."""
+    return (int(nodes[slot, L.GEN]) << 32) | int(slot)
+
+
+def slot_of(nid):
+    """The slot part of a NodeId."""
+    return nid & 0xFFFFFFFF
+
+
+class Namespaces:
+    """``(extra_key, cache_salt)`` tuples interned to the int ids of column ``NS``.
+
+    Ids come from a counter and are never reused, so a match that looked an id
+    up without the lock can at worst miss (the namespace was dropped and
+    re-interned meanwhile), never see another namespace's nodes. Entries no
+    live node uses are dropped once the map reaches ``gc_at`` (O(slots),
+    amortised O(1) per new namespace; the façade runs it after a successful
+    insert), so per-request salts do not grow it without bound. Namespaces are
+    compared as tuples, never concatenated (``known_bugs.md`` B5).
+    """
+
+    def __init__(self):
+        self.ids = {(None, None): 0}
+        self._keys = {0: (None, None)}
+        self._next = 1
+        self.gc_at = 1024
+
+    def get(self, nk):
+        """Id of ``nk`` or None (never creates)."""
+        return self.ids.get(nk)
+
+    def intern(self, nk):
+        """Id of ``nk``, creating it."""
+        ns = self.ids.get(nk)
+        if ns is None:
+            ns = self._next
+            self._next += 1
+            self.ids[nk] = ns
+            self._keys[ns] = nk
+        return ns
+
+    def forget(self, nk):
+        """Drop ``nk`` again (an insert that created it was refused)."""
+        ns = self.ids.pop(nk)
+        del self._keys[ns]
+
+    def key_of(self, ns):
+        """The ``(extra_key, cache_salt)`` of id ``ns``."""
+        return self._keys[ns]
+
+    def gc(self, used, hwm, dropped=None):
+        """Drop every namespace whose id is not in ``used`` (the live nodes' ids);
+        ``dropped(nk)`` is called for each. Sets the next threshold."""
+        used = set(used)
+        used.add(0)
+        for nk, ns in list(self.ids.items()):
+            if ns not in used:
+                del self.ids[nk]
+                del self._keys[ns]
+                if dropped is not None:
+                    dropped(nk)
+        n = len(self.ids)
+        self.gc_at = n + max(1024, n, hwm // 4)
+
+
+class Engine:
+    """The tree's arrays and the call-and-grow helper.
+
+    Parameters (all validated by the façade): ``page_size``; ``policy`` (an index
+    of ``POLICY_NAMES``) and its two parameters; ``components`` (``C_*`` bit
+    set); ``swa_window`` (units; 0 without SWA); ``events`` / ``bigram``
+    flags; initial ``node_capacity`` / ``pool_capacity``.
+
+    Growth is amortised O(1): arrays double (or the pool is compacted when half
+    of it is dead) only after a kernel answered ``E_CAPACITY``, so the fast
+    path pays no capacity check in Python. Not thread-safe by itself (the
+    façade holds its lock around every call).
+    """
+
+    def __init__(self, *, page_size, policy, policy_a=0, policy_b=0, components=L.C_FULL,
+                 swa_window=0, events=False, bigram=False, node_capacity=1024,
+                 pool_capacity=1 << 16):
+        self.events = bool(events)
+        self.ns = Namespaces()
+        ncap = max(node_capacity, L.FIRST_SLOT + 8)
+        self.pool_ncol = L.POOL_NCOL_EVENTS if self.events else L.POOL_NCOL
+        nodes = aligned_zeros(ncap, L.NCOL)
+        heap = np.full((L.N_HEAPS, ncap), -1, dtype=np.int64)
+        ctab = aligned_zeros(ct_capacity_for(ncap), L.CT_NCOL)
+        pool = np.zeros((max(64, pool_capacity), self.pool_ncol), dtype=np.int64)
+        meta = np.zeros(L.META_LEN, dtype=np.int64)
+        meta[L.M_EVENTS] = int(self.events)
+        meta[L.M_BIGRAM] = int(bigram)
+        meta[L.M_CLOCK] = L.TICK
+        meta[L.M_PAGE] = page_size
+        meta[L.M_POLICY] = policy
+        meta[L.M_POLICY_A] = policy_a
+        meta[L.M_POLICY_B] = policy_b
+        meta[L.M_COMPONENTS] = components
+        meta[L.M_SWA_WINDOW] = swa_window
+        meta[L.M_SWA_UUID_NEXT] = 1
+        self.st = TreeArrays(nodes, ctab, pool, heap, meta)
+        self.out = np.zeros(OUT_MIN, dtype=np.int64)
+        self.acts = np.zeros((ACTS_MIN, ACT_NCOL), dtype=np.int64)
+        self.root = int(_k_reset(nodes, ctab, meta))
+
+    @property
+    def meta(self):
+        return self.st.meta
+
+    def reset(self):
+        """Drop the tree (every id goes stale); returns the new root's NodeId."""
+        st = self.st
+        self.root = int(_k_reset(st.nodes, st.ctab, st.meta))
+        return self.root
+
+    # ------------------------------------------------------------------ calls
+    def call(self, kernel, *args):
+        """``kernel(*arrays, *args, out, acts)``; on ``E_CAPACITY`` grow what it
+        reports and call again (a kernel answers it before changing anything).
+        Returns the kernel's result tuple (status first)."""
+        while True:
+            r = kernel(*self.st, *args, self.out, self.acts)
+            if r[0] != L.E_CAPACITY:
+                return r
+            self.grow()
+
+    def call_tree(self, kernel, *args):
+        """``kernel(*arrays, *args)`` (no scratch: ``match_prefix``), with the same retry."""
+        while True:
+            r = kernel(*self.st, *args)
+            if r[0] != L.E_CAPACITY:
+                return r
+            self.grow()
+
+    def actions(self):
+        """The rows the last call wrote to ``acts`` (a view, valid until the next call)."""
+        return self.acts[:int(self.st.meta[L.M_NACTS])]
+
+    # ------------------------------------------------------------------ growth
+    def grow(self):
+        """Grow what the last ``E_CAPACITY`` answer asked for (``meta[M_NEED_*]``)."""
+        meta = self.st.meta
+        slots, units = int(meta[L.M_NEED_SLOTS]), int(meta[L.M_NEED_UNITS])
+        self.ensure_out(int(meta[L.M_NEED_OUT]))
+        self.ensure_acts(int(meta[L.M_NEED_ACTS]))
+        if slots or units:
+            self.grow_tree(slots, units)
+        meta[L.M_NEED_SLOTS] = meta[L.M_NEED_UNITS] = 0
+        meta[L.M_NEED_OUT] = meta[L.M_NEED_ACTS] = 0
+
+    def grow_tree(self, slots, units):
+        """Make room for ``slots`` new nodes (and child-table entries) and ``units``
+        pool rows: doubles the node table / heap, rebuilds the child table (purging
+        tombstones), compacts or doubles the pool."""
+        nodes, ctab, pool, heap, meta = self.st
+        ncap = nodes.shape[0]
+        if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < slots:
+            new_cap = ncap * 2
+            while meta[L.M_NFREE] + new_cap - meta[L.M_HWM] < slots:
+                new_cap *= 2
+            new = aligned_zeros(new_cap, L.NCOL)
+            new[:ncap] = nodes
+            nodes = new
+            new_heap = np.full((L.N_HEAPS, new_cap), -1, dtype=np.int64)
+            new_heap[:, :ncap] = heap
+            heap = new_heap
+        ccap = ctab.shape[0]
+        # headroom: after a rebuild live entries fill at most ~2/3 of the allowed
+        # load, so the next rebuild is >= cap/5 operations away (amortised O(1))
+        need_ct = ct_capacity_for(int(meta[L.M_NLIVE]) * 3 // 2 + slots)
+        if (need_ct > ccap or (meta[L.M_CT_LIVE] + meta[L.M_CT_TOMB] + slots) * L.CT_LOAD_DEN
+                > ccap * L.CT_LOAD_NUM):
+            ctab = aligned_zeros(max(need_ct, ccap), L.CT_NCOL)
+            ctab[:, L.CT_CHILD] = L.CT_EMPTY
+            _k_rebuild_children(nodes, ctab, pool, meta)
+        pcap = pool.shape[0]
+        top = int(meta[L.M_POOL_TOP])
+        if top + units > pcap:
+            live = top - int(meta[L.M_POOL_DEAD])
+            new_cap = pcap
+            while live + units > new_cap // 2 and live + units > new_cap - new_cap // 4:
+                new_cap *= 2
+            new_pool = np.zeros((new_cap, self.pool_ncol), dtype=np.int64)
+            _k_compact(nodes, pool, new_pool, meta)
+            pool = new_pool
+        self.st = TreeArrays(nodes, ctab, pool, heap, meta)
+
+    def ensure_out(self, n):
+        """Make ``out`` hold at least ``n`` entries. It is sized by what calls need
+        (a key's length, an eviction's victims), never by the pool: it doubles on
+        demand, so it stays small."""
+        if self.out.shape[0] < n:
+            self.out = np.empty(max(n, 2 * self.out.shape[0]), dtype=np.int64)
+
+    def ensure_acts(self, rows):
+        if self.acts.shape[0] < rows:
+            self.acts = np.zeros((max(rows, 2 * self.acts.shape[0]), ACT_NCOL), dtype=np.int64)
+
+    # ------------------------------------------------------------------ reading
+    def live_slots(self):
+        """Slots of the live nodes (root included), ascending."""
+        nodes, meta = self.st.nodes, self.st.meta
+        hwm = int(meta[L.M_HWM])
+        return np.nonzero((nodes[:hwm, L.FLAGS] & L.F_ALIVE) != 0)[0]
+
+    def gc_namespaces(self, dropped=None):
+        """Drop the namespaces no live node is in (their ids are never reissued)."""
+        used = np.unique(self.st.nodes[self.live_slots(), L.NS]).tolist()
+        self.ns.gc(used, int(self.st.meta[L.M_HWM]), dropped)
+
+    def snapshot(self):
+        """Copy of the whole state, for "unchanged after an error" tests."""
+        return {name: arr.copy() for name, arr in self.st._asdict().items()} | {
+            "ns": dict(self.ns.ids), "root": self.root}

@@ -1,0 +1,90 @@
+"""Inspection: read-only views of the tree for debugging and tests.
+
+``node_info``, ``pretty_print``, ``all_values_flatten`` and the DFS they share;
+none changes anything and none is on a hot path (each is O(tree) or
+O(len(node))). Node ids are packed and unpacked by ``engine.node_id`` /
+``engine.slot_of`` only.
+"""
+
+import numpy as np
+
+from .engine import node_id
+from .kernels import layout as L
+
+_EMPTY = np.empty(0, dtype=np.int64)
+#: Components named in ``pretty_print`` and ``node_info``.
+_NAMES = {L.FULL: "full", L.SWA: "swa", L.MAMBA: "mamba"}
+
+
+def dfs(nodes):
+    """``(slot, depth)`` of every live node in DFS (stack) order from the root."""
+    stack = [(L.ROOT, 0)]
+    while stack:
+        s, depth = stack.pop()
+        yield s, depth
+        kids = []
+        c = int(nodes[s, L.FIRST_CHILD])
+        while c != L.NIL:
+            kids.append(c)
+            c = int(nodes[c, L.NEXT_SIB])
+        for c in reversed(kids):
+            stack.append((c, depth + 1))
+
+
+def components_of(meta):
+    """The configured component ids, in order (FULL first)."""
+    mask = int(meta[L.M_COMPONENTS])
+    return [c for c in (L.FULL, L.SWA, L.MAMBA) if mask & (1 << c)]
+
+
+def node_info(engine, slot, nid):
+    """Dict of one live node's fields (copies of its key and Full value). O(len(node))."""
+    nodes, pool, meta = engine.st.nodes, engine.st.pool, engine.st.meta
+    row = nodes[slot]
+    off, n = int(row[L.KEY_OFF]), int(row[L.KEY_LEN])
+    parent = int(row[L.PARENT])
+    info = {
+        "node_id": nid,
+        "parent": None if parent < 0 else node_id(nodes, parent),
+        "key": pool[off:off + n, L.TOK].copy(),
+        "value": pool[off:off + n, L.FULL_DEV].copy(),
+        "lock_ref": int(row[L.FULL_LOCK]),
+        "num_children": int(row[L.NCHILD]),
+        "last_access": int(row[L.LAST_ACCESS]),
+        "creation": int(row[L.CREATION]),
+        "hit_count": int(row[L.HIT_COUNT]),
+        "priority": int(row[L.PRIORITY]),
+        "evictable_leaf": bool(row[L.HEAP_POS + L.HEAP_DEVICE] >= 0),
+    }
+    for c in components_of(meta):
+        if c != L.FULL:
+            name = _NAMES[c]
+            info[f"{name}_lock_ref"] = int(row[L.LOCK_COL(c)])
+            info[f"has_{name}"] = bool(row[L.FLAGS] & L.F_HAS(c))
+    return info
+
+
+def all_values_flatten(engine):
+    """Every non-root node's Full device value, concatenated in DFS order (owned)."""
+    nodes, pool = engine.st.nodes, engine.st.pool
+    parts = [pool[int(nodes[s, L.KEY_OFF]):int(nodes[s, L.KEY_OFF] + nodes[s, L.KEY_LEN]),
+                  L.FULL_DEV]
+             for s, _ in dfs(nodes) if s != L.ROOT]
+    return np.concatenate(parts) if parts else _EMPTY.copy()
+
+
+def pretty_lines(engine):
+    """One line per node in DFS order: indentation, id, key head, Full lock_ref, and
+    for each component whether it holds a device value."""
+    nodes, pool, meta = engine.st.nodes, engine.st.pool, engine.st.meta
+    comps = components_of(meta)
+    lines = []
+    for s, depth in dfs(nodes):
+        row = nodes[s]
+        off, n = int(row[L.KEY_OFF]), int(row[L.KEY_LEN])
+        head = pool[off:off + min(n, 8), L.TOK].tolist()
+        has = " ".join(f"{_NAMES[c]}={'yes' if row[L.FLAGS] & L.F_HAS(c) else 'no'}"
+                       for c in comps)
+        lines.append(f"{'  ' * depth}[{node_id(nodes, s)}] len={n} key={head}"
+                     f"{'...' if n > 8 else ''} full_lock={int(row[L.FULL_LOCK])} {has}")
+    return lines

@@ -1,0 +1,107 @@
+"""The value bridge: KV-index kinds at the boundary and the allocator the cache frees into.
+
+The tree only moves spans of int64 KV indices; this module is where they meet
+the caller's world: which array kind results come back in (numpy, or torch on
+the caller's device), and how freed slots reach the attached allocator --
+flatradix's own (``flatradix.pools``: numpy, one call per batch) or SGLang's,
+duck-typed (torch tensors). A CUDA value arena would land here.
+"""
+
+import numpy as np
+
+from ._cast import is_torch
+from .kernels.layout import VALUES_NONNEG
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class ValueBridge:
+    """Index kind, device and allocator of one cache.
+
+    ``allocator``: ``None`` (freed indices are returned to the caller) or an
+    object with ``free(indices)`` (SGLang's allocator or
+    ``flatradix.TokenToKVPoolAllocator``). The index kind is the allocator's
+    ``index_kind`` (flatradix's), ``"torch"`` for other allocators (SGLang's
+    hold torch tensors), else the kind of the first inserted value.
+    """
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+        self.kind = getattr(allocator, "index_kind", None)
+        if self.kind is None and allocator is not None:
+            self.kind = "torch"
+        self.torch_device = None
+        # flatradix's allocator checks "every slot held" in one kernel pass
+        self.checks_held = hasattr(allocator, "_first_unheld")
+
+    # ------------------------------------------------------------------ kinds
+    def note_kind(self, value):
+        """Record the kind (and CUDA device) of the first value seen."""
+        if self.kind is None:
+            self.kind = "torch" if is_torch(value) else "numpy"
+        if is_torch(value) and value.is_cuda:
+            self.torch_device = value.device
+
+    def out(self, a):
+        """``a`` (int64 numpy, owned by the caller now) in the cache's index kind."""
+        if self.kind == "torch":
+            import torch
+
+            t = torch.from_numpy(a)
+            if self.torch_device is not None:
+                t = t.to(self.torch_device)
+            return t
+        return a
+
+    def empty(self):
+        return self.out(_EMPTY.copy())
+
+    # ------------------------------------------------------------------ bounds
+    def kv_limit(self):
+        """Exclusive upper bound of valid KV indices, from the allocator (None: no bound).
+        SGLang's KV pools have ``size + page_size`` rows (slot 0 is padding)."""
+        size = getattr(self.allocator, "size", None)
+        if size is None:
+            return None
+        return int(size) + int(getattr(self.allocator, "page_size", 1) or 1)
+
+    def kv_bound(self):
+        """The insert kernel's ``limit``: the allocator's bound, or VALUES_NONNEG."""
+        limit = self.kv_limit()
+        return VALUES_NONNEG if limit is None else limit
+
+    def check_held(self, value, name):
+        """With flatradix's allocator attached: ``ValueError`` naming ``name`` unless
+        every entry of ``value`` is a distinct slot the allocator has handed out
+        (one kernel pass, O(len)). No check with other allocators. Returns whether
+        the check applies (then every slot is also inside the allocator's bound)."""
+        if not self.checks_held:
+            return False
+        if not value.shape[0]:
+            return True
+        code, i = self.allocator._first_unheld(value)
+        if code == 1:
+            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is outside the "
+                             "allocator's pool")
+        if code == 2:
+            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} is free in the "
+                             "allocator (insert only slots it handed out)")
+        if code == 3:
+            raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} appears twice")
+        return True
+
+    # ------------------------------------------------------------------ frees
+    def free(self, idx):
+        """Give the int64 numpy slots ``idx`` back to the allocator (no-op when empty
+        or when no allocator is attached)."""
+        alloc = self.allocator
+        if alloc is None or idx.size == 0:
+            return
+        if getattr(alloc, "index_kind", "torch") == "numpy":
+            alloc.free(idx)
+        else:
+            import torch
+
+            t = torch.from_numpy(np.ascontiguousarray(idx))
+            dev = getattr(alloc, "device", "cpu")
+            alloc.free(t.to(dev) if str(dev) != "cpu" else t)
