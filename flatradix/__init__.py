@@ -9,12 +9,12 @@ __version__ = "0.1.0"
 
 from .cache import UnifiedRadixCache
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
-from .pools import ReqToTokenPool, TokenToKVPoolAllocator
+from .pools import ReqToTokenPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from .requests import Req
 from .types import (
     ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult,
     EvictStep, IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams,
-    MatchResult, RadixKey,
+    MatchResult, RadixKey, TreeLock,
 )
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "InsertResult", "EvictParams", "EvictResult", "EvictStep", "IncLockRefResult",
     "DecLockRefParams", "DecLockRefResult", "ComponentType", "NodeAccessError",
     "LockRefError", "CacheInvariantError", "TokenToKVPoolAllocator", "ReqToTokenPool", "Req",
+    "SWATokenToKVPoolAllocator", "TreeLock",
 ]

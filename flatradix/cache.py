@@ -16,9 +16,10 @@ from . import _numba_env  # noqa: F401  (must precede the kernels: cache directo
 from . import inspection
 from ._cast import as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
 from .engine import Engine, node_id
-from .errors import CacheInvariantError, LockRefError, NodeAccessError
+from .errors import CacheInvariantError, LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
 from .executor import execute
+from .kernels import actions as L_A
 from .kernels import layout as L
 from .kernels.check import sanity_check as _k_check
 from .kernels.evict import evict as _k_evict
@@ -26,21 +27,24 @@ from .kernels.evict import evict_end as _k_evict_end
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
 from .kernels.insert import insert as _k_insert
+from .kernels.lock import check_dec as _k_check_dec
 from .kernels.lock import dec_lock_ref as _k_dec
 from .kernels.lock import inc_lock_ref as _k_inc
+from .kernels.lock import release_window as _k_release_window
 from .kernels.match import match_prefix as _k_match
 from .kernels.query import path_device_indices as _k_path
 from .kernels.query import resolve_slot as _k_resolve
 from .requests import RequestCachingMixin
-from .values import ValueBridge
+from .values import ValueBridge, is_swa_allocator
 from .types import (
     ComponentType, DecLockRefResult, EvictParams, EvictResult, EvictStep,
     IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams, MatchResult,
-    RadixKey,
+    RadixKey, TreeLock,
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _tuple_new = tuple.__new__
+_TRACK = 1  # kernels/insert.py: TRACK_ADOPTED
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
 _POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
                     "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
@@ -69,6 +73,36 @@ def _components(components):
     return tuple(out)
 
 
+#: The default component set (compared by identity: ``tree_components`` may replace it).
+_FULL_ONLY = (ComponentType.FULL,)
+#: The component sets a cache can be built with, in SGLang's order.
+_COMPONENT_SETS = ((ComponentType.FULL,), (ComponentType.FULL, ComponentType.SWA))
+#: Largest accepted sliding_window_size (tokens).
+MAX_WINDOW = 1 << 40
+
+
+def _check_device(device):
+    """``device``: ``"cpu"`` or a CUDA device torch can see (``TypeError`` /
+    ``ValueError`` naming it)."""
+    if is_torch(device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str (or torch.device), got {type(device).__name__}")
+    if device == "cpu":
+        return
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"device={device!r} needs torch with CUDA (torch is not installed)") from None
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: torch sees no CUDA device on this machine")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: torch sees {torch.cuda.device_count()} CUDA devices")
+
+
 def _component(component, name="component"):
     try:
         return ComponentType(component)
@@ -84,7 +118,13 @@ class UnifiedRadixCache(RequestCachingMixin):
     page_size : int, >= 1
         Keys are aligned down to whole pages; nodes hold whole pages.
     components : tuple of ComponentType
-        ``(FULL,)`` (SWA and Mamba are not implemented yet: ``ValueError``).
+        ``(FULL,)`` or ``(FULL, SWA)`` (Mamba is not implemented yet:
+        ``ValueError``). ``tree_components`` is SGLang's keyword for it.
+    sliding_window_size : int, keyword-only
+        SWA only: the retain window ``W`` in tokens (>= 1), as SGLang's
+        ``sliding_window_size``. A match needs ``W`` contiguous tokens with SWA
+        data before its end; a running request's lock pins one window of SWA;
+        fresh leaves are capped at ``ceil(W / page_size) * page_size`` tokens.
     eviction_policy : str
         One of ``lru, lfu, fifo, mru, filo, priority, slru, tlru`` (case-insensitive).
     eviction_policy_config : dict, optional
@@ -93,12 +133,16 @@ class UnifiedRadixCache(RequestCachingMixin):
     token_to_kv_pool_allocator : optional
         Object with ``free(indices)`` (SGLang's or ``flatradix.TokenToKVPoolAllocator``).
         When given, duplicate and evicted KV indices are freed through it; when
-        ``None`` they are returned in the results for the caller to free.
+        ``None`` they are returned in the results for the caller to free. SWA
+        caches need an SWA allocator (``flatradix.SWATokenToKVPoolAllocator`` or
+        SGLang's ``SWATokenToKVPoolAllocator``, duck-typed) with the cache's page
+        size: the SWA pool's slots are freed through its Full -> SWA mapping.
     req_to_token_pool : optional
         Needed by ``cache_finished_req`` / ``cache_unfinished_req``.
-    device : str
+    device : str or torch.device
         ``"cpu"`` (values live in host memory; CUDA tensors are accepted and
-        returned on their device, with one copy each way).
+        returned on their device, with one copy each way), or ``"cuda"`` /
+        ``"cuda:N"`` when torch sees a CUDA device (``ValueError`` otherwise).
     is_eagle : bool
         EAGLE bigram tree: every key is viewed as bigrams.
     enable_kv_cache_events : bool
@@ -115,11 +159,11 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     Threads
     -------
-    Every public method runs under one re-entrant lock, ``cache.lock`` (a
+    Every public method runs under one re-entrant lock, ``cache.mutex`` (a
     ``threading.RLock``), so calls from several threads are serialised and each
     is atomic; the Numba kernels hold the GIL while they run. Allocator frees
     happen under it too (lock order: cache, then allocator / request pool, which
-    have their own locks). What one call cannot give, hold ``cache.lock`` for
+    have their own locks). What one call cannot give, hold ``cache.mutex`` for
     (re-entrant: the cache's own calls inside are fine):
 
     * match + lock: another thread may evict the matched node between
@@ -135,17 +179,49 @@ class UnifiedRadixCache(RequestCachingMixin):
     may have evicted them (lock first, then use them).
     """
 
-    def __init__(self, page_size=1, components=(ComponentType.FULL,), eviction_policy="lru",
+    def __init__(self, page_size=1, components=_FULL_ONLY, eviction_policy="lru",
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
-                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16):
-        self.page_size = as_count(page_size, "page_size")
+                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16, *,
+                 tree_components=None, sliding_window_size=None):
+        if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
+            raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
+        self.page_size = int(page_size)
         if not 1 <= self.page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {self.page_size}")
+        if tree_components is not None:
+            if components is not _FULL_ONLY and _components(components) != _components(
+                    tree_components):
+                raise ValueError("components and tree_components disagree (give one of them)")
+            components = tree_components
         comps = _components(components)
-        if comps != (ComponentType.FULL,):
-            raise ValueError(f"components: only (ComponentType.FULL,) is implemented, got {comps}")
+        if comps not in _COMPONENT_SETS:
+            raise ValueError(f"components must be (FULL,) or (FULL, SWA) (Mamba is not "
+                             f"implemented yet), got {comps}")
         self.components = comps
+        self._swa = ComponentType.SWA in comps
+        if self._swa:
+            if sliding_window_size is None:
+                raise ValueError("sliding_window_size is required with ComponentType.SWA")
+            if isinstance(sliding_window_size, bool) or not isinstance(
+                    sliding_window_size, (int, np.integer)):
+                raise TypeError("sliding_window_size must be an int, got "
+                                f"{type(sliding_window_size).__name__}")
+            if not 1 <= sliding_window_size <= MAX_WINDOW:
+                raise ValueError(f"sliding_window_size must be in [1, {MAX_WINDOW}], got "
+                                 f"{sliding_window_size}")
+            if not is_swa_allocator(token_to_kv_pool_allocator):
+                raise TypeError("token_to_kv_pool_allocator: an SWA cache needs an SWA allocator "
+                                "(flatradix.SWATokenToKVPoolAllocator or SGLang's "
+                                "SWATokenToKVPoolAllocator), got "
+                                f"{type(token_to_kv_pool_allocator).__name__}")
+            alloc_page = getattr(token_to_kv_pool_allocator, "page_size", self.page_size)
+            if alloc_page != self.page_size:
+                raise ValueError(f"token_to_kv_pool_allocator.page_size={alloc_page} differs from "
+                                 f"page_size={self.page_size}")
+        elif sliding_window_size is not None:
+            raise ValueError("sliding_window_size given, but components has no ComponentType.SWA")
+        self._window = int(sliding_window_size) if self._swa else 0
         if not isinstance(eviction_policy, str) or eviction_policy.lower() not in L.POLICY_NAMES:
             raise ValueError(f"eviction_policy must be one of {', '.join(L.POLICY_NAMES)}; "
                              f"got {eviction_policy!r}")
@@ -163,8 +239,7 @@ class UnifiedRadixCache(RequestCachingMixin):
                 and callable(getattr(req_to_token_pool, "free", None))):
             raise TypeError("req_to_token_pool must have .req_to_token and a free(row) method "
                             f"(got {type(req_to_token_pool).__name__})")
-        if not (isinstance(device, str) or is_torch(device)):
-            raise TypeError(f"device must be a str (or torch.device), got {type(device).__name__}")
+        _check_device(device)
         ncap = as_count(node_capacity, "node_capacity")
         if ncap > MAX_NODE_CAPACITY:
             raise ValueError(f"node_capacity must be <= {MAX_NODE_CAPACITY}, got {ncap}")
@@ -190,6 +265,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._engine = Engine(
                 page_size=self.page_size, policy=L.POLICY_NAMES.index(self.eviction_policy),
                 policy_a=pa, policy_b=pb, events=self.enable_kv_cache_events,
+                components=L.C_FULL | (L.C_SWA if self._swa else 0), swa_window=self._window,
                 bigram=self.is_eagle, node_capacity=max(4, ncap), pool_capacity=max(64, pcap))
         except MemoryError as e:
             raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "
@@ -201,9 +277,10 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._sink.cleared()
 
     @property
-    def lock(self):
+    def mutex(self):
         """The cache's ``threading.RLock``: hold it to make several calls one atomic
-        step (e.g. ``match_prefix`` + ``inc_lock_ref``). See the class docstring."""
+        step (e.g. ``match_prefix`` + ``inc_lock_ref``). See the class docstring.
+        (``lock(node)`` is SGLang's lock call, not this.)"""
         return self._mutex
 
     # ------------------------------------------------------------------ setup
@@ -226,8 +303,9 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     # ------------------------------------------------------------------ request-path API
     # The request path (``requests.py``) uses the public API plus exactly these:
-    # ``_mutex``, ``_vals`` (the ValueBridge), ``_key``, ``_insert_units`` and
-    # ``_check_anchored``; each is documented where it is defined.
+    # ``_mutex``, ``_vals`` (the ValueBridge), ``_key``, ``_insert_units``,
+    # ``_check_unlock`` and ``_window`` / ``_swa``; each is documented where it is
+    # defined.
 
     def _key(self, key, name="key"):
         """``(units, aligned_len, ns_key, raw_tokens)`` of a RadixKey; changes nothing.
@@ -253,17 +331,20 @@ class UnifiedRadixCache(RequestCachingMixin):
         return units, n, (ek, salt), raw
 
     def _insert_units(self, units, value, n, nk, prev, inserted_len, priority, limit, name,
-                      want_path=False, keep_own=False):
+                      want_path=False, keep_own=False, cursor=0, track=False):
         """One insert kernel call on validated arguments (shared by ``insert`` and the
-        request path); executes its actions (duplicate frees, events).
+        request path); executes its actions (duplicate frees, SWA recovery, events).
 
         ``units``/``value``: int64, ``n`` page-aligned (> 0); ``limit``: the
         kernel's bound check (``VALUES_*`` or the allocator's bound). ``want_path``:
         the path's value is returned (a view valid until the next engine call;
         ``path[:prefix_len]`` are the tree's slots). ``keep_own`` (request path):
         duplicates equal to the tree's own slot at their position are not freed.
-        Returns ``(prefix_len, target_id, freed, path)``; ``freed`` are the
-        duplicate slots freed (what the caller frees without an allocator).
+        ``cursor``: the request's SWA eviction cursor (page-aligned; SWA caches).
+        ``track``: SWA caches report adopted ranges.
+        Returns ``(prefix_len, target_id, freed, path, adopted)``; ``freed`` are the
+        duplicate slots freed (what the caller frees without an allocator),
+        ``adopted`` ``{component: [(start, end)]}`` when tracked on an SWA cache.
         Raises ``ValueError`` naming ``name`` for a bad KV index, nothing changed
         (a namespace first seen by this call is forgotten again).
         ``inserted_len`` beyond ``n`` is clamped to ``n`` (same hit accounting)."""
@@ -272,6 +353,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         if prev > n:
             prev = n
         eng = self._engine
+        adopted = {} if track else None
         with self._mutex:
             ns = eng.ns.get(nk)
             new_ns = ns is None
@@ -280,7 +362,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             if want_path:
                 eng.ensure_out(2 * n)
             st, plen, target = eng.call(_k_insert, units, value, n, ns, inserted_len, priority,
-                                        limit, prev, n if want_path else 0)
+                                        limit, prev, cursor, _TRACK if track else 0,
+                                        n if want_path else 0)
             if st == L.E_BAD_VALUE:
                 if new_ns:
                     eng.ns.forget(nk)
@@ -293,13 +376,13 @@ class UnifiedRadixCache(RequestCachingMixin):
                 # after the insert: a refused call changes nothing
                 eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
             freed = execute(eng.actions(), eng.out, value, self._vals, self._sink,
-                            keep_own=keep_own)
+                            keep_own=keep_own, adopted=adopted)
             path = eng.out[:n] if want_path else None
-        return plen, target, freed, path
+        return plen, target, freed, path, adopted
 
     def _check_anchored(self, node, name):
-        """Raise (before any change) unless ``dec_lock_ref(node)`` would succeed:
-        ``NodeAccessError`` for a stale id, ``LockRefError`` when no lock is
+        """Raise (before any change) unless ``dec_lock_ref(node)`` would succeed for
+        Full: ``NodeAccessError`` for a stale id, ``LockRefError`` when no lock is
         anchored on the node. O(1): a lock anchored on a node implies lock_ref >= 1
         on its whole path (each parent counts its children's locks). Returns the id."""
         nid = as_node_id(node, name)
@@ -313,6 +396,23 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise LockRefError(f"{name}={nid} holds no lock to release (lock_ref="
                                f"{int(nodes[s, L.FULL_LOCK])}, all of it held by locks on "
                                "its descendants)")
+        return nid
+
+    def _check_unlock(self, node, receipt, swa_released, name):
+        """Raise (before any change) unless releasing the lock on ``node`` with
+        ``receipt`` (None: Full-only caches) would succeed -- the check
+        ``dec_lock_ref`` makes first, without releasing. Errors as ``dec_lock_ref``,
+        naming ``name``. Returns the node id."""
+        nid = self._check_anchored(node, f"{name}.node" if receipt is not None else name)
+        if self.disable or not self._swa:
+            return nid
+        skip, boundary = self._receipt(nid, receipt, f"{name}.receipt")
+        if swa_released:
+            skip |= L.C_SWA
+        st_ = self._engine.st
+        st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
+        if st == L.E_LOCK_UNDERFLOW:
+            self._raise_underflow(int(slot), nid)
         return nid
 
     def _stale(self, nid, name="node"):
@@ -331,7 +431,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         Returns a ``MatchResult``; ``device_indices`` is int64 1-D of length
         ``device_prefix_len`` (page-aligned). May split a node so the match ends on
         a node boundary; refreshes recency of the matched path. O(len(key)).
-        Raises ``TypeError``/``ValueError`` for a malformed key (tree unchanged).
+        With SWA the prefix ends at the deepest node reached through ``W``
+        contiguous tokens of SWA data (or with no tombstone on its path);
+        ``full_kv_hit_length`` counts every matched token with Full KV and
+        ``swa_branching_seqlen`` is it when it is longer than the usable prefix
+        (else None). Raises ``TypeError``/``ValueError`` for a malformed key
+        (tree unchanged).
         """
         key = params.key if type(params) is MatchPrefixParams else params
         units, n, nk, _ = self._key(key, "params.key")
@@ -343,15 +448,18 @@ class UnifiedRadixCache(RequestCachingMixin):
         # writes the matched indices straight into it (no scratch + copy).
         idx = np.empty(n, dtype=np.int64)
         with self._mutex:
-            st, plen, best, visited = eng.call_tree(_k_match, units, n, ns, idx)
+            st, plen, best, visited, full_hit = eng.call_tree(_k_match, units, n, ns, idx)
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
         if self._vals.kind == "torch":
             idx = self._vals.out(idx)
+        # SWA: how far the match could have gone with the window present (the walk's
+        # page-aligned length, when it is past the usable prefix)
+        branch = full_hit if self._swa and full_hit > plen else None
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
-        return _tuple_new(MatchResult, (idx, best, best, best, 0, plen, plen, vis,
-                                        0, None, 0, None, None, None))
+        return _tuple_new(MatchResult, (idx, best, best, best, 0, plen, full_hit, vis,
+                                        0, branch, 0, None, None, None))
 
     # ------------------------------------------------------------------ insert
     def insert(self, params):
@@ -363,6 +471,16 @@ class UnifiedRadixCache(RequestCachingMixin):
         they are freed through the allocator when one is attached, else returned
         in ``duplicate_indices``. O(len(key)).
 
+        SWA caches (spec §6.2): positions below the request's SWA cursor
+        (``params.component_evicted_seqlens[SWA]``) are inserted as tombstones and
+        their duplicates freed Full-only; a matched tombstone at or past the
+        cursor is recovered from ``value`` (its duplicate is then the tree's);
+        the new leaf keeps at most ``ceil(W / P) * P`` tokens of SWA data (an
+        older part becomes its parent). ``swa_branch_inserted`` is
+        ``len(key) >= params.swa_branching_seqlen`` when the latter is set;
+        ``adopted_ranges`` (when tracked) lists per component the ranges whose
+        slots the tree took over.
+
         A key that is empty after page alignment (shorter than a page) is a
         no-op: nothing is touched (SGLang touches the root's recency, which
         nothing reads), ``prefix_len == 0``, ``last_device_node`` is the root
@@ -372,7 +490,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         Raises ``TypeError``/``ValueError`` naming the argument for a malformed
         key or value (wrong type, dtype, shape or length, negative or
         out-of-range KV index; with flatradix's allocator attached, a slot it has
-        not handed out: free, slot 0, or given twice) before anything changes.
+        not handed out: free, slot 0, or given twice; with its SWA allocator, a
+        slot at or past the SWA cursor without an SWA peer), a negative or
+        unaligned SWA cursor or SWA parameters on a cache without SWA, before
+        anything changes.
         """
         if not isinstance(params, InsertParams):
             raise TypeError(f"params must be a flatradix.InsertParams, got {type(params).__name__}")
@@ -382,6 +503,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         priority = as_int(params.priority if params.priority is not None else 0, "params.priority")
         if params.mamba_value is not None:
             raise ValueError("params.mamba_value given, but this cache has no Mamba component")
+        cursor, branching = self._swa_params(params)
         nlog = units.shape[0]
         if params.value is None:
             value = raw[:nlog].astype(np.int64) if raw.dtype != np.int64 else raw[:nlog]
@@ -408,76 +530,123 @@ class UnifiedRadixCache(RequestCachingMixin):
                 bound = f"[0, {limit})" if limit >= 0 else ">= 0"
                 raise ValueError(f"{name}: KV indices must be in {bound}")
             dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.empty()
+            # (SGLang returns before the component commits: swa_branch_inserted False)
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
-                                mamba_exist=True)  # adopted_ranges None, as SGLang's empty key
+                                mamba_exist=True)
         if limit != L.VALUES_UNCHECKED and self._vals.check_held(value, name):
             # flatradix's allocator: every slot is held (allocated, in 1..size, not
             # given twice), which implies the kernel's bound check: skip that pass
             limit = L.VALUES_UNCHECKED
-        plen, target, dup, _ = self._insert_units(units, value, n, nk, prev, inserted_len,
-                                                  priority, limit, name)
+        if self._swa:
+            self._vals.check_swa_peers(value[:n], max(prev, cursor), name)
+        branch_inserted = branching is not None and nlog >= branching
+        track = bool(params.track_adopted_ranges)
+        plen, target, dup, _, adopted = self._insert_units(
+            units, value, n, nk, prev, inserted_len, priority, limit, name, cursor=cursor,
+            track=track and self._swa)
         if params.value is not None:
             self._vals.note_kind(params.value)
         dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
-        adopted = None
-        if params.track_adopted_ranges:
-            # only components that adopted something appear (SGLang: {} when none)
-            adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
+        if track:
+            if self._swa:
+                adopted = {ComponentType(c): r for c, r in adopted.items()}
+            else:  # only components that adopted something appear (SGLang: {} when none)
+                adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
         return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
-                            duplicate_indices=dup_out, mamba_exist=(n == 0))
+                            duplicate_indices=dup_out, mamba_exist=False,
+                            swa_branch_inserted=branch_inserted)
+
+    def _swa_params(self, params):
+        """``(cursor, swa_branching_seqlen)`` of an ``InsertParams``, validated."""
+        evicted = params.component_evicted_seqlens
+        if not isinstance(evicted, Mapping):
+            raise TypeError("params.component_evicted_seqlens must be a dict, got "
+                            f"{type(evicted).__name__}")
+        cursor = 0
+        for c, v in evicted.items():
+            c = _component(c, "params.component_evicted_seqlens key")
+            v = as_count(v, f"params.component_evicted_seqlens[{c.name}]")
+            if v and c not in self.components:
+                raise ValueError(f"params.component_evicted_seqlens[{c.name}]={v}, but this "
+                                 f"cache has no {c.name} component")
+            if c == ComponentType.SWA:
+                if v % self.page_size:
+                    raise ValueError(f"params.component_evicted_seqlens[SWA]={v} is not a "
+                                     f"multiple of page_size={self.page_size}")
+                cursor = v
+        branching = params.swa_branching_seqlen
+        if branching is not None:
+            branching = as_count(branching, "params.swa_branching_seqlen")
+            if not self._swa:
+                raise ValueError("params.swa_branching_seqlen given, but this cache has no "
+                                 "SWA component")
+        return cursor, branching
 
     # ------------------------------------------------------------------ evict
     def evict(self, params):
-        """Evict least-priority unlocked leaves until ``num_tokens`` units are freed.
+        """Evict until ``num_tokens`` Full units (and ``swa_num_tokens`` SWA units) are freed.
 
-        ``params``: ``EvictParams`` or an int. Freed KV indices go to the allocator
-        (or ``EvictResult.evicted_indices`` without one). Node-granular: may free
-        more than asked. Cost O(evicted nodes * log leaves), independent of the
-        tree's size. Asking for more than is evictable evicts every evictable
-        leaf and returns what that freed (never an error; counts above 2**62,
-        e.g. 2**63, are clamped). Raises ``TypeError`` for a non-int count and
+        ``params``: ``EvictParams`` or an int (``num_tokens``). The Full walk
+        deletes least-priority unlocked leaves; then, with SWA, the SWA walk takes
+        the least recently used SWA data not covered by a window lock: a victim
+        that is an unlocked leaf is deleted whole, any other loses its SWA data
+        only (a tombstone). Leaves deleted by one walk count for both components,
+        so the SWA walk is skipped when the Full walk freed enough SWA.
+        Freed KV indices go to the allocator (or ``EvictResult.evicted_indices``
+        -- the Full slots -- without one). Node-granular: may free more than
+        asked. Cost O(evicted nodes * log leaves), independent of the tree's
+        size. Asking for more than is evictable evicts everything evictable and
+        returns what that freed (never an error; counts above 2**62, e.g. 2**63,
+        are clamped). Raises ``TypeError`` for a non-int count and
         ``ValueError`` for a negative one, before anything changes.
-        ``swa_num_tokens`` / ``mamba_num`` are validated the same way and
-        ignored (no such component).
+        ``mamba_num`` is validated the same way and ignored (no such
+        component); so is ``swa_num_tokens`` on a cache without SWA.
         """
         if isinstance(params, EvictParams):
             num = as_count(params.num_tokens, "params.num_tokens")
+            swa_num = 0
             if params.swa_num_tokens != 0 or params.mamba_num != 0:
-                as_count(params.swa_num_tokens, "params.swa_num_tokens")
+                swa_num = as_count(params.swa_num_tokens, "params.swa_num_tokens")
                 as_count(params.mamba_num, "params.mamba_num")
+            if not self._swa:
+                swa_num = 0
         elif isinstance(params, (int, np.integer)) and not isinstance(params, bool):
             num = as_count(params, "params.num_tokens")
+            swa_num = 0
         else:
             raise TypeError(f"params must be an EvictParams or an int (params.num_tokens), got "
                             f"{type(params).__name__}")
-        if num > _COUNT_CLAMP:
-            num = _COUNT_CLAMP
+        num, swa_num = min(num, _COUNT_CLAMP), min(swa_num, _COUNT_CLAMP)
         no_alloc = self.token_to_kv_pool_allocator is None
-        if self.disable or num == 0:
+        if self.disable or (num == 0 and swa_num == 0):
             return EvictResult(0, 0, 0, self._vals.empty() if no_alloc else None)
         eng = self._engine
         parts = []
         with self._mutex:
-            done = 0
+            done = swa_done = 0
+            phase = 0
             while True:
-                st, freed = _k_evict(*eng.st, num - done, eng.out, eng.acts)
-                done += freed
+                st, f, w, phase = _k_evict(*eng.st, num - done, swa_num - swa_done, phase,
+                                           eng.out, eng.acts)
+                done += f
+                swa_done += w
                 parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
                 if st == L.OK:
                     break
                 eng.grow()  # out / acts too small for the next victim: grow, go on
         if no_alloc:
-            return EvictResult(done, 0, 0, self._vals.out(
+            return EvictResult(done, swa_done, 0, self._vals.out(
                 np.concatenate(parts) if len(parts) > 1 else parts[0]))
-        return EvictResult(done, 0, 0, None)
+        return EvictResult(done, swa_done, 0, None)
 
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
-        """Open a step-wise eviction round of ``num_tokens`` units for ``component``.
+        """Open a step-wise eviction round of ``num_tokens`` units for ``component``
+        (FULL, or SWA on an SWA cache).
 
-        Raises ``RuntimeError("device eviction already in progress")`` when one is open,
-        ``ValueError`` for a component that is not configured or a negative count,
-        ``TypeError`` for a non-int count. Counts above 2**62 are clamped (the round
-        then runs until nothing evictable is left).
+        Raises ``RuntimeError("device eviction already in progress")`` when one is
+        open for that component, ``ValueError`` for a component that is not
+        configured or a negative count, ``TypeError`` for a non-int count. Counts
+        above 2**62 are clamped (the round then runs until nothing evictable is left).
         """
         c = self._check_component(component)
         num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
@@ -486,45 +655,69 @@ class UnifiedRadixCache(RequestCachingMixin):
                 raise RuntimeError("device eviction already in progress")
 
     def evict_device_next_node(self, component=ComponentType.FULL):
-        """Evict the next leaf of the open round; returns an ``EvictStep``.
+        """One step of the open round; returns an ``EvictStep``.
 
-        The step's ``freed_indices`` are *not* freed by the cache: the controller
-        frees them (SGLang's "tree decides, cache executes"). ``node_id is None``
-        ends the round (request met, or nothing evictable).
+        Full: the least-priority evictable leaf is deleted. SWA: the least recently
+        used SWA data not covered by a window lock is evicted (a leaf deleted
+        whole, another node tombstoned: ``node_id`` None, ``made_progress`` True).
+        The step's slots are *not* freed by the cache: the controller frees
+        ``freed_indices`` (Full) and the SWA peers of ``swa_freed_indices``
+        (SGLang's "tree decides, cache executes"). ``made_progress`` False ends
+        the round (request met, or nothing evictable).
         """
         c = self._check_component(component)
         eng = self._engine
         with self._mutex:
-            st, nid, n = eng.call(_k_evict_next, c)
+            st, nid, f, w = eng.call(_k_evict_next, c)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
+            rows = eng.actions()
             # the controller frees the step's slots: execute the events only
-            freed = execute(eng.actions(), eng.out, None, _NO_FREE, self._sink)
-        if nid < 0:
-            return EvictStep(None, self._vals.empty(), 0, False)
-        return EvictStep(int(nid), self._vals.out(freed), int(n), True)
+            freed = execute(rows, eng.out, None, None, self._sink)
+            swa = rows[(rows[:, 0] == L_A.A_FREE_SLOT) & (rows[:, 1] == L.SWA)]
+            swa_freed = (np.concatenate([eng.out[o:o + k] for o, k in swa[:, 3:5].tolist()])
+                         if len(swa) else _EMPTY.copy())
+        if f == 0 and w == 0:
+            return EvictStep(None, self._vals.empty(), 0, False, swa_freed_indices=self._vals.empty())
+        return EvictStep(None if nid < 0 else int(nid), self._vals.out(freed), int(f), True,
+                         swa_freed_indices=self._vals.out(swa_freed), swa_num_tokens=int(w))
 
     def evict_device_end(self, component=ComponentType.FULL):
-        """Close the open round (idempotent); returns the units it evicted."""
+        """Close the open round of ``component`` (idempotent); returns the units it evicted."""
         c = self._check_component(component)
         with self._mutex:
             return int(_k_evict_end(self._engine.meta, c))
 
-    def evict_for_alloc(self, num_tokens):
-        """Evict until the allocator has ``num_tokens`` free slots (or nothing is left).
+    def evict_for_alloc(self, params):
+        """Evict until the allocator can serve an allocation.
 
-        Needs an allocator with ``available_size()``. Returns the units evicted
-        (0 when enough are free already; a request beyond what eviction can
-        free evicts everything evictable, never an error). The check and the
+        ``params`` an int ``n``: until the allocator has ``n`` free slots (Full).
+        ``params`` an ``EvictParams`` (SGLang's meaning): its counts are the
+        allocation's *shortfalls*; evict until the allocator's available Full
+        (SWA) slots grew by ``num_tokens`` (``swa_num_tokens``) or nothing is
+        left. Needs an allocator with ``available_size()`` (SWA:
+        ``full_available_size()`` / ``swa_available_size()``). Returns an
+        ``EvictResult`` for an ``EvictParams``, the Full units evicted for an int
+        (0 when enough are free already; never an error). The check and the
         eviction run under the cache's lock (other threads' frees through the
         cache cannot interleave).
         """
-        num = as_count(num_tokens, "num_tokens")
         alloc = self.token_to_kv_pool_allocator
+        if isinstance(params, EvictParams):
+            num = as_count(params.num_tokens, "params.num_tokens")
+            swa_num = as_count(params.swa_num_tokens, "params.swa_num_tokens")
+            as_count(params.mamba_num, "params.mamba_num")
+            if alloc is None:
+                raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
+            # each freed slot raises the allocator's available size by one (a
+            # cascade's collateral frees count): evicting the shortfalls reaches it
+            return self.evict(EvictParams(num_tokens=num, swa_num_tokens=swa_num))
+        num = as_count(params, "num_tokens")
         if alloc is None:
             raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
         with self._mutex:
-            short = num - alloc.available_size()
+            avail = alloc.full_available_size() if self._swa else alloc.available_size()
+            short = num - avail
             if short <= 0:
                 return 0
             return self.evict(EvictParams(num_tokens=short)).num_tokens_evicted
@@ -537,11 +730,14 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node, skip_lock_components=()):
-        """Lock the path root -> ``node`` against eviction; returns the receipt.
+        """Lock ``node`` against eviction; returns the receipt (``IncLockRefResult``).
 
-        ``IncLockRefResult.delta``: units moved evictable -> protected. Locking the
+        Full locks the path root -> ``node``; with SWA, the window segment from
+        ``node`` up until ``W`` tokens are covered is locked too and the receipt's
+        ``component_lock_uuids[SWA]`` names its boundary (``None``: it reached the
+        root). ``delta``: Full units moved evictable -> protected. Locking the
         root is a no-op. ``skip_lock_components``: ComponentTypes not to lock
-        (SWA / Mamba: nothing to skip here; FULL cannot be skipped: ``ValueError``).
+        (SWA; FULL cannot be skipped: ``ValueError``); the receipt remembers them.
         Raises ``NodeAccessError`` for a stale or never-issued id, ``TypeError``
         for a non-int id; the tree is unchanged then. O(depth).
         """
@@ -551,11 +747,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             skip = self._skip_components(skip)
         if self.disable:
             return IncLockRefResult(0, nid, skip)
+        skip_mask = L.C_SWA if ComponentType.SWA in skip else 0
         st_ = self._engine.st
         with self._mutex:
-            st, delta = _k_inc(st_.nodes, st_.heap, st_.meta, nid, 0)
+            st, delta, boundary = _k_inc(st_.nodes, st_.heap, st_.meta, nid, skip_mask)
         if st == L.E_STALE:
             raise self._stale(nid)
+        if self._swa and not skip_mask:
+            return IncLockRefResult(delta, nid, skip, {ComponentType.SWA: boundary or None})
         return IncLockRefResult(delta, nid, skip)
 
     @staticmethod
@@ -565,47 +764,127 @@ class UnifiedRadixCache(RequestCachingMixin):
                             f"{type(skip).__name__}")
         out = tuple(_component(c, "skip_lock_components") for c in skip)
         if ComponentType.FULL in out:
-            raise ValueError("skip_lock_components: FULL cannot be skipped (Full-only cache)")
+            raise ValueError("skip_lock_components: FULL cannot be skipped (it is the backbone)")
         return out
+
+    def _receipt(self, nid, receipt, name="receipt"):
+        """The validated receipt's ``(skip mask, SWA boundary)`` (checks only)."""
+        if receipt is None:
+            if self._swa:
+                raise ReceiptError(f"{name}: an SWA cache needs the lock's receipt (the "
+                                   "IncLockRefResult, or lock() / its TreeLock)")
+            return 0, 0
+        if not hasattr(receipt, "node_id"):
+            raise TypeError(f"{name} must be the IncLockRefResult of inc_lock_ref (or its "
+                            f"to_dec_params()), got {type(receipt).__name__}")
+        anchor = receipt.node_id
+        if anchor is not None and anchor != nid:
+            raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
+        if not self._swa:
+            return 0, 0
+        skipped = getattr(receipt, "skipped_lock_components", ()) or ()
+        if ComponentType.SWA in skipped:
+            return L.C_SWA, 0
+        uuids = getattr(receipt, "component_lock_uuids", None)
+        if not isinstance(uuids, Mapping) or ComponentType.SWA not in uuids:
+            raise ReceiptError(f"{name}.component_lock_uuids has no ComponentType.SWA entry "
+                               "(the window lock's boundary)")
+        boundary = uuids[ComponentType.SWA]
+        if boundary is None:
+            return 0, 0
+        if isinstance(boundary, bool) or not isinstance(boundary, (int, np.integer)) or boundary <= 0:
+            raise TypeError(f"{name}.component_lock_uuids[SWA] must be a boundary stamp (a "
+                            f"positive int) or None, got {boundary!r}")
+        return 0, int(boundary)
 
     def dec_lock_ref(self, node, receipt=None, skip_swa=False):
         """Release a lock taken by ``inc_lock_ref(node)``; returns ``DecLockRefResult``.
 
         ``receipt`` (the ``IncLockRefResult`` or its ``to_dec_params()``) is optional
-        for Full-only caches; when given it must be anchored on ``node``. Raises
-        ``LockRefError`` (a ValueError) when the release would take a lock_ref below
-        zero (unlock without lock, double unlock) and ``NodeAccessError`` for a stale
-        id; the tree is unchanged then. ``TypeError`` for a non-int id or a receipt
-        without ``node_id``. O(depth).
+        for Full-only caches and required with SWA (``ReceiptError``, a
+        ``KeyError``, when it or its SWA entry is missing); it must be anchored on
+        ``node``. The release replays exactly what the receipt locked: the SWA
+        window up to its boundary unless skipped, or already released early
+        (``skip_swa=True``, as ``unlock`` passes after ``release_swa``), then the
+        Full path. Raises ``LockRefError`` (a ValueError) when the release would
+        take a lock_ref below zero (unlock without lock, double unlock, the window
+        released twice) and ``NodeAccessError`` for a stale id; the tree is
+        unchanged then. ``TypeError`` for a non-int id or a malformed receipt.
+        O(depth).
         """
         nid = as_node_id(node, "node")
-        if skip_swa is not False:
-            as_flag(skip_swa, "skip_swa")  # no SWA component: validated, then nothing to skip
-        if receipt is not None:
-            if not hasattr(receipt, "node_id"):
-                raise TypeError("receipt must be the IncLockRefResult of inc_lock_ref (or its "
-                                f"to_dec_params()), got {type(receipt).__name__}")
-            anchor = receipt.node_id
-            if anchor is not None and anchor != nid:
-                raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
+        skip_swa = as_flag(skip_swa, "skip_swa") if skip_swa is not False else False
+        skip_mask, boundary = self._receipt(nid, receipt) if (
+            receipt is not None or self._swa) else (0, 0)
+        if skip_swa:
+            skip_mask |= L.C_SWA
         if self.disable:
             return DecLockRefResult()
         st_ = self._engine.st
         with self._mutex:
-            st, delta = _k_dec(st_.nodes, st_.heap, st_.meta, nid, 0)
+            st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
             if st == L.E_NOT_ANCHORED:
-                slot = int(delta)
+                slot = int(x)
                 raise LockRefError(f"no lock is anchored at node {nid}: its lock_ref="
                                    f"{int(st_.nodes[slot, L.FULL_LOCK])} is held by locks on its "
                                    "descendants (release the node that was locked)")
             if st == L.E_LOCK_UNDERFLOW:
-                slot = int(delta)
-                bad = node_id(st_.nodes, slot)
-                raise LockRefError(f"FULL segment release hit lock_ref=0 on node {bad} "
-                                   f"(releasing node {nid}: unlock without lock, or twice)")
+                self._raise_underflow(int(x), nid)
         if st == L.E_STALE:
             raise self._stale(nid)
         return DecLockRefResult()
+
+    def _raise_underflow(self, slot, nid, what="segment release"):
+        nodes = self._engine.st.nodes
+        comp = "FULL" if nodes[slot, L.FULL_LOCK] <= 0 else "SWA"
+        raise LockRefError(f"{comp} {what} hit lock_ref=0 on node {node_id(nodes, slot)} "
+                           f"(releasing node {nid}: unlock without lock, twice, or without "
+                           "skip_swa after release_swa)")
+
+    def lock(self, node, skip_lock_components=()):
+        """``inc_lock_ref`` packed as SGLang's ``TreeLock(node, receipt)`` for ``unlock``
+        and ``release_swa``. Errors as ``inc_lock_ref``."""
+        nid = as_node_id(node, "node")
+        return TreeLock(nid, self.inc_lock_ref(nid, skip_lock_components).to_dec_params())
+
+    def unlock(self, lock):
+        """Release a ``TreeLock`` (``None``: no-op), SWA skipped when it was released
+        early. Errors as ``dec_lock_ref``."""
+        if lock is None:
+            return
+        if not isinstance(lock, TreeLock):
+            raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(lock).__name__}")
+        self.dec_lock_ref(lock.node, lock.receipt, skip_swa=lock.swa_released)
+
+    def release_swa(self, lock):
+        """Release the SWA window part of ``lock`` early, once (SGLang ``release_swa``):
+        the window's nodes become SWA-evictable while the Full path stays locked;
+        ``lock.swa_released`` is set and the final ``unlock`` skips SWA. A window
+        node left an unlocked device leaf loses its SWA data at once. ``None``, an
+        already released lock, a cache without SWA or the root: no-op (still
+        marked). ``LockRefError`` when the window holds no lock any more,
+        ``ReceiptError`` for a receipt without an SWA entry (one that skipped SWA);
+        nothing changed then."""
+        if lock is None or self.disable or lock.swa_released:
+            return
+        if not isinstance(lock, TreeLock):
+            raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(lock).__name__}")
+        nid = as_node_id(lock.node, "lock.node")
+        if self._swa:
+            uuids = getattr(lock.receipt, "component_lock_uuids", None)
+            if not isinstance(uuids, Mapping) or ComponentType.SWA not in uuids:
+                raise ReceiptError("lock.receipt.component_lock_uuids has no ComponentType.SWA "
+                                   "entry (the lock skipped SWA: nothing to release early)")
+            _, boundary = self._receipt(nid, lock.receipt, "lock.receipt")
+            eng = self._engine
+            with self._mutex:
+                st, x = eng.call(_k_release_window, nid, boundary)
+                if st == L.E_STALE:
+                    raise self._stale(nid, "lock.node")
+                if st == L.E_LOCK_UNDERFLOW:
+                    self._raise_underflow(int(x), nid, "window release")
+                execute(eng.actions(), eng.out, None, self._vals, self._sink)
+        lock.swa_released = True
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self):
@@ -620,35 +899,54 @@ class UnifiedRadixCache(RequestCachingMixin):
     full_protected_size = protected_size
 
     def component_evictable_size(self, component):
-        """Units held by unlocked nodes for ``component`` (0 for SWA / Mamba).
+        """Units held by unlocked nodes for ``component`` (0 for one not configured).
         ``ValueError`` naming ``component`` when it is not a ComponentType."""
         return int(self._engine.meta[L.M_EVICTABLE + int(_component(component))])
 
     def component_protected_size(self, component):
-        """Units held by locked nodes for ``component`` (0 for SWA / Mamba)."""
+        """Units held by locked nodes for ``component`` (0 for one not configured)."""
         return int(self._engine.meta[L.M_PROTECTED + int(_component(component))])
 
     def swa_evictable_size(self):
+        """SWA tokens held by nodes outside every window lock (0 without SWA)."""
+        return int(self._engine.meta[L.M_EVICTABLE + L.SWA])
+
+    def swa_protected_size(self):
+        """SWA tokens held by nodes inside a window lock (0 without SWA)."""
+        return int(self._engine.meta[L.M_PROTECTED + L.SWA])
+
+    def mamba_evictable_size(self):
         return 0
 
-    swa_protected_size = mamba_evictable_size = mamba_protected_size = swa_evictable_size
+    mamba_protected_size = mamba_evictable_size
 
     def total_size(self):
-        """``(full_units, aux_units)`` held on device (aux is 0 for Full-only)."""
-        return int(self._engine.meta[L.M_TOTAL + L.FULL]), 0
+        """``(full_units, aux_units)`` held on device: Full tokens, and the auxiliary
+        components' units lumped together (SWA tokens; 0 for Full-only), as SGLang."""
+        meta = self._engine.meta
+        return int(meta[L.M_TOTAL + L.FULL]), int(meta[L.M_TOTAL + L.SWA] + meta[L.M_TOTAL + L.MAMBA])
 
     def node_count(self):
         """Live nodes, root excluded."""
         return int(self._engine.meta[L.M_NLIVE]) - 1
 
     def available_and_evictable_str(self):
+        """What can be allocated now or after eviction, one line per pool (SGLang's
+        format: the first line starts with ``"Available full tokens: "``)."""
         alloc = self.token_to_kv_pool_allocator
+        if self._swa:
+            avail = alloc.full_available_size()
+            ev = self.evictable_size()
+            swa_avail, swa_ev = alloc.swa_available_size(), self.swa_evictable_size()
+            return (f"Available full tokens: {avail + ev} (available: {avail} + evictable: {ev})\n"
+                    f"Available swa tokens: {swa_avail + swa_ev} (available: {swa_avail} + "
+                    f"evictable: {swa_ev})\n")
         avail = alloc.available_size() if alloc is not None else 0
         ev = self.evictable_size()
         return (f"Available full tokens: {avail + ev} (available: {avail} + evictable: {ev})\n")
 
     def supports_swa(self):
-        return False
+        return self._swa
 
     def supports_mamba(self):
         return False
@@ -658,7 +956,10 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     @property
     def sliding_window_size(self):
-        return None
+        """The SWA retain window in tokens (None without SWA)."""
+        return self._window if self._swa else None
+
+    swa_retain_window = sliding_window_size
 
     # ------------------------------------------------------------------ nodes
     def root_node_handle(self, extra_key=None):

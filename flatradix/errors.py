@@ -20,3 +20,13 @@ class LockRefError(ValueError, AssertionError):
 
 class CacheInvariantError(AssertionError):
     """``sanity_check()`` found a broken invariant (a flatradix bug)."""
+
+
+class ReceiptError(LockRefError, KeyError):
+    """A lock receipt that lacks what the release needs: no receipt at all, or no
+    ``component_lock_uuids[ComponentType.SWA]`` entry, on a cache whose lock took
+    an SWA window. A ``LockRefError`` that is also the ``KeyError`` SGLang's
+    ``get_lock_uuid`` raises. The tree is unchanged."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else "lock receipt incomplete"

@@ -4,59 +4,94 @@
 mutating kernel appends rows to the action buffer (``kernels/actions.py``) and
 the façade calls ``execute`` right after it, before anything else touches the
 tree (pool rows named by ``A_REMOVED`` are intact until then). Rows run in
-order; frees into one pool are batched into one allocator call per pool and
-call, which keeps each pool's free order and never reorders a free across an
-action that reads the allocator's state.
+order. Frees are batched per pool -- one call for the SWA peers, then one for
+the Full slots -- which keeps each pool's free order: SGLang frees a slot's SWA
+peer before or after its Full slot, and neither free reads what the other
+writes (the Full free never touches the mapping). The one action that reads
+the mapping, ``A_SWA_RECOVER_LOCKED``, only touches slots no pending free holds.
 """
 
 import numpy as np
 
 from .kernels import actions as A
+from .kernels.layout import SWA
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-def _values(row, out, value_in):
-    src, off, n = int(row[A.ACT_SRC]), int(row[A.ACT_OFF]), int(row[A.ACT_LEN])
-    if src == A.SRC_IN:
-        return value_in[off:off + n]
-    return out[off:off + n]
+def _cat(parts):
+    if not parts:
+        return _EMPTY
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
 
-def execute(rows, out, value_in, vals, sink, keep_own=False):
+def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
-    array (``SRC_IN`` rows), or None; ``vals``: the ``ValueBridge`` (allocator);
-    ``sink``: the ``EventSink`` or None. ``keep_own`` (request path): a slot of
-    an ``SRC_IN`` free equal to the tree's own slot at its position
-    (``out[pos]``, the path the insert wrote) is the same KV, not a duplicate,
-    and is kept.
+    array (``SRC_IN`` rows), or None; ``vals``: the ``ValueBridge`` (allocator)
+    or None to free nothing (the caller frees); ``sink``: the ``EventSink`` or
+    None. ``keep_own`` (request path): a slot of an ``SRC_IN`` free equal to the
+    tree's own slot at its position (``out[pos]``, the path the insert wrote)
+    is the same KV, not a duplicate, and is kept. ``adopted``: a dict
+    ``{component: [(start, end), ...]}`` that ``A_ADOPTED`` reports are added to
+    (coalesced as SGLang's ``record_adopted_range``).
 
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.
     """
     full = []
+    swa = []
     for row in rows:
         kind = int(row[A.ACT_KIND])
+        src, off, n = int(row[A.ACT_SRC]), int(row[A.ACT_OFF]), int(row[A.ACT_LEN])
         if kind == A.A_STORED:
             if sink is not None:
-                sink.stored(int(row[A.ACT_OFF]))
-        elif kind == A.A_REMOVED:
+                sink.stored(off)
+            continue
+        if kind == A.A_REMOVED:
             if sink is not None:
-                sink.removed(int(row[A.ACT_OFF]), int(row[A.ACT_LEN]))
-        elif kind in (A.A_FREE_KV, A.A_FREE_KV_FULL_ONLY, A.A_FREE_SLOT):
-            v = _values(row, out, value_in)
-            if keep_own and int(row[A.ACT_SRC]) == A.SRC_IN and v.size:
-                off = int(row[A.ACT_OFF])
-                own = v == out[off:off + v.size]
-                if own.any():
-                    v = v[~own]
+                sink.removed(off, n)
+            continue
+        if kind == A.A_ADOPTED:
+            if adopted is not None:
+                _adopt(adopted, int(row[A.ACT_COMP]), off, off + n)
+            continue
+        v = value_in[off:off + n] if src == A.SRC_IN else out[off:off + n]
+        if kind == A.A_SWA_RECOVER_LOCKED:
+            aux = int(row[A.ACT_AUX])
+            incoming = value_in[aux:aux + n]
+            if vals is not None:
+                vals.swa_recover_locked(v, incoming)
+            full.append(incoming)
+            continue
+        if keep_own and src == A.SRC_IN and v.size:
+            own = v == out[off:off + v.size]
+            if own.any():
+                v = v[~own]
+        if kind == A.A_FREE_KV:
+            if vals is not None and vals.swa:
+                swa.append(v)
             full.append(v)
+        elif kind == A.A_FREE_KV_FULL_ONLY:
+            full.append(v)
+        elif kind == A.A_FREE_SLOT:
+            (swa if int(row[A.ACT_COMP]) == SWA else full).append(v)
         else:
             raise AssertionError(f"unhandled action kind {kind}")
-    if not full:
-        return _EMPTY
-    freed = np.concatenate(full) if len(full) > 1 else full[0].copy()
-    vals.free(freed)
-    return freed
+    freed_full = _cat(full)
+    if vals is not None:
+        vals.free_split(freed_full, _cat(swa) if swa else _EMPTY)
+    return freed_full
+
+
+def _adopt(adopted, comp, start, end):
+    if start >= end:
+        return
+    ranges = adopted.setdefault(comp, [])
+    if ranges and start <= ranges[-1][1]:
+        lo, hi = ranges[-1]
+        ranges[-1] = (min(lo, start), max(hi, end))
+    else:
+        ranges.append((start, end))
+

@@ -231,3 +231,166 @@ class ReqToTokenPool:
             self._rows[indices] = vals
         except IndexError as e:
             raise IndexError(f"indices: {e}") from None
+
+
+class SWATokenToKVPoolAllocator:
+    """KV slots of a hybrid sliding-window model: a Full pool, an SWA pool and the
+    Full -> SWA slot mapping (SGLang ``SWATokenToKVPoolAllocator``'s API, on flat
+    arrays).
+
+    Parameters
+    ----------
+    size : int
+        Full slots (usable ``1 .. size``).
+    size_swa : int
+        SWA slots (usable ``1 .. size_swa``); SGLang sizes it
+        ``swa_full_tokens_ratio`` times the Full pool.
+    page_size, index_kind, device
+        As ``TokenToKVPoolAllocator`` (CPU only).
+
+    ``alloc(n)`` takes ``n`` slots of each pool and maps each Full slot to its SWA
+    slot; the cache frees through ``free_segment`` (both), ``free_full_segment``
+    (Full only: the SWA peer must already be gone) and ``free_swa_segment`` (the
+    SWA peers of the given Full slots, whose mapping is cleared). A Full slot
+    with no SWA peer maps to 0. Every free checks its whole batch first
+    (``ValueError`` naming ``free_index``, nothing freed): a Full slot that is
+    not held, an SWA free of a slot without a peer, a Full-only free of a slot
+    that still has one. ``full_attn_allocator`` / ``swa_attn_allocator`` are the
+    two ``TokenToKVPoolAllocator`` sides. Thread-safe (one lock around each call,
+    then the sides' own). O(slots moved) per call.
+    """
+
+    def __init__(self, size, size_swa, page_size=1, index_kind="numpy", device="cpu"):
+        self.full_attn_allocator = TokenToKVPoolAllocator(size, page_size, index_kind, device)
+        self.swa_attn_allocator = TokenToKVPoolAllocator(size_swa, page_size, index_kind, device)
+        self.size_full = self.full_attn_allocator.size
+        self.size_swa = self.swa_attn_allocator.size
+        self.page_size = self.full_attn_allocator.page_size
+        self.index_kind = index_kind
+        self.device = device
+        self._lock = threading.Lock()
+        self.full_to_swa_index_mapping = _allocating(
+            lambda: np.zeros(self.size_full + self.page_size + 1, dtype=np.int64),
+            f"size={self.size_full}")
+
+    @property
+    def size(self):
+        """Slots a request can get on both sides: ``min(size_full, size_swa)`` (SGLang)."""
+        return min(self.size_full, self.size_swa)
+
+    def clear(self):
+        with self._lock:
+            self.full_attn_allocator.clear()
+            self.swa_attn_allocator.clear()
+            self.full_to_swa_index_mapping[:] = 0
+
+    def available_size(self):
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self):
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self):
+        return self.swa_attn_allocator.available_size()
+
+    def _out(self, a):
+        return _torch().from_numpy(a) if self.index_kind == "torch" else a
+
+    def alloc(self, need_size):
+        """``need_size`` Full slots (int64, 1-D), each mapped to a fresh SWA slot, or
+        ``None`` when either side has fewer free."""
+        n = as_count(need_size, "need_size")
+        with self._lock:
+            if n > self.full_available_size() or n > self.swa_available_size():
+                return None
+            full = _to_numpy(self.full_attn_allocator.alloc(n), "full")
+            swa = _to_numpy(self.swa_attn_allocator.alloc(n), "swa")
+            self.full_to_swa_index_mapping[full] = swa
+        return self._out(full)
+
+    # --------------------------------------------------------------- mapping
+    def _full_slots(self, x, name):
+        idx = as_int64(x, name)
+        if idx.size and (idx.min() < 1 or idx.max() > self.size_full):
+            raise ValueError(f"{name}: slot outside [1, {self.size_full}]")
+        return idx
+
+    def translate_swa_indices_for_transfer(self, kv_indices):
+        """The SWA slots the Full slots ``kv_indices`` map to (0: no SWA peer)."""
+        return self._out(self.full_to_swa_index_mapping[self._full_slots(kv_indices, "kv_indices")])
+
+    translate_loc_from_full_to_swa = translate_swa_indices_for_transfer
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices):
+        full = self._full_slots(full_indices, "full_indices")
+        swa = as_int64(swa_indices, "swa_indices")
+        if swa.shape != full.shape:
+            raise ValueError(f"swa_indices: {swa.size} entries for {full.size} full_indices")
+        if swa.size and (swa.min() < 0 or swa.max() > self.size_swa):
+            raise ValueError(f"swa_indices: slot outside [0, {self.size_swa}]")
+        with self._lock:
+            self.full_to_swa_index_mapping[full] = swa
+
+    def clear_full_to_swa_mapping(self, full_indices):
+        full = self._full_slots(full_indices, "full_indices")
+        with self._lock:
+            self.full_to_swa_index_mapping[full] = 0
+
+    # --------------------------------------------------------------- frees
+    def free_swa(self, free_index):
+        """Free the SWA peers of the Full slots ``free_index`` and clear their mapping."""
+        full = self._full_slots(free_index, "free_index")
+        if not full.size:
+            return
+        with self._lock:
+            swa = self.full_to_swa_index_mapping[full]
+            if (swa <= 0).any():
+                i = int(np.argmax(swa <= 0))
+                raise ValueError(f"free_index: Full slot {int(full[i])} has no SWA peer to free")
+            self.swa_attn_allocator.free(swa)
+            self.full_to_swa_index_mapping[full] = 0
+
+    def free_swa_segment(self, free_index, start_pos=0):
+        self.free_swa(free_index)
+
+    def free_full_segment(self, free_index, start_pos=0):
+        """Free Full slots whose SWA peers are already gone (``ValueError`` if one has
+        a peer: freeing it would leak the SWA slot)."""
+        full = self._full_slots(free_index, "free_index")
+        if not full.size:
+            return
+        with self._lock:
+            peers = self.full_to_swa_index_mapping[full]
+            if (peers != 0).any():
+                i = int(np.argmax(peers != 0))
+                raise ValueError(f"free_index: Full slot {int(full[i])} still has SWA slot "
+                                 f"{int(peers[i])} (free it with free_segment)")
+            self.full_attn_allocator.free(full)
+
+    def free(self, free_index):
+        """Free Full slots and their SWA peers (slots without a peer: Full only)."""
+        full = self._full_slots(free_index, "free_index")
+        if not full.size:
+            return
+        with self._lock:
+            code, i = self.full_attn_allocator._first_unheld(full)
+            if code:
+                raise ValueError(f"free_index: Full slot {int(full[i])} is not held "
+                                 "(free, outside the pool, or given twice)")
+            swa = self.full_to_swa_index_mapping[full]
+            swa = swa[swa > 0]
+            self.swa_attn_allocator.free(swa)
+            self.full_to_swa_index_mapping[full] = 0
+            self.full_attn_allocator.free(full)
+
+    def free_segment(self, free_index, start_pos=0):
+        self.free(free_index)
+
+    def _first_unheld(self, idx):
+        """As ``TokenToKVPoolAllocator._first_unheld``, on the Full side."""
+        return self.full_attn_allocator._first_unheld(idx)
+
+    def _swa_unmapped(self, idx):
+        """Index of the first Full slot of ``idx`` (int64) with no SWA peer, or -1."""
+        bad = self.full_to_swa_index_mapping[idx] <= 0
+        return int(np.argmax(bad)) if bad.any() else -1

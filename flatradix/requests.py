@@ -13,9 +13,10 @@ SGLang ``Req`` works): ``origin_input_ids``, ``output_ids``, ``fill_ids``,
 Besides the cache's public API, the request path uses exactly this engine API
 of the cache (documented where each is defined, ``flatradix/cache.py``):
 ``_mutex`` (the cache's lock), ``_vals`` (``flatradix.values.ValueBridge``: the
-index kind, ``check_held``, ``kv_bound``, ``free``, ``out``), ``_key`` (key -> units),
-``_insert_units`` (one insert kernel call + its actions) and
-``_check_anchored`` (a lock to release exists).
+index kind, ``check_held``, ``kv_bound``, ``free``, ``free_split``, ``out``),
+``_key`` (key -> units), ``_insert_units`` (one insert kernel call + its
+actions), ``_check_unlock`` (a lock to release exists and its release would
+succeed) and ``_window`` / ``_swa`` (the SWA configuration).
 """
 
 from array import array
@@ -26,7 +27,7 @@ import numpy as np
 
 from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
 from .kernels import layout as L
-from .types import ComponentType, RadixKey
+from .types import ComponentType, RadixKey, TreeLock
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -42,6 +43,13 @@ class Req:
     = ``len(prefix_indices)``). ``kv_committed_len``: tokens with KV (``None`` =
     ``len(origin_input_ids) + len(output_ids) - 1``, the last sampled token has
     none yet). ``kv_allocated_len``: row slots allocated (``None`` = committed).
+    ``lock``: the ``TreeLock`` the request holds on ``last_node`` (from
+    ``cache.lock(node)``; required on SWA caches, whose release needs the
+    receipt; a Full-only cache also releases ``last_node`` without one).
+    SWA caches: ``swa_evicted_seqlen`` is the request's SWA cursor (its row's
+    SWA slots below it are freed; the cache advances it), and
+    ``swa_branching_seqlen`` the ``MatchResult`` field of its admission match
+    (the first checkpoint then inserts only up to it).
 
     Construction validates every field (``TypeError`` / ``ValueError`` naming it):
     token containers must be 1-D integer sequences (list, tuple, ``array('q')``,
@@ -65,6 +73,9 @@ class Req:
     kv_committed_len: Optional[int] = None
     kv_allocated_len: Optional[int] = None
     rid: Any = None
+    lock: Any = None
+    swa_evicted_seqlen: int = 0
+    swa_branching_seqlen: Optional[int] = None
 
     def __post_init__(self):
         _to_numpy(self.origin_input_ids, "origin_input_ids")
@@ -91,7 +102,11 @@ class Req:
         if self.priority is not None:
             as_int(self.priority, "priority")
         as_count(self.cache_inserted_len, "cache_inserted_len")
-        for name in ("cache_protected_len", "kv_committed_len", "kv_allocated_len"):
+        as_count(self.swa_evicted_seqlen, "swa_evicted_seqlen")
+        if self.lock is not None and not isinstance(self.lock, TreeLock):
+            raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(self.lock).__name__}")
+        for name in ("cache_protected_len", "kv_committed_len", "kv_allocated_len",
+                     "swa_branching_seqlen"):
             v = getattr(self, name)
             if v is not None:
                 as_count(v, name)
@@ -190,11 +205,65 @@ class RequestCachingMixin:
         return as_count(p, "req.cache_protected_len")
 
     def _check_last_node(self, req):
-        """``req.last_node`` must be None or a live node with a lock anchored on it
-        (what ``dec_lock_ref`` will release), checked before anything changes."""
-        node = req.last_node
-        if node is not None:
-            self._check_anchored(node, "req.last_node")
+        """The request's lock must be releasable, checked before anything changes:
+        ``req.lock`` (a ``TreeLock``, whose receipt the release replays) or, on a
+        Full-only cache without one, ``req.last_node`` (None, or a live node with a
+        lock anchored on it)."""
+        lock = getattr(req, "lock", None)
+        if lock is not None:
+            if not isinstance(lock, TreeLock):
+                raise TypeError(f"req.lock must be a flatradix.TreeLock or None, got "
+                                f"{type(lock).__name__}")
+            self._check_unlock(lock.node, lock.receipt, lock.swa_released, "req.lock")
+        elif req.last_node is not None:
+            self._check_unlock(req.last_node, None, False, "req.last_node")
+
+    def _release_req_lock(self, req):
+        """Release what ``_check_last_node`` checked (``req.lock`` or ``last_node``)."""
+        lock = getattr(req, "lock", None)
+        if lock is not None:
+            self.unlock(lock)
+            req.lock = None
+        elif req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+
+    def _take_req_lock(self, req, node):
+        """Lock ``node`` for the request: ``req.lock`` when the request has the field."""
+        if hasattr(req, "lock"):
+            req.lock = self.lock(node)
+        else:
+            self.inc_lock_ref(node)
+
+    def _swa_cursor(self, req):
+        """``req.swa_evicted_seqlen`` checked: an int >= 0, a multiple of the page size."""
+        c = as_count(getattr(req, "swa_evicted_seqlen", 0) or 0, "req.swa_evicted_seqlen")
+        if c % self.page_size:
+            raise ValueError(f"req.swa_evicted_seqlen={c} is not a multiple of "
+                             f"page_size={self.page_size}")
+        return c
+
+    def _free_out_of_window(self, req, row, pre_len, protected, interval=1):
+        """SGLang ``free_swa_out_of_window_slots`` for a prefix-sharing cache: once the
+        request is ``pre_len`` tokens in, free the SWA slots of its row below
+        ``pre_len - ceil(max(W, P) / P) * P`` (page-aligned) that the tree does not
+        own, and advance ``req.swa_evicted_seqlen`` past them. ``row``: the row's
+        slots (int64, long enough). Returns the new cursor."""
+        w, page = self._window, self.page_size
+        cursor = self._swa_cursor(req)
+        if pre_len - w < cursor + interval:
+            return cursor
+        cursor = max(cursor, protected)
+        req.swa_evicted_seqlen = cursor
+        if self.disable:
+            threshold = pre_len - w
+        else:
+            threshold = pre_len - -(-max(w, page) // page) * page
+        new = max(cursor, threshold)
+        new -= new % page
+        if new > cursor:
+            self._vals.free_split(_EMPTY, np.ascontiguousarray(row[cursor:new]))
+            req.swa_evicted_seqlen = new
+        return req.swa_evicted_seqlen
 
     def _request_key(self, req, token_ids):
         return RadixKey(token_ids, getattr(req, "extra_key", None), getattr(req, "cache_salt", None),
@@ -247,13 +316,38 @@ class RequestCachingMixin:
                              "being cached")
         inserted = as_count(getattr(req, "cache_inserted_len", 0) or 0, "req.cache_inserted_len")
         priority = as_int(getattr(req, "priority", None) or 0, "req.priority")
-        key = self._request_key(req, all_ids[:up_to])
+        eagle = 1 if self.is_eagle else 0
+        effective = up_to
+        branching = None
+        if self._swa:
+            if protected % self.page_size:
+                raise ValueError(f"req.cache_protected_len={protected} is not a multiple of "
+                                 f"page_size={self.page_size}")
+            self._swa_cursor(req)
+            # SGLang prepare_for_caching_req: a first checkpoint after a match that
+            # stopped short of its Full hit inserts only up to the branching point
+            branching = getattr(req, "swa_branching_seqlen", None)
+            if branching is not None:
+                branching = as_count(branching, "req.swa_branching_seqlen")
+                if branching <= protected or branching + eagle > up_to:
+                    branching = None
+                else:
+                    effective = branching + eagle
+        key = self._request_key(req, all_ids[:effective])
         units, aligned, nk, _ = self._key(key, "req")
         with self._mutex:  # the row's slots and the lock are checked where they can't change
             if row is None:
                 row = self._row(req, up_to, "up_to")
             self._check_last_node(req)
+            # every check is done: from here on the request and the tree change
+            cursor = 0
+            if self._swa:
+                if not finished:
+                    cursor = self._free_out_of_window(req, row, units.shape[0] - 1, protected)
+                else:
+                    cursor = self._swa_cursor(req)
             old_node = req.last_node
+            branch_inserted = False
             if aligned <= 0:
                 new_node = old_node
             else:
@@ -261,14 +355,14 @@ class RequestCachingMixin:
                 # _row checked every slot held when flatradix's allocator is attached,
                 # which implies the kernel's bound check: skip that pass then
                 limit = L.VALUES_UNCHECKED if self._vals.checks_held else self._vals.kv_bound()
-                plen, new_node, _, path = self._insert_units(
+                plen, new_node, _, path, _ = self._insert_units(
                     units, values, aligned, nk, protected, inserted, priority, limit,
-                    "req row (req_to_token_pool)", want_path=True, keep_own=True)
+                    "req row (req_to_token_pool)", want_path=True, keep_own=True, cursor=cursor)
                 self._vals.note_kind(values)
                 # the path's value: the tree's slots for the cached prefix, ours after it
                 row[:plen] = path[:plen]
                 if self.components == (ComponentType.FULL,):
-                    prompt_units = n_prompt - (1 if self.is_eagle else 0)
+                    prompt_units = n_prompt - eagle
                     prompt = prompt_units - prompt_units % self.page_size
                     if 0 < prompt < aligned:
                         self._insert_units(units, values, prompt, nk, prompt, prompt,
@@ -277,13 +371,20 @@ class RequestCachingMixin:
                 if protected < plen:
                     self._write_row(req, protected, np.ascontiguousarray(row[protected:plen]))
                 req.cache_inserted_len = max(inserted, aligned)
-            if old_node is not None:
-                self.dec_lock_ref(old_node)
+                branch_inserted = branching is not None and units.shape[0] >= branching
+            self._release_req_lock(req)
             if not finished and new_node is not None:
-                self.inc_lock_ref(new_node)
+                self._take_req_lock(req, new_node)
             req.last_node = None if finished else new_node
             req.cache_protected_len = max(aligned, 0) if aligned > 0 else protected
             req.prefix_indices = self._vals.out(np.ascontiguousarray(row[:up_to]))
+            if branch_inserted:
+                # SGLang cleanup_after_caching_req: the branch is cached; a running
+                # request then frees the SWA slots that slid out of its window
+                req.swa_branching_seqlen = None
+                if not finished:
+                    self._free_out_of_window(req, row, _seq_len(req, "fill_ids") - eagle - 1,
+                                             req.cache_protected_len)
         return max(aligned, 0)
 
     def release_kv_cache(self, req, checkpoint=True):
@@ -329,11 +430,19 @@ class RequestCachingMixin:
                 if keep > allocated:
                     raise ValueError(f"req.cache_protected_len={keep} exceeds "
                                      f"req.kv_allocated_len={allocated}")
+                if self._swa:
+                    self._swa_cursor(req)
                 self._check_last_node(req)
-                if req.last_node is not None:
-                    self.dec_lock_ref(req.last_node)
+                self._release_req_lock(req)
                 req.last_node = None
-            self._free_slots(row[keep:allocated])
+            if self._swa and not self.disable:
+                # SGLang free_kv_row: below the SWA cursor only the Full side is left
+                dead = min(max(self._swa_cursor(req), keep), allocated)
+                self._vals.free_split(np.ascontiguousarray(row[keep:allocated]),
+                                      np.ascontiguousarray(row[dead:allocated]))
+                req.swa_evicted_seqlen = 0
+            else:
+                self._free_slots(row[keep:allocated])
             self.req_to_token_pool.free(req.req_pool_idx)
             req.req_pool_idx = None
 

@@ -120,6 +120,13 @@ class InsertParams:
     ``inserted_len``: the same request already inserted ``[0, inserted_len)``;
     hits are counted only on nodes ending past it. ``priority``: max'ed along
     the path (``priority`` eviction policy).
+
+    SWA caches: ``component_evicted_seqlens={ComponentType.SWA: n}`` (keyword
+    only; ``set_evicted_seqlen`` / ``get_evicted_seqlen``) is the request's SWA
+    cursor -- its slots below position ``n`` (a multiple of the page size) have
+    no SWA peer any more, so they are inserted as tombstones and freed Full-only;
+    ``swa_branching_seqlen`` (from ``MatchResult``) sets
+    ``InsertResult.swa_branch_inserted``.
     """
 
     key: RadixKey = None
@@ -131,6 +138,15 @@ class InsertParams:
     mamba_value: Any = None
     swa_branching_seqlen: Optional[int] = None
     session_id: Any = None
+    component_evicted_seqlens: dict = field(default_factory=dict, kw_only=True)
+
+    def get_evicted_seqlen(self, component):
+        """The request's eviction cursor for ``component`` (SWA: positions below it
+        have had their SWA slots freed); 0 when unset."""
+        return self.component_evicted_seqlens.get(component, 0)
+
+    def set_evicted_seqlen(self, component, length):
+        self.component_evicted_seqlens[component] = length
 
 
 class InsertResult(NamedTuple):
@@ -194,7 +210,9 @@ _NO_UUIDS = MappingProxyType({})
 class IncLockRefResult:
     """The lock *receipt*. ``delta``: Full units newly moved evictable -> protected.
     ``component_lock_uuids`` / ``component_host_lock_uuids``: per-component lock
-    boundaries (empty, read-only mappings for Full-only caches)."""
+    boundaries: ``{ComponentType.SWA: stamp}`` when the SWA window was locked
+    (``None``: the window segment reached the root); empty, read-only mappings
+    for Full-only caches. The release replays exactly what was locked."""
 
     __slots__ = ("delta", "node_id", "skipped_lock_components", "component_lock_uuids",
                  "component_host_lock_uuids")
@@ -230,10 +248,14 @@ class DecLockRefResult:
 class EvictStep:
     """One step of a step-wise eviction round (``evict_device_next_node``).
 
-    ``node_id``: the evicted node (``None`` when the round's request is met or
-    nothing evictable is left). ``freed_indices``: its KV indices; the caller
-    (the controller) frees them. ``made_progress``: a node was evicted.
-    ``needs_backup``: always False for Full-only trees (kept for the host tier).
+    ``node_id``: the deleted node (``None`` for a step that only tombstoned SWA
+    data, and when the round's request is met or nothing evictable is left).
+    ``freed_indices``: the Full KV indices to free; ``swa_freed_indices``: the
+    Full indices whose SWA peers to free (an SWA allocator's
+    ``free_swa_segment``); the caller (the controller) frees both.
+    ``num_tokens`` / ``swa_num_tokens``: units freed per component.
+    ``made_progress``: something was freed (``False`` ends the round).
+    ``needs_backup``: always False without a host tier.
     """
 
     node_id: Optional[int]
@@ -241,3 +263,16 @@ class EvictStep:
     num_tokens: int
     made_progress: bool
     needs_backup: bool = False
+    swa_freed_indices: Any = None
+    swa_num_tokens: int = 0
+
+
+@dataclass
+class TreeLock:
+    """What ``lock()`` returns and ``unlock()`` / ``release_swa()`` consume (SGLang
+    ``TreeLock``): the locked ``node``, its ``receipt`` (``DecLockRefParams``) and
+    whether the SWA window was released early."""
+
+    node: int
+    receipt: Any
+    swa_released: bool = False

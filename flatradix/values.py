@@ -31,8 +31,11 @@ class ValueBridge:
         if self.kind is None and allocator is not None:
             self.kind = "torch"
         self.torch_device = None
-        # flatradix's allocator checks "every slot held" in one kernel pass
+        # flatradix's allocators check "every slot held" in one kernel pass
         self.checks_held = hasattr(allocator, "_first_unheld")
+        # an SWA allocator: Full and SWA pools and the Full -> SWA mapping
+        self.swa = is_swa_allocator(allocator)
+        self._numpy = getattr(allocator, "index_kind", "torch") == "numpy"
 
     # ------------------------------------------------------------------ kinds
     def note_kind(self, value):
@@ -59,8 +62,11 @@ class ValueBridge:
     # ------------------------------------------------------------------ bounds
     def kv_limit(self):
         """Exclusive upper bound of valid KV indices, from the allocator (None: no bound).
-        SGLang's KV pools have ``size + page_size`` rows (slot 0 is padding)."""
-        size = getattr(self.allocator, "size", None)
+        SGLang's KV pools have ``size + page_size`` rows (slot 0 is padding); an SWA
+        allocator's Full side has ``size_full``."""
+        size = getattr(self.allocator, "size_full", None)
+        if size is None:
+            size = getattr(self.allocator, "size", None)
         if size is None:
             return None
         return int(size) + int(getattr(self.allocator, "page_size", 1) or 1)
@@ -90,18 +96,80 @@ class ValueBridge:
             raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} appears twice")
         return True
 
+    def check_swa_peers(self, value, start, name):
+        """With flatradix's SWA allocator: ``ValueError`` naming ``name`` unless every
+        slot of ``value[start:]`` has an SWA peer (the insert may adopt or free them
+        with their peers). No check with other allocators."""
+        fn = getattr(self.allocator, "_swa_unmapped", None)
+        if fn is None or start >= value.shape[0]:
+            return
+        i = fn(value[start:])
+        if i >= 0:
+            raise ValueError(f"{name}: KV slot {int(value[start + i])} at {start + i} has no "
+                             "SWA slot in the allocator's mapping (positions at or past the "
+                             "request's SWA cursor need one)")
+
     # ------------------------------------------------------------------ frees
+    def _arg(self, idx):
+        """``idx`` (int64 numpy) as the allocator takes it."""
+        if self._numpy:
+            return idx
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(idx))
+        dev = getattr(self.allocator, "device", "cpu")
+        return t.to(dev) if str(dev) != "cpu" else t
+
     def free(self, idx):
-        """Give the int64 numpy slots ``idx`` back to the allocator (no-op when empty
-        or when no allocator is attached)."""
+        """Give the int64 numpy slots ``idx`` back to the allocator (with an SWA
+        allocator: their SWA peers too); no-op when empty or when no allocator is
+        attached."""
         alloc = self.allocator
         if alloc is None or idx.size == 0:
             return
-        if getattr(alloc, "index_kind", "torch") == "numpy":
-            alloc.free(idx)
-        else:
+        alloc.free(self._arg(idx))
+
+    def free_split(self, full, swa):
+        """One executed batch: first the SWA peers of the Full slots ``swa`` (their
+        mapping is read and cleared), then the Full slots ``full`` -- on an SWA
+        allocator through ``free_full_segment``, which checks that none still has a
+        peer. Both int64 numpy (either may be empty)."""
+        alloc = self.allocator
+        if alloc is None:
+            return
+        if not self.swa:
+            if full.size:
+                alloc.free(self._arg(full))
+            return
+        if swa.size:
+            alloc.free_swa_segment(self._arg(swa), start_pos=0)
+        if full.size:
+            alloc.free_full_segment(self._arg(full), start_pos=0)
+
+    def swa_recover_locked(self, kept, incoming):
+        """SGLang ``RecoverSWAWithLockedFull``'s mapping move: the locked Full slots
+        ``kept`` take over the SWA peers of ``incoming`` (whose mapping is cleared;
+        the caller frees ``incoming`` Full-only)."""
+        alloc = self.allocator
+        inc = self._arg(incoming)
+        swa = alloc.translate_swa_indices_for_transfer(inc)
+        if not self._numpy:
             import torch
 
-            t = torch.from_numpy(np.ascontiguousarray(idx))
-            dev = getattr(alloc, "device", "cpu")
-            alloc.free(t.to(dev) if str(dev) != "cpu" else t)
+            swa = swa.to(torch.int64)
+        alloc.clear_full_to_swa_mapping(inc)
+        alloc.set_full_to_swa_mapping(self._arg(kept), swa)
+
+    def swa_of(self, full):
+        """The SWA slots the Full slots ``full`` map to (int64 numpy; inspection)."""
+        out = self.allocator.translate_swa_indices_for_transfer(self._arg(full))
+        return np.asarray(out.cpu() if hasattr(out, "cpu") else out, dtype=np.int64)
+
+
+def is_swa_allocator(alloc):
+    """Whether ``alloc`` has the SWA allocator API the SWA component drives
+    (SGLang's ``SWATokenToKVPoolAllocator`` or flatradix's)."""
+    return all(callable(getattr(alloc, name, None)) for name in (
+        "free_swa_segment", "free_full_segment", "set_full_to_swa_mapping",
+        "clear_full_to_swa_mapping", "translate_swa_indices_for_transfer",
+        "full_available_size", "swa_available_size"))

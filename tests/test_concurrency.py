@@ -5,7 +5,7 @@ and threads").
 (``threading.Barrier``) with the switch interval at 1 µs, each running a fixed
 number of mixed operations on one shared cache with a real allocator and
 request pool: request admission (match + inc_lock_ref, atomically under
-``cache.lock`` or racing and retrying on ``NodeAccessError``), decode,
+``cache.mutex`` or racing and retrying on ``NodeAccessError``), decode,
 cache_unfinished_req, cache_finished_req (or is_insert=False), bare matches
 holding extra locks, dec_lock_ref, direct inserts, evict, evict_for_alloc,
 step-wise eviction rounds, stale-handle probes, sizes and sanity_check.
@@ -130,7 +130,7 @@ class Worker:
         c = self.cache
         key = RadixKey(toks, **self.ns(own))
         if self.rng.random() < 0.5:
-            with c.lock:  # atomic admission
+            with c.mutex:  # atomic admission
                 m = c.match_prefix(MatchPrefixParams(key=key))
                 c.inc_lock_ref(m.last_device_node)
         else:  # racing admission: the node may be evicted in between; retry
@@ -220,7 +220,7 @@ class Worker:
     def match(self):
         toks, own = self.key()
         c = self.cache
-        with c.lock:
+        with c.mutex:
             m = c.match_prefix(MatchPrefixParams(key=RadixKey(toks, **self.ns(own))))
             if own:
                 self.check_own(toks, m.device_indices)
@@ -247,7 +247,7 @@ class Worker:
             self.count("insert_refused")
             return
         c = self.cache
-        with c.lock:  # the result and the path it names, seen together
+        with c.mutex:  # the result and the path it names, seen together
             r = c.insert(InsertParams(key=RadixKey(toks[:n], **self.ns(own)), value=slots))
             path = c.path_device_indices(r.last_device_node) if n else np.empty(0, np.int64)
         p = r.prefix_len
@@ -266,7 +266,7 @@ class Worker:
 
     def evict_steps(self):
         c = self.cache
-        with c.lock:  # one round per cache: hold the lock for the whole round
+        with c.mutex:  # one round per cache: hold the lock for the whole round
             c.evict_device_start(num_tokens=int(self.rng.integers(1, 100)))
             total = 0
             while (step := c.evict_device_next_node()).node_id is not None:
@@ -291,7 +291,7 @@ class Worker:
         c = self.cache
         ev, pr = c.evictable_size(), c.protected_size()
         assert ev >= 0 and pr >= 0
-        with c.lock:
+        with c.mutex:
             assert c.evictable_size() + c.protected_size() == c.total_size()[0]
         if self.rng.random() < 0.1:
             c.sanity_check()

@@ -27,6 +27,9 @@ A_SWA_RECOVER_LOCKED   ``RecoverSWAWithLockedFull``: the node keeps its locked F
                        incoming slots (input ``[aux, aux + len)``), whose Full side is freed
 A_STORED               KV event ``BlockStored`` for the node in slot ``off`` (events on)
 A_REMOVED              KV event ``BlockRemoved`` for pool rows ``[off, off + len)`` (events on)
+A_ADOPTED              a report, nothing to execute: the insert took ownership of the
+                       caller's slots at key positions ``[off, off + len)`` for ``comp``
+                       (``InsertResult.adopted_ranges``; emitted only when tracked)
 =====================  ===================================================================
 
 Consecutive rows of the same free kind, component and source over adjacent
@@ -57,9 +60,10 @@ A_FREE_SLOT = 3
 A_SWA_RECOVER_LOCKED = 4
 A_STORED = 5
 A_REMOVED = 6
+A_ADOPTED = 7
 ACTION_NAMES = {A_FREE_KV: "FreeDeviceKV", A_FREE_KV_FULL_ONLY: "FreeDeviceKVFullOnly",
                 A_FREE_SLOT: "FreeComponentDeviceSlot", A_SWA_RECOVER_LOCKED: "RecoverSWAWithLockedFull",
-                A_STORED: "BlockStored", A_REMOVED: "BlockRemoved"}
+                A_STORED: "BlockStored", A_REMOVED: "BlockRemoved", A_ADOPTED: "adopted range"}
 
 SRC_OUT = 0
 SRC_IN = 1
@@ -85,8 +89,7 @@ def emit(acts, meta, kind, comp, src, off, n, aux):
     """Append a row (merged into the previous one when it is the same free kind,
     component and source over the adjacent range). The caller checked room."""
     i = meta[M_NACTS]
-    if (i > 0 and kind != A_SWA_RECOVER_LOCKED and kind != A_STORED
-            and kind != A_REMOVED and acts[i - 1, 0] == kind and acts[i - 1, 1] == comp
+    if (i > 0 and kind <= A_FREE_SLOT and acts[i - 1, 0] == kind and acts[i - 1, 1] == comp
             and acts[i - 1, 2] == src and acts[i - 1, 3] + acts[i - 1, 4] == off):
         acts[i - 1, 4] += n
         return

@@ -1,4 +1,4 @@
-"""``sanity_check``: recompute every invariant from scratch (SGLang §2.5, Full tier).
+"""``sanity_check``: recompute every invariant from scratch (SGLang §2.5, device tier).
 
 Returns ``(code, slot)``; code 0 when everything holds. Codes:
 
@@ -19,19 +19,25 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 113  evictable / protected / total ledgers disagree with a recount
 114  live-node count, free list, retired-slot count or child-table counters disagree
 115  pool accounting (live + dead != top)
+116  SWA: data without Full data, a negative SWA lock_ref or one above the
+     node's Full lock_ref, or SWA data / locks on a cache without SWA
+117  SWA LRU: membership disagrees with the data bit, or broken links
+118  SWA evictable / protected / total ledgers disagree with a recount
 ===  =====================================================================
 """
 
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS, FULL, FULL_LOCK,
+    C_SWA, CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
+    FULL, FULL_LOCK, LRU_NEXT, LRU_PREV, LRU_SWA, M_COMPONENTS, SWA, SWA_LOCK,
     HEAP_DEVICE, HEAP_POS, N_SENTINELS, SENTINEL0,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
     LOCK_REF, TOK,
 )
+from .lru import lru_head, lru_in_list, lru_tail
 from .order import _less, is_device_leaf
 
 
@@ -44,11 +50,15 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     for c in range(N_COMPONENTS):
         if nodes[ROOT, LOCK_REF + c * N_TIERS] < 1:
             return 101, ROOT
+    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
     live = 0
     leaves = 0
     evictable = 0
     protected = 0
     used = 0
+    swa_nodes = 0
+    swa_evictable = 0
+    swa_protected = 0
     for s in range(hwm):
         if not (nodes[s, FLAGS] & F_ALIVE):
             continue
@@ -109,6 +119,22 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             evictable += n
         else:
             protected += n
+        has_swa = (nodes[s, FLAGS] & F_HAS_SWA_DEV) != 0
+        swa_lk = nodes[s, SWA_LOCK]
+        if not swa_on:
+            if has_swa or swa_lk != 0 or lru_in_list(nodes, LRU_SWA, s):
+                return 116, s
+            continue
+        if swa_lk < 0 or swa_lk > lk:
+            return 116, s
+        if has_swa != lru_in_list(nodes, LRU_SWA, s):
+            return 117, s
+        if has_swa:
+            swa_nodes += 1
+            if swa_lk == 0:
+                swa_evictable += n
+            else:
+                swa_protected += n
     if leaves != meta[M_HEAP_N + HEAP_DEVICE]:
         return 111, NIL
     if evictable != meta[M_EVICTABLE + FULL] or protected != meta[M_PROTECTED + FULL]:
@@ -136,4 +162,21 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         return 114, NIL
     if used + meta[M_POOL_DEAD] != meta[M_POOL_TOP]:
         return 115, NIL
+    # the SWA list: sentinel to sentinel, every entry a live node with data
+    h, t = lru_head(LRU_SWA), lru_tail(LRU_SWA)
+    count = 0
+    prev = h
+    x = nodes[h, LRU_NEXT + LRU_SWA]
+    while x != t:
+        if (x < FIRST_SLOT or x >= hwm or count > hwm or nodes[x, LRU_PREV + LRU_SWA] != prev
+                or not (nodes[x, FLAGS] & F_ALIVE) or not (nodes[x, FLAGS] & F_HAS_SWA_DEV)):
+            return 117, x
+        count += 1
+        prev = x
+        x = nodes[x, LRU_NEXT + LRU_SWA]
+    if nodes[t, LRU_PREV + LRU_SWA] != prev or count != swa_nodes:
+        return 117, NIL
+    if (swa_evictable != meta[M_EVICTABLE + SWA] or swa_protected != meta[M_PROTECTED + SWA]
+            or swa_evictable + swa_protected != meta[M_TOTAL + SWA]):
+        return 118, NIL
     return 0, NIL

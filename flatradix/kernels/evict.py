@@ -1,45 +1,104 @@
-"""Full device eviction: whole rounds (``evict``) and step-wise rounds.
+"""Device eviction: whole rounds (``evict``) and step-wise rounds, per component.
 
-Victims come from the incrementally kept heap of evictable device leaves
-(``kernels/order.py``); when a leaf is deleted its parent re-enters the heap
-if it became a leaf, so chains collapse bottom-up. Freed KV indices are written
-to ``out``; the façade hands them to the allocator.
+Full (SGLang §5.4): victims come from the incrementally kept heap of
+evictable device leaves (``kernels/order.py``); when a leaf is deleted its
+parent re-enters the heap if it became a leaf, so chains collapse bottom-up.
+
+SWA (§6.2): victims come from the SWA LRU tail, skipping window-locked entries;
+a victim that is an evictable device leaf is deleted whole (Full counts too),
+any other is tombstoned (``components/swa.py: evict_component``; on an internal
+node SWA's cascade reaches only lower-priority components, none yet). SGLang
+keeps a cursor; since every entry the walk passes is deleted, tombstoned or
+locked, the cursor is always the LRU's least recent unlocked entry, which is
+what each step takes.
+
+Every victim's frees and events are emitted as actions (``tree.delete_leaf``,
+``swa.evict_component``); the façade executes them.
 """
 
-from ._jit import kernel
+from ..components import swa
+from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    E_CAPACITY, E_NO_WALK, E_WALK_OPEN, HEAP_DEVICE, KEY_LEN, M_EVICT_DONE, M_EVICT_REQ,
-    M_EVICT_WALK, M_HEAP_N, M_NACTS, M_NOUT, OK,
+    C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, KEY_LEN, LRU_SWA,
+    M_COMPONENTS, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS, M_NOUT, NIL,
+    OK, SWA,
 )
-from .order import heap_pop
+from .lru import lru_tail_unlocked
+from .order import heap_pop, is_device_leaf
 from .state import need, node_id
 from .tree import delete_leaf
 
+#: ``evict``'s phases: the Full walk, then the SWA walk.
+PHASE_FULL = 0
+PHASE_SWA = 1
+
+
+@helper
+def _short(nodes, acts, out, meta, s):
+    """Room for one victim ``s`` (3 rows, its length in values); else the needs."""
+    if acts_room(acts, out, meta, 3, nodes[s, KEY_LEN]):
+        return False
+    need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN], meta[M_NACTS] + 3)
+    return True
+
+
+@helper
+def swa_victim(nodes):
+    """The SWA walk's next victim: the least recently used unlocked SWA entry."""
+    return lru_tail_unlocked(nodes, LRU_SWA)
+
+
+@helper
+def swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
+    """Evict SWA from ``x``: delete it whole when it is an evictable device leaf,
+    else tombstone it. Returns ``(full units, swa units, deleted)``."""
+    n = nodes[x, KEY_LEN]
+    if is_device_leaf(nodes, x):
+        delete_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        return n, n, True
+    swa.evict_component(nodes, pool, meta, x, out, acts)
+    return 0, n, False
+
 
 @kernel
-def evict(nodes, ctab, pool, heap, meta, num_tokens, out, acts):
-    """Delete least-priority leaves until ``num_tokens`` units are freed or none is left.
+def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, phase, out, acts):
+    """Evict until ``num_full`` Full units and ``num_swa`` SWA units are freed or
+    nothing evictable is left: the Full walk first (least-priority leaves), then
+    the SWA walk (configured SWA only), which is skipped when the Full walk's
+    deletions already freed enough SWA. Node-granular: may exceed a request.
 
-    Returns ``(status, n_freed)``; each deleted leaf emits its actions
-    (``tree.delete_leaf``: ``A_FREE_SLOT`` with its KV indices in ``out``,
-    ``A_REMOVED`` with events on), in eviction order. Node-granular: may exceed
-    the request. ``E_CAPACITY`` when ``out`` or ``acts`` cannot hold the next
-    victim (``meta[M_NEED_OUT]`` / ``[M_NEED_ACTS]`` say what it needs): what
-    was evicted so far is reported as usual, and calling again with
-    ``num_tokens - n_freed`` continues the same round (the façade executes the
-    actions and grows the buffers in between). O(evicted nodes * log(leaves)).
+    Returns ``(status, full_freed, swa_freed, phase)``. ``E_CAPACITY`` when
+    ``out`` or ``acts`` cannot hold the next victim (``meta[M_NEED_*]``): what
+    was evicted so far is reported as usual, and calling again with the
+    remaining requests and the returned ``phase`` continues the same round (the
+    façade executes the actions and grows the buffers in between).
+    O(evicted nodes * log(leaves)).
     """
     acts_begin(meta, 0)
-    freed = 0
-    while freed < num_tokens and meta[M_HEAP_N + HEAP_DEVICE] > 0:
-        s = heap[HEAP_DEVICE, 0]
-        if not acts_room(acts, out, meta, 2, nodes[s, KEY_LEN]):
-            need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN], meta[M_NACTS] + 2)
-            return E_CAPACITY, freed
-        heap_pop(nodes, heap, meta, HEAP_DEVICE)
-        freed += delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
-    return OK, freed
+    full_freed = 0
+    swa_freed = 0
+    if phase == PHASE_FULL:
+        while full_freed < num_full and meta[M_HEAP_N + HEAP_DEVICE] > 0:
+            s = heap[HEAP_DEVICE, 0]
+            if _short(nodes, acts, out, meta, s):
+                return E_CAPACITY, full_freed, swa_freed, PHASE_FULL
+            heap_pop(nodes, heap, meta, HEAP_DEVICE)
+            if swa.has_data(nodes, s):
+                swa_freed += nodes[s, KEY_LEN]
+            full_freed += delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+        phase = PHASE_SWA
+    if meta[M_COMPONENTS] & C_SWA:
+        while swa_freed < num_swa:
+            x = swa_victim(nodes)
+            if x == NIL:
+                break
+            if _short(nodes, acts, out, meta, x):
+                return E_CAPACITY, full_freed, swa_freed, PHASE_SWA
+            f, w, _ = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+            full_freed += f
+            swa_freed += w
+    return OK, full_freed, swa_freed, PHASE_SWA
 
 
 @kernel
@@ -55,28 +114,42 @@ def evict_start(meta, component, num_tokens):
 
 @kernel
 def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
-    """Evict the next leaf of the open round of ``component``.
+    """One step of the open round of ``component``.
 
-    Returns ``(status, node_id, n_freed)``; ``node_id`` is -1 when the round's
-    request is met or no evictable leaf is left. The leaf's actions are emitted
-    as in ``evict``. ``E_CAPACITY`` (``meta[M_NEED_*]``) when the buffers
-    cannot hold the leaf: nothing changed.
+    Full: delete the least-priority evictable leaf. SWA: evict SWA from the least
+    recently used unlocked entry (a leaf is deleted whole, another node
+    tombstoned). Returns ``(status, node_id, full_units, swa_units)``:
+    ``node_id`` is the deleted node, -1 for a tombstone step or when the round
+    is over (its request met, or nothing evictable: then both counts are 0).
+    The step's actions are emitted as in ``evict``. ``E_CAPACITY``
+    (``meta[M_NEED_*]``) when the buffers cannot hold the victim: nothing changed.
     """
     if not meta[M_EVICT_WALK + component]:
-        return E_NO_WALK, -1, 0
+        return E_NO_WALK, -1, 0, 0
     acts_begin(meta, 0)
-    if (meta[M_EVICT_DONE + component] >= meta[M_EVICT_REQ + component]
-            or meta[M_HEAP_N + HEAP_DEVICE] == 0):
-        return OK, -1, 0
-    s = heap[HEAP_DEVICE, 0]
-    if not acts_room(acts, out, meta, 2, nodes[s, KEY_LEN]):
-        need(meta, 0, 0, nodes[s, KEY_LEN], 2)
-        return E_CAPACITY, -1, 0
-    heap_pop(nodes, heap, meta, HEAP_DEVICE)
-    nid = node_id(nodes, s)
-    n = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
-    meta[M_EVICT_DONE + component] += n
-    return OK, nid, n
+    if meta[M_EVICT_DONE + component] >= meta[M_EVICT_REQ + component]:
+        return OK, -1, 0, 0
+    if component == FULL:
+        if meta[M_HEAP_N + HEAP_DEVICE] == 0:
+            return OK, -1, 0, 0
+        s = heap[HEAP_DEVICE, 0]
+        if _short(nodes, acts, out, meta, s):
+            return E_CAPACITY, -1, 0, 0
+        heap_pop(nodes, heap, meta, HEAP_DEVICE)
+        nid = node_id(nodes, s)
+        w = nodes[s, KEY_LEN] if swa.has_data(nodes, s) else 0
+        n = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+        meta[M_EVICT_DONE + FULL] += n
+        return OK, nid, n, w
+    x = swa_victim(nodes)
+    if x == NIL:
+        return OK, -1, 0, 0
+    if _short(nodes, acts, out, meta, x):
+        return E_CAPACITY, -1, 0, 0
+    nid = node_id(nodes, x)
+    f, w, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+    meta[M_EVICT_DONE + SWA] += w
+    return OK, (nid if deleted else -1), f, w
 
 
 @kernel

@@ -1,20 +1,25 @@
 """``insert``: add a page-aligned key and its KV indices, reusing the cached prefix."""
 
+from ..components import swa
 from ._jit import kernel
+from .actions import A_ADOPTED, A_FREE_KV, A_STORED, SRC_IN, SRC_POOL, acts_begin, emit
 from .children import find_child
-from .actions import A_FREE_KV, A_STORED, SRC_IN, SRC_POOL, acts_begin, emit
 from .layout import (
-    E_BAD_VALUE, E_CAPACITY, FULL, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS, M_EVENTS,
-    M_PAGE, OK, PRIORITY, ROOT, VALUES_UNCHECKED,
+    C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FULL, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    M_COMPONENTS, M_EVENTS, M_NLIVE, M_PAGE, OK, PRIORITY, ROOT, VALUES_UNCHECKED,
 )
 from .order import fix
 from .state import has_room, need, node_id, tick
 from .tree import add_leaf, copy_values, edge_match_len, split_node
 
 
+#: ``insert``'s ``flags`` bits.
+TRACK_ADOPTED = 1
+
+
 @kernel
 def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, priority, limit, prev,
-           out_base, out, acts):
+           cursor, flags, out_base, out, acts):
     """Insert ``key[:n]`` -> ``value[:n]`` (n page-aligned, > 0) in namespace ``ns``.
 
     Check first: every entry of ``value`` (all of it, not only ``[:n]``) must be
@@ -23,12 +28,18 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     names the first bad entry ``i``, and nothing has changed.
 
     Walk (SGLang §5.2): touch each walked node with a fresh tick, split a
-    partially matched node, raise ``priority`` along the path, and count a hit
-    on every walked node that ends past ``inserted_len``. The slots of
-    ``value`` that duplicate a walked node's, from ``prev`` (the caller's
-    ``prev_prefix_len``) on, are emitted as ``A_FREE_KV`` rows (``SRC_IN``).
-    Commit: the unmatched rest becomes one new leaf whose value is a copy of
-    ``value[prefix_len:n]`` (``A_STORED`` with events on).
+    partially matched node, raise ``priority`` along the path, let each
+    component take over what it needs of the node (SWA:
+    ``update_component_on_insert_overlap`` recovers a tombstone at or past the
+    request's SWA ``cursor``), and count a hit on every walked node that ends
+    past ``inserted_len``. The slots of ``value`` that duplicate a walked node's,
+    from ``prev`` (the caller's ``prev_prefix_len``) on and below what a
+    component took over, are emitted as free actions (``SRC_IN``; with SWA the
+    part below the cursor Full-only). Commit: the unmatched rest becomes one
+    new leaf whose value is a copy of ``value[prefix_len:n]``; each component
+    commits its data (SWA: the window at or past the cursor, capped);
+    ``A_STORED`` per new node with events on. ``flags & TRACK_ADOPTED``: the
+    adopted ranges of the auxiliary components are reported (``A_ADOPTED``).
 
     ``out_base``: when ``>= n``, the cached prefix's KV indices (the tree's,
     not the caller's duplicates) are written to ``out[:prefix_len]``, so
@@ -36,10 +47,10 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     path needs it); action data goes to ``out[out_base:]``. Pass 0 to skip.
 
     Returns ``(status, prefix_len, target_node_id)`` where the target is the new
-    leaf, else the node the key ended on. Requires two free slots, two
-    child-table entries, ``n`` free pool rows, ``out_base`` entries of ``out``
-    and room for the actions; E_CAPACITY otherwise (``meta[M_NEED_*]`` say
-    how much), with nothing changed.
+    leaf, else the node the key ended on. Requires free slots (2; 4 with SWA),
+    child-table entries, ``n`` free pool rows, ``out`` and ``acts`` room for the
+    actions; E_CAPACITY otherwise (``meta[M_NEED_*]`` say how much), with
+    nothing changed.
     """
     if limit != VALUES_UNCHECKED and value.shape[0] > 0:
         lo = value[0]
@@ -51,16 +62,26 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
             for i in range(value.shape[0]):
                 if value[i] < 0 or (limit >= 0 and value[i] >= limit):
                     return E_BAD_VALUE, i, -1
+    page = meta[M_PAGE]
+    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    track = (flags & TRACK_ADOPTED) != 0
     want_path = out_base >= n
     need_out = out_base if want_path else 0
     need_acts = 4
+    slots = 2
+    if swa_on:
+        # per walked node <= 4 rows (recovery, 2 adopted, duplicates), the leaf
+        # <= 2 adopted + 3 stored; recovered Full values <= n in all; the cursor
+        # splits one walked node or the leaf, the cap splits the leaf once
+        need_acts = 4 * min(n // page + 1, meta[M_NLIVE]) + 8
+        need_out += n
+        slots = 4
     if out.shape[0] < need_out or acts.shape[0] < need_acts:
         need(meta, 0, 0, need_out, need_acts)
         return E_CAPACITY, 0, -1
-    if not has_room(nodes, ctab, pool, meta, 2, n):
+    if not has_room(nodes, ctab, pool, meta, slots, n):
         return E_CAPACITY, 0, -1
-    acts_begin(meta, need_out)
-    page = meta[M_PAGE]
+    acts_begin(meta, out_base if want_path else 0)
     nodes[ROOT, LAST_ACCESS] = tick(meta)
     if priority > nodes[ROOT, PRIORITY]:
         nodes[ROOT, PRIORITY] = priority
@@ -74,13 +95,20 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         m = edge_match_len(nodes, pool, child, key, length, n, page)
         if m < nodes[child, KEY_LEN]:
             child = split_node(nodes, ctab, pool, heap, meta, child, m)
-        if want_path:
-            copy_values(pool, nodes[child, KEY_OFF], m, out, length)
+        off = nodes[child, KEY_OFF]
         if priority > nodes[child, PRIORITY]:
             nodes[child, PRIORITY] = priority
-        dup = max(prev, length)
-        if dup < length + m:
-            emit(acts, meta, A_FREE_KV, FULL, SRC_IN, dup, length + m - dup, 0)
+        if swa_on:
+            child, consumed = swa.update_component_on_insert_overlap(
+                nodes, ctab, pool, heap, meta, child, length, m, value, prev, cursor, track,
+                out, acts)
+            swa.free_duplicates(acts, meta, max(prev, length), length + consumed, cursor)
+        else:
+            dup = max(prev, length)
+            if dup < length + m:
+                emit(acts, meta, A_FREE_KV, FULL, SRC_IN, dup, length + m - dup, 0)
+        if want_path:
+            copy_values(pool, off, m, out, length)
         if length + m > inserted_len:
             nodes[child, HIT_COUNT] += 1
         fix(nodes, heap, meta, child)
@@ -90,9 +118,22 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     target = node
     if length < n:
         target = add_leaf(nodes, ctab, pool, heap, meta, node, ns, key, value, length, n, priority)
+        top = target
+        if swa_on:
+            if track:
+                emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, n - length, 0)
+            top = swa.commit_insert_component_data(nodes, ctab, pool, heap, meta, target, length,
+                                                   n, cursor, track, acts)
         if meta[M_EVENTS]:
-            emit(acts, meta, A_STORED, FULL, SRC_POOL, target, n - length, 0)
+            s = top
+            while True:  # the new nodes top-down (one unless SWA split the leaf)
+                emit(acts, meta, A_STORED, FULL, SRC_POOL, s, nodes[s, KEY_LEN], 0)
+                if s == target:
+                    break
+                s = nodes[s, FIRST_CHILD]
         if n > inserted_len:
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
+    if swa_on and target != ROOT:
+        swa.refresh_lru(nodes, meta, target)
     return OK, prefix_len, node_id(nodes, target)

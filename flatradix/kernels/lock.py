@@ -1,33 +1,42 @@
-"""Lock entry kernels: ``inc_lock_ref`` / ``dec_lock_ref`` (SGLang §5.7).
+"""Lock entry kernels: ``inc_lock_ref`` / ``dec_lock_ref`` / ``release_window`` (SGLang §5.7).
 
 Each configured component acquires its own lock extent, in component order,
 and releases it in reverse (the rules are in ``flatradix.components``): Full
-locks the whole path (``components/full.py``). A release is checked for every
-component before anything changes, so an unlock without lock, a double unlock
-or a release on an ancestor is refused with the tree untouched.
+locks the whole path (``components/full.py``), SWA the window segment up to
+its boundary stamp (``components/swa.py``). A release is checked for every
+component before anything changes, so an unlock without lock, a double unlock,
+a release on an ancestor or a window released twice is refused with the tree
+untouched.
 """
 
-from ..components import full
+from ..components import full, swa
 from ._jit import kernel
-from .layout import E_STALE, OK
-from .state import resolve
+from .actions import acts_begin
+from .layout import C_SWA, E_CAPACITY, E_STALE, M_COMPONENTS, OK, ROOT
+from .state import need, resolve
 
 
 @kernel
 def inc_lock_ref(nodes, heap, meta, nid, skip):
     """Lock node ``nid`` for every configured component not in ``skip`` (a ``C_*``
-    bit set; FULL is never skipped). Returns ``(status, delta)``: Full units moved
-    evictable -> protected."""
+    bit set; FULL is never skipped). Returns ``(status, delta, boundary)``:
+    ``delta`` the Full units moved evictable -> protected, ``boundary`` the SWA
+    window's boundary stamp (0: the segment reached the root, or SWA not locked)."""
     s = resolve(nodes, meta, nid)
     if s < 0:
-        return E_STALE, 0
+        return E_STALE, 0, 0
     delta = full.acquire_component_lock(nodes, heap, meta, s)
-    return OK, delta
+    boundary = 0
+    if meta[M_COMPONENTS] & C_SWA and not skip & C_SWA:
+        boundary = swa.acquire_component_lock(nodes, meta, s)
+    return OK, delta, boundary
 
 
 @kernel
-def dec_lock_ref(nodes, heap, meta, nid, skip):
-    """Release a lock taken by ``inc_lock_ref(nid, skip)``. Returns ``(status, x)``.
+def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
+    """Release a lock taken by ``inc_lock_ref(nid, skip)``; ``boundary`` is its SWA
+    stamp. ``skip`` here also holds SWA when the window was released early.
+    Returns ``(status, x)``.
 
     ``(E_LOCK_UNDERFLOW, slot)`` when node ``slot`` of a released extent has
     lock_ref 0, ``(E_NOT_ANCHORED, slot)`` when no Full lock is anchored at
@@ -40,5 +49,50 @@ def dec_lock_ref(nodes, heap, meta, nid, skip):
     st, bad = full.check_release(nodes, s)
     if st != OK:
         return st, bad
+    with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
+    if with_swa:
+        st, bad, _ = swa.check_release(nodes, s, boundary)
+        if st != OK:
+            return st, bad
+        swa.release_component_lock(nodes, heap, meta, s, boundary)
     delta = full.release_component_lock(nodes, heap, meta, s)
     return OK, delta
+
+
+@kernel
+def release_window(nodes, ctab, pool, heap, meta, nid, boundary, out, acts):
+    """Early release of the SWA window segment of a lock on ``nid`` (SGLang
+    ``dec_swa_lock_only``); the Full lock stays. A segment node whose SWA lock
+    drops to 0 while it is an unlocked device leaf loses its SWA data
+    (``A_FREE_SLOT(SWA)``). Returns ``(status, x)``: ``(OK, units freed)``,
+    ``(E_LOCK_UNDERFLOW, slot)`` with nothing changed, or ``E_CAPACITY``."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    acts_begin(meta, 0)
+    if s == ROOT:
+        return OK, 0
+    st, data, count = swa.check_release(nodes, s, boundary)
+    if st != OK:
+        return st, data
+    if out.shape[0] < data or acts.shape[0] < count:
+        need(meta, 0, 0, data, count)
+        return E_CAPACITY, 0
+    return OK, swa.release_window_lock(nodes, pool, heap, meta, s, boundary, out, acts)
+
+
+@kernel
+def check_dec(nodes, meta, nid, skip, boundary):
+    """Whether ``dec_lock_ref(nid, skip, boundary)`` would succeed, changing nothing:
+    ``(status, slot)`` as ``dec_lock_ref`` reports it (``(OK, -1)`` when it would)."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, -1
+    st, bad = full.check_release(nodes, s)
+    if st != OK:
+        return st, bad
+    if meta[M_COMPONENTS] & C_SWA and not skip & C_SWA:
+        st, bad, _ = swa.check_release(nodes, s, boundary)
+        if st != OK:
+            return st, bad
+    return OK, -1

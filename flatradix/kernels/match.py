@@ -1,10 +1,10 @@
 """``match_prefix``: the longest cached page-aligned prefix of a key (may split a node)."""
 
+from ..components import full, swa
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    E_CAPACITY, F_HAS_FULL_DEV, FLAGS, KEY_LEN, KEY_OFF, LAST_ACCESS, M_PAGE, PARENT,
-    ROOT,
+    C_SWA, E_CAPACITY, KEY_LEN, KEY_OFF, LAST_ACCESS, M_COMPONENTS, M_PAGE, PARENT, ROOT,
 )
 from .order import fix
 from .state import has_room, node_id, tick
@@ -15,36 +15,57 @@ from .tree import copy_values, edge_match_len, split_node
 def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     """Walk ``key[:n]`` (n page-aligned, > 0) in namespace ``ns``.
 
-    Writes the matched KV indices to ``out[:prefix_len]``. A match ending inside
-    an edge splits that node so the prefix ends on a node boundary (SGLang
-    §5.1). Stamps the best node with a fresh tick ``t`` and each ancestor ``k``
-    levels up, root included, with ``t - k`` (SGLang §2.4).
+    Writes the walked nodes' KV indices to ``out``; the usable prefix is
+    ``out[:prefix_len]``. A match ending inside an edge splits that node so the
+    walk ends on a node boundary (SGLang §5.1). Every walked node is evaluated
+    by each configured component's validator (Full: a device value; SWA: a
+    window of contiguous SWA data, ``components/swa.py``); the deepest node
+    valid for all is the best node, and ``prefix_len`` the units up to it. The
+    best node and its ancestors within the SWA window move to the SWA LRU's MRU
+    end; the best node is stamped with a fresh tick ``t`` and each ancestor
+    ``k`` levels up, root included, with ``t - k`` (SGLang §2.4).
 
-    Returns ``(status, prefix_len, best_node_id, last_visited_node_id)``;
-    ``last_visited_node_id`` is -1 when no child was walked. Requires room for one
-    split (a slot and a child-table entry); E_CAPACITY otherwise, nothing changed.
+    Returns ``(status, prefix_len, best_node_id, last_visited_node_id,
+    full_kv_hit_length)``; ``last_visited_node_id`` is -1 when no child was
+    walked; ``full_kv_hit_length`` counts every walked unit (valid or not).
+    Requires room for one split (a slot and a child-table entry); E_CAPACITY
+    otherwise, nothing changed.
     """
     if not has_room(nodes, ctab, pool, meta, 1, 0):
-        return E_CAPACITY, 0, -1, -1
+        return E_CAPACITY, 0, -1, -1, 0
     page = meta[M_PAGE]
+    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    acc = swa.NO_HOLE
     node = ROOT
+    best = ROOT
+    best_len = 0
     visited = -1
     length = 0
     while length < n:
         child = find_child(nodes, ctab, pool, node, ns, key, length, page)
-        if child < 0 or not (nodes[child, FLAGS] & F_HAS_FULL_DEV):
+        if child < 0 or not full.validate(nodes, child):
             break
         visited = child
         m = edge_match_len(nodes, pool, child, key, length, n, page)
-        if m < nodes[child, KEY_LEN]:
+        partial = m < nodes[child, KEY_LEN]
+        if partial:
             child = split_node(nodes, ctab, pool, heap, meta, child, m)
             visited = child
         copy_values(pool, nodes[child, KEY_OFF], m, out, length)
         length += m
         node = child
+        ok = True
+        if swa_on:
+            ok, acc = swa.validate(nodes, meta, child, acc)
+        if ok:
+            best = child
+            best_len = length
+        if partial:
+            break
+    if swa_on:
+        swa.refresh_lru(nodes, meta, best)
     t = tick(meta)
-    best = node
-    a = node
+    a = best
     k = 0
     while True:
         nodes[a, LAST_ACCESS] = t - k
@@ -54,5 +75,4 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
         a = nodes[a, PARENT]
         k += 1
     vid = node_id(nodes, visited) if visited >= 0 else -1
-    return 0, length, node_id(nodes, best), vid
-
+    return 0, best_len, node_id(nodes, best), vid, length

@@ -6,13 +6,13 @@ sibling lists, the NCHILD / NDEVCHILD counters, the size ledgers and the
 eviction heap consistent.
 """
 
-from ..components import full
+from ..components import full, swa
 from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
-    CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, FIRST_CHILD, FLAGS, FULL,
+    C_SWA, CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FLAGS, FULL,
     FULL_DEV, HEAP_DEVICE, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    M_EVENTS, M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
+    M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
     NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
     PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
 )
@@ -65,9 +65,11 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
 
     The child keeps its NodeId and becomes the lower part (running requests
     hold its id). The upper part U takes the child's place under the parent,
-    inherits creation / hit_count / priority and the Full and SWA lock counts
-    (every path lock through the child also covers U), and the child gets a
-    fresh access tick (SGLang ``split_node``).
+    inherits creation / hit_count / priority and the value bits, and each
+    configured component redistributes its data (``redistribute_on_node_split``:
+    Full and SWA lock counts copied -- every lock through the child also covers
+    U --, the SWA boundary stamp moved up); the child gets a fresh access tick
+    (SGLang ``split_node``).
     """
     u = node_alloc(nodes, meta)
     p = nodes[child, PARENT]
@@ -96,6 +98,8 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
     nodes[u, NCHILD] = 1
     nodes[u, NDEVCHILD] = 1 if nodes[child, FLAGS] & F_HAS_FULL_DEV else 0
     nodes[u, FLAGS] = F_ALIVE | (nodes[child, FLAGS] & _SPLIT_FLAGS)
+    if meta[M_COMPONENTS] & C_SWA:
+        swa.redistribute_on_node_split(nodes, u, child)
     nodes[u, LAST_ACCESS] = tick(meta)
     nodes[u, CREATION] = nodes[child, CREATION]
     nodes[u, HIT_COUNT] = nodes[child, HIT_COUNT]
@@ -153,17 +157,22 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
 
 @helper
 def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
-    """Remove the unlocked device leaf ``s``; returns its length in units.
+    """Remove the unlocked device leaf ``s`` with every component's data (SGLang
+    ``_delete_unbacked_device_leaf``); returns its length in units.
 
-    Emits ``A_FREE_SLOT(FULL)`` with its KV indices (copied to ``out``) and, with
+    Emits ``A_FREE_SLOT(FULL)`` with its KV indices (copied to ``out``), then
+    ``A_FREE_SLOT(SWA)`` over the same indices when it holds SWA data and, with
     KV events on, ``A_REMOVED`` with its pool span (the rows keep their page
     digests until the next compaction). The parent re-enters the heap if it
-    became a leaf. The caller checked room for 2 rows and ``len`` values.
+    became a leaf. The caller checked room for 3 rows and ``len`` values.
     """
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
     at = out_put_span(out, meta, pool, off, n)
     emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
+    if nodes[s, FLAGS] & F_HAS_SWA_DEV:
+        emit(acts, meta, A_FREE_SLOT, SWA, SRC_OUT, at, n, 0)
+        swa.release_deleted(nodes, meta, s)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)
     meta[M_EVICTABLE + FULL] -= n

@@ -1,0 +1,325 @@
+"""The SWA (sliding-window attention) component (SGLang ``SWAComponent``, spec §6.2).
+
+``W`` = the retain window (``meta[M_SWA_WINDOW]``), ``P`` the page size,
+``T = ceil(W / P) * P`` the tail a fresh leaf is capped to.
+
+Value: a node holds SWA data iff its ``F_HAS(SWA)`` bit is set; the data are
+the SWA pool slots the allocator maps its Full slots to (the value is not
+stored: SGLang's ``SWARebuild`` translates the Full value through the same
+mapping). A node with Full data but no SWA data is a *tombstone* (kept: Full is
+the backbone). Every node with SWA data is in the SWA device LRU
+(``kernels/lru.py``, list ``LRU_SWA``); the SWA ledgers count its length.
+
+Rules (hook names as SGLang's):
+
+* ``validate`` (``create_match_validator``): a tombstone resets the window and
+  is rejected; a node with data adds its length and is accepted once ``W``
+  contiguous units of SWA data lead to it (from the root: at once).
+* ``redistribute_on_node_split``: the upper part inherits the data bit, the lock
+  counts and the window-lock boundary stamp (it marks the older edge), and sits
+  right behind the child in the LRU.
+* ``update_component_on_insert_overlap``: a walked tombstone whose positions are
+  at or past the request's SWA cursor is recovered from the request's fresh
+  slots (split at the cursor first): with its Full value locked by a running
+  request the node keeps its Full slots and takes over the incoming slots' SWA
+  peers (``A_SWA_RECOVER_LOCKED``), else its Full value becomes the incoming
+  slots and the old ones are freed Full-only; duplicates below the cursor are
+  freed Full-only.
+* ``commit_insert_component_data``: the new leaf's part at or past the cursor gets
+  SWA data (the part below stays a tombstone), capped so the tail holds ``T``
+  units; the older part is published first.
+* ``refresh_lru``: at match end and insert end, the anchor and its ancestors
+  within ``W + P`` units move to the MRU end in path order.
+* ``acquire_component_lock``: the window segment from the node up until ``W``
+  units are covered (tombstones counted), its last node stamped as the boundary;
+  ``release_component_lock`` walks the same segment back to the stamp;
+  ``release_window_lock`` (early release) also tombstones a segment node that is
+  an unlocked device leaf.
+* eviction (``evict_component`` / the walk): from the LRU tail, skipping locked
+  entries; a device leaf is deleted whole, any other node tombstoned.
+* ``eviction_priority``: leaf 0, internal 1.
+"""
+
+from ..kernels import tree
+from ..kernels._jit import helper
+from ..kernels.actions import (
+    A_ADOPTED, A_FREE_KV, A_FREE_KV_FULL_ONLY, A_FREE_SLOT, A_SWA_RECOVER_LOCKED, SRC_IN, SRC_OUT,
+    emit, out_put_span,
+)
+from ..kernels.layout import (
+    E_LOCK_UNDERFLOW, F_HAS_SWA_DEV, FLAGS, FULL, FULL_DEV, FULL_LOCK, KEY_LEN, KEY_OFF,
+    LOCK_REF, LRU_SWA, M_EVICTABLE, M_PAGE, M_PROTECTED, M_SWA_UUID_NEXT, M_SWA_WINDOW, M_TOTAL,
+    N_TIERS, OK, PARENT, ROOT, SWA, SWA_LOCK, SWA_UUID,
+)
+from ..kernels.lru import lru_head, lru_insert_after, lru_move_after, lru_push_front, lru_remove
+from ..kernels.order import is_device_leaf, refresh_leaf
+
+#: Cascade priority on an internal node (leaf: 0).
+PRIORITY_INTERNAL = 1
+#: The validator's window before any tombstone: "no hole seen yet".
+NO_HOLE = 1 << 62
+
+
+@helper
+def has_data(nodes, s):
+    return (nodes[s, FLAGS] & F_HAS_SWA_DEV) != 0
+
+
+@helper
+def validate(nodes, meta, s, acc):
+    """``create_match_validator`` (device only, ``swa_gates_prefix_match``): returns
+    ``(ok, acc)``; ``acc`` starts at ``NO_HOLE``."""
+    if not has_data(nodes, s):
+        return False, 0
+    if acc < NO_HOLE:
+        acc += nodes[s, KEY_LEN]
+    return acc >= meta[M_SWA_WINDOW], acc
+
+
+@helper
+def refresh_lru(nodes, meta, anchor):
+    """``reset_node_and_window_ancestors_mru`` with window ``W + P``: from ``anchor``
+    toward the root while fewer than ``W + P`` units were passed, each node with
+    SWA data moves to the MRU end behind the previously moved one (so the
+    anchor ends up most recent, its ancestors right behind in path order)."""
+    window = meta[M_SWA_WINDOW] + meta[M_PAGE]
+    prev = lru_head(LRU_SWA)
+    acc = 0
+    s = anchor
+    while s != ROOT and acc < window:
+        if has_data(nodes, s):
+            lru_move_after(nodes, LRU_SWA, prev, s)
+            prev = s
+        acc += nodes[s, KEY_LEN]
+        s = nodes[s, PARENT]
+
+
+@helper
+def publish(nodes, meta, s):
+    """Give node ``s`` (a tombstone) SWA data (SGLang: the ``SWARebuild`` /
+    ``set_component_device_value`` of a node): data bit, MRU in the LRU, its
+    length on the SWA ledger (protected when a window lock covers it)."""
+    n = nodes[s, KEY_LEN]
+    nodes[s, FLAGS] |= F_HAS_SWA_DEV
+    lru_push_front(nodes, LRU_SWA, s)
+    if nodes[s, SWA_LOCK] > 0:
+        meta[M_PROTECTED + SWA] += n
+    else:
+        meta[M_EVICTABLE + SWA] += n
+    meta[M_TOTAL + SWA] += n
+
+
+@helper
+def evict_component(nodes, pool, meta, s, out, acts):
+    """Tombstone ``s``'s SWA data (unlocked): ``A_FREE_SLOT(SWA)`` with its Full
+    indices (the allocator frees their SWA peers), ledger, LRU. Returns the units.
+    The caller checked room for 1 row and ``len`` values."""
+    n = nodes[s, KEY_LEN]
+    at = out_put_span(out, meta, pool, nodes[s, KEY_OFF], n)
+    emit(acts, meta, A_FREE_SLOT, SWA, SRC_OUT, at, n, 0)
+    meta[M_EVICTABLE + SWA] -= n
+    meta[M_TOTAL + SWA] -= n
+    nodes[s, FLAGS] &= ~F_HAS_SWA_DEV
+    lru_remove(nodes, LRU_SWA, s)
+    return n
+
+
+@helper
+def release_deleted(nodes, meta, s):
+    """Drop the SWA data of a node being deleted whole (its Full indices were
+    already put in ``out`` by the caller; ``delete_leaf`` emits the row)."""
+    n = nodes[s, KEY_LEN]
+    meta[M_EVICTABLE + SWA] -= n
+    meta[M_TOTAL + SWA] -= n
+    nodes[s, FLAGS] &= ~F_HAS_SWA_DEV
+    lru_remove(nodes, LRU_SWA, s)
+
+
+@helper
+def redistribute_on_node_split(nodes, u, child):
+    """Upper part ``u`` of a split of ``child``: SWA lock counts copied (both
+    tiers), the boundary stamps migrate to ``u`` (they mark the older edge), and
+    ``u`` (when it has data) sits right behind ``child`` in the LRU. The data bit
+    was inherited with the flags; the ledger is unchanged (the span is divided)."""
+    for t in range(N_TIERS):
+        nodes[u, LOCK_REF + SWA * N_TIERS + t] = nodes[child, LOCK_REF + SWA * N_TIERS + t]
+        nodes[u, SWA_UUID + t] = nodes[child, SWA_UUID + t]
+        nodes[child, SWA_UUID + t] = 0
+    if has_data(nodes, u):
+        lru_insert_after(nodes, LRU_SWA, child, u)
+
+
+@helper
+def update_component_on_insert_overlap(nodes, ctab, pool, heap, meta, s, length, m, value,
+                                       prev, cursor, track, out, acts):
+    """Recover the SWA data of the walked node ``s`` (units ``[length, length + m)``
+    of the key) from the request's slots ``value``, at and past ``cursor``.
+
+    Returns ``(node, consumed_from)``: ``node`` is ``s`` (still the lower part
+    after a split at the cursor), ``consumed_from`` the first key position
+    (relative to ``length``) whose slot the tree took over (``m``: none), so
+    the caller frees duplicates only below it. With ``track``, the adopted
+    ranges are reported (``A_ADOPTED``). The caller checked room (2 rows per
+    walked node here, ``m`` values)."""
+    end = length + m
+    if prev >= end or has_data(nodes, s):
+        return s, m
+    live = cursor if cursor > length else length
+    if live >= end:
+        return s, m
+    if live > length:
+        tree.split_node(nodes, ctab, pool, heap, meta, s, live - length)
+    off = nodes[s, KEY_OFF]
+    k = end - live
+    if track:
+        emit(acts, meta, A_ADOPTED, SWA, SRC_IN, live, k, 0)
+    at = out_put_span(out, meta, pool, off, k)
+    if nodes[s, FULL_LOCK] > 0:
+        emit(acts, meta, A_SWA_RECOVER_LOCKED, SWA, SRC_OUT, at, k, live)
+    else:
+        if track:
+            emit(acts, meta, A_ADOPTED, FULL, SRC_IN, live, k, 0)
+        emit(acts, meta, A_FREE_KV_FULL_ONLY, SWA, SRC_OUT, at, k, 0)
+        dst = pool[off:off + k, FULL_DEV]
+        src = value[live:end]
+        for j in range(k):
+            dst[j] = src[j]
+    publish(nodes, meta, s)
+    return s, live - length
+
+
+@helper
+def free_duplicates(acts, meta, start, end, cursor):
+    """Free the request's slots ``value[start:end]`` that duplicate the tree's: the
+    part below the SWA ``cursor`` Full-only (its SWA peers are gone), the rest
+    with their SWA peers (SGLang's duplicate free of ``_insert_overlap_step``)."""
+    if start >= end:
+        return
+    cut = cursor if cursor > start else start
+    if cut > end:
+        cut = end
+    if cut > start:
+        emit(acts, meta, A_FREE_KV_FULL_ONLY, SWA, SRC_IN, start, cut - start, 0)
+    if cut < end:
+        emit(acts, meta, A_FREE_KV, SWA, SRC_IN, cut, end - cut, 0)
+
+
+@helper
+def commit_insert_component_data(nodes, ctab, pool, heap, meta, leaf, start, end, cursor,
+                                 track, acts):
+    """The new ``leaf`` holds key units ``[start, end)``: the part at or past the
+    cursor gets SWA data, capped so the leaf keeps exactly ``T`` units when it
+    is longer (the older part becomes its parent and is published first, so
+    the tail is more recent); the part below the cursor becomes a tombstone
+    upper node (Full KV is kept). Returns the topmost new node's slot. With
+    ``track`` the adopted range is reported (``A_ADOPTED``)."""
+    top = leaf
+    live = cursor if cursor > start else start
+    if live >= end:
+        return top
+    if track:
+        emit(acts, meta, A_ADOPTED, SWA, SRC_IN, live, end - live, 0)
+    if live > start:
+        top = tree.split_node(nodes, ctab, pool, heap, meta, leaf, live - start)
+    page = meta[M_PAGE]
+    w = meta[M_SWA_WINDOW]
+    tail = (w + page - 1) // page * page
+    n = end - live
+    if n > tail:
+        upper = tree.split_node(nodes, ctab, pool, heap, meta, leaf, n - tail)
+        if top == leaf:
+            top = upper
+        publish(nodes, meta, upper)
+    publish(nodes, meta, leaf)
+    return top
+
+
+@helper
+def acquire_component_lock(nodes, meta, s):
+    """Window segment lock from ``s`` up until ``W`` units are covered (tombstones
+    counted, their lock counted too): ``lock_ref += 1`` on each, data moving
+    evictable -> protected on 0 -> 1; the node where the window is reached is
+    stamped (once) as the boundary. Returns the boundary stamp, 0 when the
+    segment reached the root."""
+    w = meta[M_SWA_WINDOW]
+    covered = 0
+    boundary = 0
+    a = s
+    while a != ROOT and covered < w:
+        if nodes[a, SWA_LOCK] == 0 and has_data(nodes, a):
+            n = nodes[a, KEY_LEN]
+            meta[M_EVICTABLE + SWA] -= n
+            meta[M_PROTECTED + SWA] += n
+        nodes[a, SWA_LOCK] += 1
+        covered += nodes[a, KEY_LEN]
+        if covered >= w:
+            if nodes[a, SWA_UUID] == 0:
+                nodes[a, SWA_UUID] = meta[M_SWA_UUID_NEXT]
+                meta[M_SWA_UUID_NEXT] += 1
+            boundary = nodes[a, SWA_UUID]
+        a = nodes[a, PARENT]
+    return boundary
+
+
+@helper
+def check_release(nodes, s, boundary):
+    """Whether the segment ``[s, boundary]`` can be released (every node's SWA
+    lock_ref > 0), checked before any change: ``(OK, units of data, nodes)`` or
+    ``(E_LOCK_UNDERFLOW, slot, 0)``. ``boundary`` 0: the segment reaches the root."""
+    data = 0
+    count = 0
+    a = s
+    while a != ROOT:
+        if nodes[a, SWA_LOCK] <= 0:
+            return E_LOCK_UNDERFLOW, a, 0
+        if has_data(nodes, a):
+            data += nodes[a, KEY_LEN]
+        count += 1
+        if boundary != 0 and nodes[a, SWA_UUID] == boundary:
+            break
+        a = nodes[a, PARENT]
+    return OK, data, count
+
+
+@helper
+def release_component_lock(nodes, heap, meta, s, boundary):
+    """The reverse of ``acquire_component_lock`` over ``[s, boundary]`` (checked by
+    ``check_release``)."""
+    a = s
+    while a != ROOT:
+        if nodes[a, SWA_LOCK] == 1 and has_data(nodes, a):
+            n = nodes[a, KEY_LEN]
+            meta[M_PROTECTED + SWA] -= n
+            meta[M_EVICTABLE + SWA] += n
+        nodes[a, SWA_LOCK] -= 1
+        if nodes[a, SWA_LOCK] == 0:
+            refresh_leaf(nodes, heap, meta, a)
+        if boundary != 0 and nodes[a, SWA_UUID] == boundary:
+            break
+        a = nodes[a, PARENT]
+
+
+@helper
+def release_window_lock(nodes, pool, heap, meta, s, boundary, out, acts):
+    """Early release of the window segment ``[s, boundary]`` (SGLang
+    ``release_window_lock``; checked by ``check_release``; room for one row and
+    the segment's data per node checked by the caller): like
+    ``release_component_lock``, and a node whose SWA lock drops to 0 while it is
+    an unlocked device leaf loses its SWA data at once (``A_FREE_SLOT(SWA)``).
+    Returns the units freed."""
+    freed = 0
+    a = s
+    while a != ROOT:
+        nodes[a, SWA_LOCK] -= 1
+        if nodes[a, SWA_LOCK] == 0:
+            refresh_leaf(nodes, heap, meta, a)
+            if has_data(nodes, a):
+                n = nodes[a, KEY_LEN]
+                meta[M_PROTECTED + SWA] -= n
+                meta[M_EVICTABLE + SWA] += n
+                if is_device_leaf(nodes, a):
+                    freed += evict_component(nodes, pool, meta, a, out, acts)
+        if boundary != 0 and nodes[a, SWA_UUID] == boundary:
+            break
+        a = nodes[a, PARENT]
+    return freed
