@@ -11,6 +11,7 @@ rejections, request by request. The trace tests read
 
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -374,3 +375,127 @@ def test_cli_usage_errors_are_clean(tmp_path, capsys):
                  '"hash_ids": [99999999999999999999]}\n')
     assert main(["replay", "--trace", str(p), "--no-progress"]) == 2
     assert ":1: hash id 99999999999999999999 too large" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- trace formats (issue 15)
+def test_generic_token_ids_trace_matches_token_by_token(tmp_path):
+    from flatradix.replay import load_trace
+
+    p = write_trace(tmp_path / "g.jsonl", [
+        {"token_ids": [5, 6, 7, 8, 9], "output_length": 2},
+        {"token_ids": [5, 6, 7, 1], "output_length": 0, "input_length": 4},
+        {"token_ids": [5, 6, 7, 8, 9, 10], "output_length": 1},
+    ])
+    w = load_trace(p)
+    assert w.source_format == "generic/token_ids" and w.block_size == 1
+    assert not w.has_timestamps
+    assert [w.tokens(i).tolist() for i in range(3)] == [[5, 6, 7, 8, 9], [5, 6, 7, 1],
+                                                        [5, 6, 7, 8, 9, 10]]
+    r = replay(w, page_size=1, record_hits=True)
+    assert r.hits.tolist() == [0, 3, 5]        # by hand: [5,6,7] then [5,6,7,8,9]
+
+
+def test_generic_hash_ids_trace_takes_block_size_from_line_or_option(tmp_path):
+    from flatradix.replay import load_trace
+
+    rows = [{"timestamp": 3, "hash_ids": [1, 2], "output_length": 1, "block_size": 4},
+            {"timestamp": 1, "hash_ids": [1], "input_length": 3, "output_length": 0,
+             "block_size": 4}]
+    w = load_trace(write_trace(tmp_path / "a.jsonl", rows))
+    assert w.source_format == "generic" and w.block_size == 4 and w.has_timestamps
+    assert w.input_lengths.tolist() == [3, 8]  # sorted by timestamp; default 2 blocks x 4
+    for r in rows:
+        del r["block_size"]
+    p = write_trace(tmp_path / "b.jsonl", rows)
+    assert load_trace(p, format="generic", block_size=4).input_lengths.tolist() == [3, 8]
+    with pytest.raises(TraceFormatError, match=r"b\.jsonl:1: hash_ids without a block size"):
+        load_trace(p, format="generic")
+
+
+@pytest.mark.parametrize("rows, what", [
+    ([{"token_ids": [1], "output_length": 0}, {"hash_ids": [1], "output_length": 0}],
+     ":2: has hash_ids but the lines before have token_ids"),
+    ([{"token_ids": [1], "output_length": 0, "timestamp": 0},
+      {"token_ids": [1], "output_length": 0}], ":2: timestamp on some lines but not others"),
+    ([{"token_ids": [1], "output_length": 0},
+      {"token_ids": [1], "output_length": 0, "timestamp": 5}], ":2: has a timestamp but"),
+    ([{"token_ids": [1, 2], "output_length": 0, "input_length": 3}],
+     ":1: input_length 3 but token_ids has 2 tokens"),
+    ([{"token_ids": [1, -2], "output_length": 0}], ":1: token_ids must hold integers >= 0"),
+    ([{"token_ids": [1, True], "output_length": 0}], ":1: token_ids must hold integers"),
+    ([{"token_ids": [1 << 62], "output_length": 0}], ":1: token id 4611686018427387904 too"),
+    ([{"token_ids": [1], "hash_ids": [1], "output_length": 0}], ":1: has both"),
+    ([{"token_ids": [1]}], ":1: missing field(s) output_length"),
+    ([{"output_length": 3}], ":1: missing field(s) token_ids or hash_ids"),
+    ([{"hash_ids": [1, 2], "block_size": 4, "output_length": 0, "input_length": 3}],
+     ":1: input_length 3 needs 1 block of 4 tokens but hash_ids has 2 ids"),
+])
+def test_generic_trace_errors_name_the_line(tmp_path, rows, what):
+    from flatradix.replay import load_trace
+
+    with pytest.raises(TraceFormatError, match=re.escape("g.jsonl" + what)):
+        load_trace(write_trace(tmp_path / "g.jsonl", rows))
+
+
+def test_encoding_and_empty_file_errors(tmp_path):
+    from flatradix.replay import load_trace
+
+    good = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n'
+    for enc, what in (("utf-16", "UTF-16-encoded"), ("utf-32", "UTF-32-encoded"),
+                      ("utf-16-be", "NUL bytes")):
+        (tmp_path / "e.jsonl").write_bytes(good.encode(enc))
+        with pytest.raises(TraceFormatError, match=f"e.jsonl:1: .*{what}"):
+            load_trace(tmp_path / "e.jsonl")
+    (tmp_path / "bom8.jsonl").write_bytes(b"\xef\xbb\xbf" + good.encode())   # UTF-8 BOM is fine
+    assert len(load_trace(tmp_path / "bom8.jsonl", block_size=4)) == 1
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(TraceFormatError, match="empty.jsonl: no requests"):
+        load_trace(tmp_path / "empty.jsonl")
+
+
+def test_trace_loading_shows_progress_on_a_terminal(tmp_path, monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    from flatradix.replay import load_trace
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    p = write_trace(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 4,
+                                            "output_length": 1, "hash_ids": [i]}
+                                           for i in range(5000)])
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert len(load_trace(p, block_size=4, progress=True)) == 5000
+        assert ("loading trace" in stream.getvalue()) == shown
+
+
+# ---------------------------------------------------------------- describe
+def test_describe_reuse_distances_by_hand(tmp_path):
+    """Prefixes touched: r0 a ab | r1 a ab abc | r2 a ad | r3 a ab (a = [1], ab = [1, 2]...).
+    Reuses, with the distinct prefixes touched in between: r1.a {ab} 1, r1.ab {a} 1,
+    r2.a {ab, abc} 2, r3.a {ad} 1, r3.ab {abc, a, ad} 3; LRU tokens (k + 1) x 4."""
+    from flatradix.replay import describe_workload, load_trace
+
+    rows = [{"timestamp": t, "input_length": 4 * len(h), "output_length": 1, "hash_ids": h}
+            for t, h in ((0, [1, 2]), (1000, [1, 2, 3]), (3000, [1, 4]), (4000, [1, 2]))]
+    d = describe_workload(load_trace(write_trace(tmp_path / "t.jsonl", rows), block_size=4))
+    assert (d["requests"], d["blocks"], d["distinct_prefixes"], d["reused_blocks"]) == (4, 9, 4, 5)
+    assert d["duration_s"] == 4.0 and d["arrival_rate_per_s"] == 1.0
+    # [8, 8, 8, 12], numpy's linear percentiles: p90 8 + 0.7 x 4, p99 8 + 0.97 x 4
+    assert d["prompt_length"] == {"p50": 8, "p90": 11, "p99": 12, "max": 12, "mean": 9.0}
+    rd = d["reuse_distance"]
+    assert rd["lru_tokens"]["p50"] == 8 and rd["lru_tokens"]["max"] == 16   # [8, 8, 12, 8, 16]
+    assert rd["requests"]["p50"] == 1 and rd["requests"]["max"] == 2        # [1, 1, 1, 1, 2]
+    assert rd["seconds"]["p50"] == 1.0 and rd["seconds"]["max"] == 3.0      # [1, 1, 2, 1, 3]
+
+
+@needs_trace
+def test_describe_the_trace_agrees_with_its_readme():
+    from flatradix.replay import describe_workload
+
+    d = describe_workload(load_mooncake(TRACE))
+    assert d["blocks"] == 288_500 and d["distinct_block_ids"] == 182_790
+    assert round(100 * d["reused_block_ratio"], 2) == 36.64

@@ -5,17 +5,22 @@ serving scheduler drives it (match, lock, allocate, evict, cache the finished
 request), through the public API only, and reports hit ratio, evictions and
 per-operation latency.
 
-* ``trace``: :func:`load_mooncake` (Mooncake JSONL) and :func:`synthetic_workload`
+* ``trace``: :func:`load_trace` (Mooncake and generic JSONL),
+  :func:`load_mooncake` and :func:`synthetic_workload`
 * ``sim``: :func:`replay`, the scheduler emulation
 * ``report``: text report, capacity :func:`sweep` and its plot
+* ``stats``: trace statistics without a replay (:func:`describe_workload`)
 """
 
 from .report import format_report, format_sweep, parse_capacity, plot_sweep, sweep
 from .sim import ReplayResult, default_cache_factory, replay, unbounded_pool_slots
-from .trace import TraceFormatError, Workload, load_mooncake, synthetic_workload
+from .stats import describe_workload, format_describe
+from .trace import (TraceFormatError, Workload, load_mooncake, load_trace,
+                    synthetic_workload)
 
 __all__ = [
-    "Workload", "TraceFormatError", "load_mooncake", "synthetic_workload", "replay",
-    "ReplayResult", "default_cache_factory", "unbounded_pool_slots", "sweep",
-    "format_report", "format_sweep", "parse_capacity", "plot_sweep",
+    "Workload", "TraceFormatError", "load_trace", "load_mooncake", "synthetic_workload",
+    "replay", "ReplayResult", "default_cache_factory", "unbounded_pool_slots", "sweep",
+    "format_report", "format_sweep", "parse_capacity", "plot_sweep", "describe_workload",
+    "format_describe",
 ]
