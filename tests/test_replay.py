@@ -499,3 +499,122 @@ def test_describe_the_trace_agrees_with_its_readme():
     d = describe_workload(load_mooncake(TRACE))
     assert d["blocks"] == 288_500 and d["distinct_block_ids"] == 182_790
     assert round(100 * d["reused_block_ratio"], 2) == 36.64
+
+
+# ---------------------------------------------------------------- KV sizing
+def _layout(**cfg):
+    from flatradix.replay import kv_layout_from_dict
+
+    return kv_layout_from_dict(cfg, "c.json")
+
+
+def test_kv_bytes_per_token_of_the_example_configs():
+    from flatradix.replay import load_model_config
+
+    llama = load_model_config(ROOT / "examples" / "model_configs" / "llama-3-8b-like.json")
+    assert llama.full_kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert llama.sliding_window is None and llama.full_attention_layers == 32
+    oss = load_model_config(ROOT / "examples" / "model_configs" / "gpt-oss-20b-like.json")
+    assert (oss.full_attention_layers, oss.sliding_window_layers, oss.sliding_window) == (12, 12,
+                                                                                          128)
+    assert oss.full_kv_bytes_per_token == oss.swa_kv_bytes_per_token == 2 * 12 * 8 * 64 * 2
+
+
+def test_kv_layouts_of_hybrid_models_by_hand():
+    # gpt-oss-20b-like: 12 sliding (128) + 12 full; 2 x 12 x 8 x 64 x 2 each
+    oss = _layout(num_hidden_layers=4, num_attention_heads=64, num_key_value_heads=8,
+                  head_dim=64, sliding_window=128, torch_dtype="bfloat16",
+                  layer_types=["sliding_attention", "full_attention"] * 2)
+    assert (oss.full_attention_layers, oss.sliding_window_layers, oss.sliding_window) == (2, 2, 128)
+    assert oss.full_kv_bytes_per_token == oss.swa_kv_bytes_per_token == 2 * 2 * 8 * 64 * 2
+    # gemma-3-27b-like, nested text_config: 62 layers, every 6th global -> 10 full, 52 sliding
+    g3 = _layout(model_type="gemma3", torch_dtype="bfloat16", text_config=dict(
+        num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+        sliding_window=1024, sliding_window_pattern=6))
+    assert (g3.full_attention_layers, g3.sliding_window_layers) == (10, 52)
+    assert g3.full_kv_bytes_per_token == 2 * 10 * 16 * 128 * 2 == 81_920
+    assert g3.swa_kv_bytes_per_token == 2 * 52 * 16 * 128 * 2
+    # gemma-2-9b-like: alternating, even layers slide
+    g2 = _layout(model_type="gemma2", num_hidden_layers=42, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=256, sliding_window=4096)
+    assert g2.layer_kinds[:2] == ("swa", "full") and g2.full_attention_layers == 21
+    assert g2.full_kv_bytes_per_token == 2 * 21 * 8 * 256 * 2
+    # qwen3-next-like: every 4th layer full, the rest gated delta net
+    qn = _layout(num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2,
+                 head_dim=256, full_attention_interval=4, linear_num_key_heads=16,
+                 linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                 linear_conv_kernel_dim=4, torch_dtype="bfloat16")
+    assert (qn.full_attention_layers, qn.linear_attention_layers) == (12, 36)
+    assert qn.full_kv_bytes_per_token == 2 * 12 * 2 * 256 * 2 == 24_576
+    assert qn.mamba_state_elements == {"conv": 36 * (2 * 16 * 128 + 32 * 128) * 3,
+                                       "ssm": 36 * 32 * 128 * 128}
+    assert qn.mamba_state_bytes(ssm_bytes=4) == 36 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
+    # nemotron-h-like pattern: 2 attention, 3 Mamba-2, 2 MLP layers
+    nh = _layout(num_hidden_layers=7, num_attention_heads=8, num_key_value_heads=2,
+                 head_dim=128, hybrid_override_pattern="M-M*-M*", mamba_num_heads=4,
+                 mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4)
+    assert (nh.full_attention_layers, nh.linear_attention_layers, nh.num_layers) == (2, 3, 7)
+    assert nh.full_kv_bytes_per_token == 2 * 2 * 2 * 128 * 2
+    assert nh.mamba_state_elements == {"conv": 3 * (32 + 2 * 2 * 16) * 3, "ssm": 3 * 4 * 8 * 16}
+    # jamba-like: attention at i % 8 == 4, Mamba-1 elsewhere
+    jb = _layout(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 hidden_size=4096, attn_layer_period=8, attn_layer_offset=4,
+                 mamba_d_state=16, mamba_d_conv=4, mamba_expand=2)
+    assert [i for i, k in enumerate(jb.layer_kinds) if k == "full"] == [4, 12, 20, 28]
+    assert jb.full_kv_bytes_per_token == 2 * 4 * 8 * 128 * 2
+    assert jb.mamba_state_elements == {"conv": 28 * 8192 * 3, "ssm": 28 * 8192 * 16}
+    # DeepSeek-V3-like MLA: 61 layers x (512 + 64) x 2 bytes
+    ds = _layout(num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                 hidden_size=7168, kv_lora_rank=512, qk_rope_head_dim=64, torch_dtype="bfloat16")
+    assert ds.full_kv_bytes_per_token == 61 * 576 * 2 == 70_272
+    # Qwen2 with its window switched off; Mistral-7B-v0.1 slides on every layer
+    assert _layout(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                   sliding_window=4096, use_sliding_window=False).full_attention_layers == 2
+    ms = _layout(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, sliding_window=4096)
+    assert ms.full_kv_bytes_per_token == 0 and ms.sliding_window_layers == 2
+
+
+def test_kv_dtype_and_config_errors(tmp_path):
+    from flatradix.replay import ModelConfigError, load_model_config
+
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+           "torch_dtype": "float32"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert load_model_config(p).full_kv_bytes_per_token == 2 * 2 * 4 * 16 * 4
+    assert load_model_config(tmp_path, kv_dtype="fp8_e4m3").full_kv_bytes_per_token == 256
+    for bad, what in (({"num_attention_heads": 4}, "no num_hidden_layers"),
+                      (dict(cfg, layer_types=["full_attention"]), "must list 2 layer types"),
+                      (dict(cfg, layer_types=["full_attention", "x"]), "unknown layer type 'x'"),
+                      (dict(cfg, hidden_size=65), "not a multiple of num_attention_heads"),
+                      (dict(cfg, torch_dtype="int3"), "unknown KV dtype 'int3'")):
+        p.write_text(json.dumps(bad))
+        with pytest.raises(ModelConfigError, match=re.escape(what)):
+            load_model_config(p)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("40GiB", 40 * 2**30), ("80GB", 80 * 10**9), ("512 MiB", 512 * 2**20), ("1.5TiB", 3 * 2**39),
+    ("1000", 1000), ("64kB", 64_000),
+])
+def test_parse_memory(text, value):
+    from flatradix.replay import parse_memory
+
+    assert parse_memory(text) == value
+
+
+@pytest.mark.parametrize("text", ["40G", "0B", "-1GiB", "0.5B", "lots", "1e400GB"])
+def test_parse_memory_rejects(text):
+    from flatradix.replay import parse_memory
+
+    with pytest.raises(ValueError):
+        parse_memory(text)
+
+
+def test_tokens_for_memory_whole_pages():
+    from flatradix.replay import tokens_for_memory
+
+    assert tokens_for_memory(40 * 2**30, 131_072, 16) == 327_680
+    assert tokens_for_memory(40 * 2**30, 24_576, 16) == 1_747_616   # 1,747,626 -> pages of 16
+    with pytest.raises(ValueError, match="less than one page"):
+        tokens_for_memory(1000, 100, 16)

@@ -9,9 +9,12 @@ per-operation latency.
   :func:`load_mooncake` and :func:`synthetic_workload`
 * ``sim``: :func:`replay`, the scheduler emulation
 * ``report``: text report, capacity :func:`sweep` and its plot
+* ``model``: KV bytes per token from a ``config.json`` (:class:`KVLayout`)
 * ``stats``: trace statistics without a replay (:func:`describe_workload`)
 """
 
+from .model import (KVLayout, ModelConfigError, format_bytes, kv_layout_from_dict,
+                    load_model_config, parse_memory, tokens_for_memory)
 from .report import format_report, format_sweep, parse_capacity, plot_sweep, sweep
 from .sim import ReplayResult, default_cache_factory, replay, unbounded_pool_slots
 from .stats import describe_workload, format_describe
@@ -22,5 +25,6 @@ __all__ = [
     "Workload", "TraceFormatError", "load_trace", "load_mooncake", "synthetic_workload",
     "replay", "ReplayResult", "default_cache_factory", "unbounded_pool_slots", "sweep",
     "format_report", "format_sweep", "parse_capacity", "plot_sweep", "describe_workload",
-    "format_describe",
+    "format_describe", "KVLayout", "ModelConfigError", "load_model_config",
+    "kv_layout_from_dict", "parse_memory", "format_bytes", "tokens_for_memory",
 ]
