@@ -618,3 +618,89 @@ def test_tokens_for_memory_whole_pages():
     assert tokens_for_memory(40 * 2**30, 24_576, 16) == 1_747_616   # 1,747,626 -> pages of 16
     with pytest.raises(ValueError, match="less than one page"):
         tokens_for_memory(1000, 100, 16)
+
+
+# ---------------------------------------------------------------- arrival mode
+def _arrival_workload():
+    from flatradix.replay import Workload
+
+    # r0 t=0 [1,2] 8+2 | r1 t=100 [1,2] 8+2 | r2 t=150 [3] 4+0 | r3 t=400 [1,2] 8+2; blocks of 4
+    return Workload("four", 4, np.array([0.0, 100.0, 150.0, 400.0]),
+                    np.array([8, 8, 4, 8]), np.array([2, 2, 0, 2]),
+                    np.array([0, 2, 4, 5, 7]), np.array([1, 2, 1, 2, 3, 1, 2]))
+
+
+def test_arrival_mode_by_hand_unbounded():
+    """Prefill 100 tok/s, decode 10 tok/s: service = 10 ms per uncached token + 100 ms per
+    output token. r0 [0, 280), r1 [100, 380) (r0 not cached yet), r2 [150, 190),
+    r3 hits r0's 8 tokens: [400, 600). Peak 3 running (150-190), mean 800 / 600."""
+    from flatradix.replay import ArrivalModel
+
+    r = replay(_arrival_workload(), page_size=4, record_requests=True,
+               arrival=ArrivalModel(prefill_tokens_per_s=100, decode_tokens_per_s=10,
+                                    interval_s=0.2))
+    pr = r.per_request
+    assert pr["finish_ms"].tolist() == [280.0, 380.0, 190.0, 600.0]
+    assert pr["hit_tokens"].tolist() == [0, 0, 0, 8] and r.hit_tokens == 8
+    assert pr["wait_ms"].tolist() == [0.0, 0.0, 0.0, 0.0] and r.waits == 0
+    a = r.arrival
+    assert a["peak_running"] == 3 and a["mean_running"] == round(800 / 600, 2)
+    assert a["span_s"] == 0.6 and a["interval_s"] == 0.2
+    # [0, 200): r0, r1 from 100, r2 150-190: area 200 + 100 + 40; [200, 400): r0 to 280,
+    # r1 to 380: 80 + 180; [400, 600): r3
+    assert [(b["t_s"], b["arrivals"], b["running_max"], b["running_mean"])
+            for b in a["timeline"]] == [(0.0, 3, 3, 1.7), (0.2, 0, 2, 1.3), (0.4, 1, 1, 1.0)]
+
+
+def test_arrival_mode_by_hand_kv_waits():
+    """A 12-token pool: r1 waits for r0 (ends 280), r2 for r1 (ends 560; FCFS behind r1),
+    r3 (hits r1's prompt, locked) for r2 (ends 600). Waits 180, 410, 200 ms; one runs at a
+    time."""
+    from flatradix.replay import ArrivalModel
+
+    r = replay(_arrival_workload(), capacity=12, page_size=4, record_requests=True,
+               arrival=ArrivalModel(prefill_tokens_per_s=100, decode_tokens_per_s=10))
+    pr = r.per_request
+    assert pr["wait_ms"].tolist() == [0.0, 180.0, 410.0, 200.0]
+    assert pr["finish_ms"].tolist() == [280.0, 560.0, 600.0, 800.0]
+    assert pr["waited"].tolist() == [0, 1, 1, 1] and r.waits == 3
+    assert pr["hit_tokens"].tolist() == [0, 0, 0, 8]
+    assert r.arrival["waited_requests"] == 3 and r.arrival["peak_running"] == 1
+    assert r.kv_conserved and r.rejected_requests == 0
+
+
+def test_arrival_mode_running_cap_and_rate_scale():
+    """max_running 1 serialises: r1 waits for r0 (280 - 100), r2 for r1 (560 - 150), r3 for
+    r2 (600 - 400), now hitting; rate_scale 2 halves the arrival times."""
+    from flatradix.replay import ArrivalModel
+
+    m = ArrivalModel(prefill_tokens_per_s=100, decode_tokens_per_s=10, rate_scale=2.0)
+    r = replay(_arrival_workload(), page_size=4, max_running=1, record_requests=True, arrival=m)
+    pr = r.per_request
+    assert pr["arrival_ms"].tolist() == [0.0, 50.0, 75.0, 200.0]
+    # the running slot frees (r0 completes, its prompt cached) before r1's match: r1 and r3
+    # hit 8 tokens and hold their KV 200 ms (two output tokens)
+    assert pr["hit_tokens"].tolist() == [0, 8, 0, 8]
+    assert pr["finish_ms"].tolist() == [280.0, 480.0, 520.0, 720.0]
+    assert pr["wait_ms"].tolist() == [0.0, 230.0, 405.0, 320.0]
+    assert r.arrival["slot_waits"] == 3 and r.waits == 0
+    assert "waited 3 times for a running slot" in r.notes[-1]
+
+
+def test_timeline_by_hand():
+    from flatradix.replay import timeline
+
+    buckets, peak, mean = timeline(np.array([0.0, 0.0]), np.array([0.0, 50.0]),
+                                   np.array([100.0, 150.0]), np.array([True, True]), 100.0)
+    assert peak == 2 and mean == round((100 + 100) / 150, 2)   # two 100 ms runs over 150 ms
+    assert [(b["running_max"], b["running_mean"], b["queued_max"], b["wait_ms_max"])
+            for b in buckets] == [(2, 1.5, 1, 50.0), (1, 0.5, 0, 0.0)]
+
+
+def test_order_mode_unchanged_by_the_arrival_machinery():
+    """The order mode's figures and per-request hits equal the reference cache's, with
+    several running requests (the in-flight pool bound is now the largest requests')."""
+    w = synthetic_workload(150, seed=21)
+    kw = dict(capacity=None, page_size=4, max_running=3, record_hits=True)
+    assert_same_run(replay(w, **kw), replay(w, cache_factory=reference_factory, driver="core",
+                                            **kw))
