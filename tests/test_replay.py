@@ -306,14 +306,20 @@ def test_sweep_and_plot(tmp_path, capsys):
 
 
 def test_sweep_json_to_stdout(capsys):
-    assert main(["replay", "--limit", "100", "--sweep", "3000"]) == 0
+    """--help's promise: --sweep prints a table, --json the curve's JSON."""
+    assert main(["replay", "--limit", "100", "--sweep", "3000", "--json"]) == 0
     curve = json.loads(capsys.readouterr().out)
     assert curve["points"][0]["capacity"] == 3000 and "unbounded" in curve
+    assert curve["points"][0]["policy"] == "lru" and curve["policies"] == ["lru"]
+    assert main(["replay", "--limit", "100", "--sweep", "3000"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["policy", "capacity", "hit", "ratio", "evicted", "rejected"]
+    assert table[1].split()[:2] == ["lru", "3,000"] and table[2].split()[:2] == ["any", "inf"]
 
 
-def test_plot_needs_sweep():
-    with pytest.raises(SystemExit):
-        main(["replay", "--plot", "x.png"])
+def test_plot_needs_sweep(capsys):
+    assert main(["replay", "--plot", "x.png"]) == 2
+    assert "--plot needs --sweep" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text, value", [
@@ -704,3 +710,67 @@ def test_order_mode_unchanged_by_the_arrival_machinery():
     kw = dict(capacity=None, page_size=4, max_running=3, record_hits=True)
     assert_same_run(replay(w, **kw), replay(w, cache_factory=reference_factory, driver="core",
                                             **kw))
+
+
+# ---------------------------------------------------------------- sweeps, CSV
+def test_parallel_sweep_equals_sequential_for_several_policies():
+    w = synthetic_workload(150, seed=13)
+    kw = dict(capacities=[1500, 8000, None], policies=["lru", "fifo", "lfu"], page_size=4,
+              bytes_per_token=100)
+    seq, par = sweep(w, jobs=1, **kw), sweep(w, jobs=3, **kw)
+
+    def strip(c):
+        c = json.loads(json.dumps(c))
+        for p in c["points"] + [c["unbounded"]]:
+            p.pop("wall_s")
+        return c
+
+    assert strip(seq) == strip(par)
+    assert [(p["policy"], p["capacity"]) for p in seq["points"]] == [
+        (p, c) for p in ("lru", "fifo", "lfu") for c in (1500, 8000, "inf")]
+    assert seq["points"][0]["kv_bytes"] == 150_000 and seq["unbounded"]["kv_bytes"] is None
+    # each point ran its own policy: at 8,000 tokens the three differ
+    assert len({seq["points"][k]["hit_tokens"] for k in (1, 4, 7)}) == 3
+
+
+def test_sweep_csv_and_plot_ticks(tmp_path):
+    import csv as csvmod
+
+    from flatradix.replay import write_sweep_csv
+
+    w = synthetic_workload(100, seed=14)
+    curve = sweep(w, [1000, 3000], policies=["lru", "mru"], page_size=16)
+    p = tmp_path / "s.csv"
+    write_sweep_csv(curve, p)
+    rows = list(csvmod.DictReader(p.open()))
+    assert [(r["policy"], r["capacity"]) for r in rows] == [
+        ("lru", "1000"), ("lru", "3000"), ("mru", "1000"), ("mru", "3000"), ("lru", "inf")]
+    assert [int(r["hit_tokens"]) for r in rows] == [
+        q["hit_tokens"] for q in curve["points"] + [curve["unbounded"]]]
+    pytest.importorskip("matplotlib")
+    from flatradix.replay.report import sweep_figure
+
+    curve["kv_bytes_per_token"] = 131_072
+    fig = sweep_figure(curve)
+    ax = fig.axes[0]
+    assert list(ax.get_xticks()) == [1000, 3000]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["125 MiB\n1k", "375 MiB\n3k"]
+    assert [line.get_label() for line in ax.get_lines()][:2] == ["lru", "mru"]
+
+
+def test_per_request_csv_sums_to_the_run(tmp_path):
+    import csv as csvmod
+
+    from flatradix.replay import write_per_request_csv
+
+    w = synthetic_workload(120, seed=15)
+    r = replay(w, capacity=3000, page_size=16, max_running=2, record_requests=True)
+    p = tmp_path / "r.csv"
+    write_per_request_csv([r], p)
+    rows = list(csvmod.DictReader(p.open()))
+    assert len(rows) == 120 and rows[0]["wait_ms"] == ""
+    assert sum(int(x["hit_tokens"]) for x in rows) == r.hit_tokens
+    assert sum(int(x["evicted_tokens"]) for x in rows) == r.evicted_tokens
+    assert sum(int(x["waited"]) for x in rows) == r.waits
+    assert sum(int(x["rejected"]) for x in rows) == r.rejected_requests
+    assert [float(x["arrival_ms"]) for x in rows] == w.timestamps.tolist()
