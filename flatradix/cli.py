@@ -403,9 +403,11 @@ def _replay(args):
             if args.plot:
                 title = None
                 if layout is not None:
-                    title = (f"{os.path.basename(workload.name)}, {layout.name} "
-                             f"({bpt:,} B/token), page {curve['page_size']}, "
-                             f"max running {curve['max_running']:,}")
+                    mode = "arrival times" if args.arrival else "one pass"
+                    title = (f"{os.path.basename(workload.name)}: {len(workload):,} requests\n"
+                             f"{os.path.basename(layout.source)} ({bpt:,} B/token), page "
+                             f"{curve['page_size']}, max running {curve['max_running']:,}, "
+                             f"{mode}")
                 rep.plot_sweep(curve, args.plot, title=title)
             print(text if args.json else rep.format_sweep(curve))
             return 0

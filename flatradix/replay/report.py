@@ -373,7 +373,7 @@ def sweep_figure(curve, title=None):
                                fontsize=7)
         else:
             ax.set_xticklabels([format_tokens(c) for c in caps], fontsize=8)
-        if len(caps) > 8:
+        if len(caps) > 12:
             plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
     ax.set_xlabel(f"KV memory (full-attention pool, {bpt:,} bytes/token) / tokens" if bpt
                   else "KV capacity (tokens)")
@@ -381,7 +381,7 @@ def sweep_figure(curve, title=None):
     ax.set_ylim(0, max(ub * 1.1, 1.0))
     name = os.path.basename(curve["workload"])
     mode = "arrival times" if curve.get("mode") == "arrival" else "one pass"
-    ax.set_title(title or (f"{name}: {curve['requests']:,} requests, page {curve['page_size']}, "
+    ax.set_title(title or (f"{name}: {curve['requests']:,} requests\npage {curve['page_size']}, "
                            f"max running {curve['max_running']:,}, {mode}"), fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
