@@ -774,3 +774,19 @@ def test_per_request_csv_sums_to_the_run(tmp_path):
     assert sum(int(x["waited"]) for x in rows) == r.waits
     assert sum(int(x["rejected"]) for x in rows) == r.rejected_requests
     assert [float(x["arrival_ms"]) for x in rows] == w.timestamps.tolist()
+
+
+def test_sweep_progress_per_point_on_a_terminal(monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    w = synthetic_workload(60, seed=16)
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        sweep(w, [2000, 4000], jobs=2, progress=True)
+        text = stream.getvalue()
+        assert all(f"{k}/3" in text for k in (1, 2, 3)) == shown   # one refresh per point

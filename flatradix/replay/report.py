@@ -162,7 +162,17 @@ def _bar(total, enabled):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, file=sys.stderr, unit="run", desc="sweep", leave=False)
+    # a refresh per finished run (runs take seconds: no need to rate-limit)
+    return tqdm(total=total, file=sys.stderr, unit="run", desc="sweep", leave=False,
+                mininterval=0)
+
+
+def _tick(bar, result):
+    if bar is not None:
+        cap = "inf" if result.capacity == "inf" else format_tokens(result.capacity)
+        bar.set_postfix_str(f"{result.policy} {cap}: {100 * result.token_hit_ratio:.2f} %",
+                            refresh=False)
+        bar.update(1)
 
 
 def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
@@ -208,8 +218,7 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         if jobs == 1:
             for k, (p, c) in enumerate(tasks):
                 results[k] = replay(workload, capacity=c, policy=p, progress=progress, **kwargs)
-                if bar is not None:
-                    bar.update(1)
+                _tick(bar, results[k])
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -218,8 +227,7 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
                 futs = {ex.submit(_run_point, (p, c, kwargs)): k for k, (p, c) in enumerate(tasks)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
-                    if bar is not None:
-                        bar.update(1)
+                    _tick(bar, results[futs[f]])
     finally:
         if bar is not None:
             bar.close()
