@@ -324,9 +324,14 @@ def _load(args, progress):
         raise UsageError(f"--trace: {msg}") from None
 
 
-def _write(path, text):
-    with open(path, "w") as f:
-        f.write(text + "\n")
+def _emit(args, data, text):
+    """``data`` as JSON to ``--out`` (if given), and to stdout with ``--json``; else
+    ``text`` (a string, or a function making it) to stdout."""
+    js = json.dumps(data, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(js + "\n")
+    print(js if args.json else (text() if callable(text) else text))
 
 
 def _replay(args):
@@ -369,15 +374,8 @@ def _replay(args):
         d = describe_workload(workload)
         if kv:
             d["kv"] = kv
-        text = json.dumps(d, indent=2)
-        if args.out:
-            _write(args.out, text)
-        if args.json:
-            print(text)
-        else:
-            print(format_describe(d))
-            for line in rep.kv_lines(capacity, bpt, layout) if bpt else []:
-                print(f"  {line}")
+        kv_text = [f"  {line}" for line in rep.kv_lines(capacity, bpt, layout)] if bpt else []
+        _emit(args, d, lambda: "\n".join([format_describe(d)] + kv_text))
         return 0
 
     arrival = None
@@ -395,9 +393,6 @@ def _replay(args):
                               progress=progress, bytes_per_token=bpt, **kw)
             if kv:
                 curve["kv"] = kv
-            text = json.dumps(curve, indent=2)
-            if args.out:
-                _write(args.out, text)
             if args.csv:
                 rep.write_sweep_csv(curve, args.csv)
             if args.plot:
@@ -409,7 +404,7 @@ def _replay(args):
                              f"{curve['page_size']}, max running {curve['max_running']:,}, "
                              f"{mode}")
                 rep.plot_sweep(curve, args.plot, title=title)
-            print(text if args.json else rep.format_sweep(curve))
+            _emit(args, curve, lambda: rep.format_sweep(curve))
             return 0
         results = [replay(workload, capacity=capacity, policy=pol, progress=progress,
                           record_requests=bool(args.per_request), **kw) for pol in policies]
@@ -422,18 +417,13 @@ def _replay(args):
         if kv:
             d["kv"] = kv
         dicts.append(d)
-    text = json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2)
-    if args.out:
-        _write(args.out, text)
     if args.csv:
         rep.write_runs_csv(results, args.csv, bpt)
     if args.per_request:
         rep.write_per_request_csv(results, args.per_request)
-    if args.json:
-        print(text)
-    else:
-        lines = rep.kv_lines(capacity, bpt, layout) if bpt else None
-        print("\n\n".join(rep.format_report(r, kv=lines) for r in results))
+    lines = rep.kv_lines(capacity, bpt, layout) if bpt else None
+    _emit(args, dicts[0] if len(dicts) == 1 else dicts,
+          lambda: "\n\n".join(rep.format_report(r, kv=lines) for r in results))
     return 0
 
 

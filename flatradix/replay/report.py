@@ -4,8 +4,8 @@ files and the sweep plot."""
 import csv
 import math
 import os
-import sys
 
+from ._progress import progress_bar
 from .model import format_bytes
 from .sim import OPS, replay
 
@@ -155,16 +155,6 @@ def _run_point(task):
     return replay(_worker_workload, capacity=capacity, policy=policy, **kwargs)
 
 
-def _bar(total, enabled):
-    if not enabled or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    # a refresh per finished run (runs take seconds: no need to rate-limit)
-    return tqdm(total=total, file=sys.stderr, unit="run", desc="sweep", leave=False,
-                mininterval=0)
 
 
 def _tick(bar, result):
@@ -212,7 +202,8 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     tasks = [(p, c) for p in policies for c in capacities] + [(policies[0], None)]
-    bar = _bar(len(tasks), progress)
+    # a refresh per finished run (runs take seconds: no need to rate-limit)
+    bar = progress_bar(len(tasks), progress, unit="run", desc="sweep", mininterval=0)
     results = [None] * len(tasks)
     try:
         if jobs == 1:

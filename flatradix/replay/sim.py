@@ -55,12 +55,12 @@ KV pool never holds more slots than the workload can use
 
 import collections
 import heapq
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ._progress import progress_bar
 from .. import (EvictParams, InsertParams, MatchPrefixParams, RadixKey, Req, ReqToTokenPool,
                 TokenToKVPoolAllocator, UnifiedRadixCache)
 
@@ -213,16 +213,6 @@ def unbounded_pool_slots(workload, max_running, cache_outputs=False):
     k = min(int(max_running), sizes.size)
     inflight = int(sizes.max()) if k == 1 else int(np.sort(sizes)[sizes.size - k:].sum())
     return max(1, tree + inflight)
-
-
-def _progress_bar(total, enabled):
-    if not enabled or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, file=sys.stderr, unit="req", smoothing=0.1, leave=False)
 
 
 def _nice_interval(span_ms):
@@ -476,7 +466,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         else:
             complete(running.popleft())
 
-    bar = _progress_bar(n_req, progress)
+    bar = progress_bar(n_req, progress, unit="req", smoothing=0.1)
     step = 0
     t_start, c_start = time.perf_counter(), time.process_time()
     for i in range(n_req):

@@ -22,27 +22,13 @@ from .. import _numba_env  # noqa: F401  (flatradix's Numba cache directory)
 
 
 def prefix_nodes(workload):
-    """Trie node id (``1..``) of every touched block prefix, in arrival order.
+    """Trie node id (``1..``) of every touched block prefix, in arrival order
+    (:meth:`Workload.prefix_nodes`), and the request of each touch.
 
-    Returns ``(nodes, request_of)``: int64 ``(total blocks,)`` each, the node
-    and the request of each block touch.
+    Returns ``(nodes, request_of)``: int64 ``(total blocks,)`` each.
     """
-    trie = {}
-    ptr = workload.hash_ptr.tolist()
-    ids = workload.hash_ids.tolist()
-    nodes = np.empty(len(ids), dtype=np.int64)
-    t = 0
-    for i in range(len(workload)):
-        node = 0
-        for h in ids[ptr[i]:ptr[i + 1]]:
-            k = (node, h)
-            nxt = trie.get(k)
-            if nxt is None:
-                nxt = trie[k] = len(trie) + 1
-            nodes[t] = node = nxt
-            t += 1
     request_of = np.repeat(np.arange(len(workload), dtype=np.int64), np.diff(workload.hash_ptr))
-    return nodes, request_of
+    return workload.prefix_nodes(), request_of
 
 
 @njit(cache=True)

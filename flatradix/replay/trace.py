@@ -16,10 +16,11 @@ token by token.
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+from ._progress import progress_bar
 
 MOONCAKE_BLOCK_SIZE = 512
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -107,25 +108,34 @@ class Workload:
                         self.hash_ptr[:limit + 1], self.hash_ids[:end], self.has_timestamps,
                         self.source_format)
 
-    def distinct_prefix_blocks(self):
-        """Distinct block *prefixes* (nodes of the hash-id trie) over all prompts.
-
-        ``distinct_prefix_blocks() * block_size`` bounds the tokens an unbounded
-        prefix cache can ever hold for these prompts. O(total blocks).
-        """
+    def prefix_nodes(self):
+        """The node of the hash-id trie each block of each prompt reaches: int64
+        ``(hash_ptr[-1],)``, node ids ``1..`` numbered in first-touch order (equal
+        ids: equal block prefixes). O(total blocks)."""
         trie = {}
         ptr = self.hash_ptr.tolist()
         ids = self.hash_ids.tolist()
+        nodes = np.empty(len(ids), dtype=np.int64)
+        t = 0
         for i in range(len(self)):
             node = 0
             for h in ids[ptr[i]:ptr[i + 1]]:
                 k = (node, h)
                 nxt = trie.get(k)
                 if nxt is None:
-                    nxt = len(trie) + 1
-                    trie[k] = nxt
-                node = nxt
-        return len(trie)
+                    nxt = trie[k] = len(trie) + 1
+                nodes[t] = node = nxt
+                t += 1
+        return nodes
+
+    def distinct_prefix_blocks(self):
+        """Distinct block *prefixes* (nodes of the hash-id trie) over all prompts.
+
+        ``distinct_prefix_blocks() * block_size`` bounds the tokens an unbounded
+        prefix cache can ever hold for these prompts. O(total blocks).
+        """
+        nodes = self.prefix_nodes()
+        return int(nodes.max()) if nodes.size else 0
 
 
 def _line_error(path, lineno, msg):
@@ -164,15 +174,12 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
 
 def _records(path, progress):
     """Yield ``(line number, JSON value)`` for each non-blank line of a UTF-8 JSONL file."""
-    bar = None
-    if progress and sys.stderr.isatty():
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, file=sys.stderr,
-                       desc="loading trace", leave=False)
-        except (ImportError, OSError):
-            bar = None
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None   # open() below says why
+    bar = progress_bar(size, progress and size is not None, unit="B", unit_scale=True,
+                       desc="loading trace")
     done = 0
     try:
         with open(path, "rb") as f:
