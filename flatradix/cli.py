@@ -3,13 +3,29 @@
 ``flatradix replay`` replays a request trace (or the built-in synthetic
 workload) through the cache and reports hit ratio, evictions and per-operation
 latency; see ``flatradix replay --help`` and ``flatradix.replay``.
+
+A user's mistake is never a traceback: every error is one line on stderr,
+``flatradix replay: error: ...`` naming the option, file or line, and the exit
+status is 2. Output files are checked before anything runs.
 """
 
 import argparse
 import json
+import os
 import sys
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
+
+
+class UsageError(Exception):
+    """A user's mistake: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _int_at_least(lo):
@@ -29,6 +45,16 @@ _positive_int = _int_at_least(1)
 _nonnegative_int = _int_at_least(0)
 
 
+def _positive_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 < v < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
 def _capacity(text):
     from .replay.report import parse_capacity
 
@@ -38,15 +64,42 @@ def _capacity(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _capacities(text):
-    caps = [_capacity(t) for t in text.split(",") if t.strip()]
-    if not caps:
-        raise argparse.ArgumentTypeError("--sweep needs at least one capacity")
-    return caps
+def _memory(text):
+    from .replay.model import parse_memory
+
+    try:
+        return parse_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _sweep_items(text):
+    """``2M,64GiB,inf`` -> [("tokens", 2000000), ("bytes", 68719476736), ("tokens", None)]."""
+    from .replay.model import is_memory_size
+
+    items = []
+    for t in text.split(","):
+        if not t.strip():
+            continue
+        items.append(("bytes", _memory(t)) if is_memory_size(t) else ("tokens", _capacity(t)))
+    if not items:
+        raise argparse.ArgumentTypeError("needs at least one capacity")
+    return items
+
+
+def _policies(text):
+    out = []
+    for t in text.split(","):
+        p = t.strip().lower()
+        if p not in POLICIES:
+            raise argparse.ArgumentTypeError(f"invalid choice {t.strip()!r} (choose from "
+                                             f"{', '.join(POLICIES)}; any case)")
+        out.append(p)
+    return out
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="flatradix", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="flatradix", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser(
         "replay", help="replay a request trace through the prefix cache",
@@ -56,96 +109,321 @@ def build_parser():
             "(evicting when short; a request that cannot fit even then is rejected), "
             "cache_finished_req on completion (the prompt is cached; outputs are not). "
             "Without --trace, a built-in deterministic synthetic workload is used "
-            "(multi-turn chats over shared system prompts)."))
-    r.add_argument("--trace", metavar="FILE",
-                   help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids); "
-                        "default: the synthetic workload")
-    r.add_argument("--block-size", type=_positive_int, default=None, metavar="B",
-                   help="tokens per hash id (default: 512 for a trace, 16 for the synthetic "
-                        "workload)")
-    r.add_argument("--page-size", type=_positive_int, default=16, metavar="P",
-                   help="cache page size (default: 16)")
-    r.add_argument("--capacity", type=_capacity, default=None, metavar="TOKENS|inf",
-                   help="KV pool size in tokens (2000000, 2M, 500k) or inf (default: inf)")
-    r.add_argument("--max-running", type=_positive_int, default=1, metavar="N",
-                   help="requests in flight at once, FIFO completion (default: 1)")
-    r.add_argument("--policy", choices=POLICIES, default="lru",
-                   help="eviction policy (default: lru)")
-    r.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+            "(multi-turn chats over shared system prompts). Errors are one line on stderr "
+            "with exit status 2."),
+        epilog=("stdout gets a text report (one per policy) or, with --sweep, a table; "
+                "--json prints JSON instead. --out/--csv/--per-request/--plot write files, "
+                "checked before anything runs."))
+    g = r.add_argument_group("workload")
+    g.add_argument("--trace", metavar="FILE",
+                   help="JSONL trace: Mooncake (timestamp, input_length, output_length, "
+                        "hash_ids) or generic (token_ids, or hash_ids + block size; see the "
+                        "README); default: the synthetic workload")
+    g.add_argument("--format", choices=("auto", "mooncake", "generic"), default=None,
+                   help="trace format (default: auto, from the first line)")
+    g.add_argument("--block-size", type=_positive_int, default=None, metavar="B",
+                   help="tokens per hash id (default: 512 for a Mooncake trace, 16 for the "
+                        "synthetic workload)")
+    g.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                    help="replay only the first N requests (synthetic: generate N; default 3000)")
-    r.add_argument("--seed", type=_nonnegative_int, default=0, help="synthetic workload seed (default: 0)")
-    r.add_argument("--cache-outputs", action="store_true",
+    g.add_argument("--seed", type=_nonnegative_int, default=None,
+                   help="synthetic workload seed (default: 0)")
+    g.add_argument("--describe", action="store_true",
+                   help="print the trace's statistics (requests, prompt-length percentiles, "
+                        "prefix reuse distance) and the KV sizing; no replay")
+
+    g = r.add_argument_group("cache and KV memory")
+    g.add_argument("--page-size", type=_positive_int, default=16, metavar="P",
+                   help="cache page size (default: 16)")
+    g.add_argument("--capacity", type=_capacity, default=None, metavar="TOKENS|inf",
+                   help="KV pool size in tokens (2000000, 2M, 500k) or inf (default: inf)")
+    g.add_argument("--kv-memory", type=_memory, default=None, metavar="SIZE",
+                   help="KV pool size in memory (40GiB, 80GB): tokens = SIZE / KV bytes per "
+                        "token, whole pages; needs --model-config or --kv-bytes-per-token")
+    g.add_argument("--model-config", metavar="PATH",
+                   help="a local Hugging Face config.json (or its directory): KV bytes per "
+                        "token of the full-attention layers = 2 x layers x KV heads x head "
+                        "dim x dtype bytes; sliding-window and Mamba layers are reported")
+    g.add_argument("--kv-bytes-per-token", type=_positive_int, default=None, metavar="N",
+                   help="KV bytes per token, given directly")
+    g.add_argument("--kv-dtype", default=None, metavar="DTYPE",
+                   help="KV cache dtype for --model-config: bfloat16, float16, float32, "
+                        "fp8_e4m3... (default: the config's torch_dtype)")
+    g.add_argument("--policy", type=_policies, action="append", default=None,
+                   metavar="P[,P...]",
+                   help=f"eviction policy, any case; several (comma-separated or repeated) run "
+                        f"once each: {', '.join(POLICIES)} (default: lru)")
+    g.add_argument("--cache-outputs", action="store_true",
                    help="also insert output tokens (fresh ids that never match)")
-    r.add_argument("--json", action="store_true", help="print one JSON object")
-    r.add_argument("--sweep", type=_capacities, default=None, metavar="C1,C2,...",
-                   help="replay once per capacity (and once unbounded); print the "
-                        "hit-ratio-vs-capacity curve as JSON")
-    r.add_argument("--out", metavar="FILE", help="with --sweep: write the curve's JSON here")
-    r.add_argument("--plot", metavar="FILE.png",
-                   help="with --sweep: plot the curve (needs matplotlib: flatradix[plot])")
-    r.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (it is shown only on a terminal anyway)")
+
+    g = r.add_argument_group("scheduling")
+    g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
+                   help="requests in flight at once (default: 1; with --arrival 1024)")
+    g.add_argument("--arrival", action="store_true",
+                   help="honour the trace's timestamps: each request holds its KV for "
+                        "uncached/prefill-tps + output/decode-tps seconds; reports "
+                        "concurrency over time, waits and rejections")
+    g.add_argument("--prefill-tps", type=_positive_float, default=None, metavar="T",
+                   help="with --arrival: prefill tokens/s over a request's uncached prompt "
+                        "(default: 10000)")
+    g.add_argument("--decode-tps", type=_positive_float, default=None, metavar="T",
+                   help="with --arrival: output tokens/s of one request (default: 50)")
+    g.add_argument("--rate-scale", type=_positive_float, default=None, metavar="F",
+                   help="with --arrival: arrivals F times as fast (timestamps / F; default: 1)")
+    g.add_argument("--interval", type=_positive_float, default=None, metavar="SECONDS",
+                   help="with --arrival: timeline bucket width (default: about 20 buckets)")
+
+    g = r.add_argument_group("sweep")
+    g.add_argument("--sweep", type=_sweep_items, default=None, metavar="C1,C2,...",
+                   help="replay once per capacity and policy (and once unbounded); capacities "
+                        "in tokens (2M) or memory (64GiB, with --model-config or "
+                        "--kv-bytes-per-token); stdout gets a table")
+    g.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="with --sweep: run N replays at once, in processes (same results; "
+                        "default: 1)")
+
+    g = r.add_argument_group("output")
+    g.add_argument("--json", action="store_true",
+                   help="print JSON instead of text: one object (a list with several "
+                        "policies), the sweep's curve, or the --describe statistics")
+    g.add_argument("--out", metavar="FILE.json", help="also write that JSON to FILE")
+    g.add_argument("--csv", metavar="FILE.csv",
+                   help="write the results as CSV: one row per sweep point, or per policy")
+    g.add_argument("--per-request", metavar="FILE.csv",
+                   help="write one CSV row per request (arrival_ms, prompt/hit/evicted tokens, "
+                        "waited, wait_ms...); not with --sweep")
+    g.add_argument("--plot", metavar="FILE.png",
+                   help="with --sweep: plot hit ratio vs capacity, one line per policy "
+                        "(any matplotlib format; needs flatradix[plot])")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (they are shown only on a terminal anyway)")
     p.set_defaults(subparser=None)
     r.set_defaults(subparser=r)
     return p
 
 
-def _load(args):
-    from .replay.trace import MOONCAKE_BLOCK_SIZE, load_mooncake, synthetic_workload
+def _check_output(path, option):
+    """Fail now, not after an hour of replay, if ``path`` cannot be written."""
+    if os.path.isdir(path):
+        raise UsageError(f"{option}: {path} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option}: directory {os.path.dirname(path) or parent} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option}: cannot write {path} (permission denied)")
 
-    if args.trace:
-        return load_mooncake(args.trace, block_size=args.block_size or MOONCAKE_BLOCK_SIZE,
-                             limit=args.limit)
-    return synthetic_workload(num_requests=args.limit or 3000, block_size=args.block_size or 16,
-                              seed=args.seed)
+
+def _check_options(args):
+    """Option combinations and output paths, before any work."""
+    def need(cond, msg):
+        if not cond:
+            raise UsageError(msg)
+
+    arrival_opts = [o for o, v in (("--prefill-tps", args.prefill_tps),
+                                   ("--decode-tps", args.decode_tps),
+                                   ("--rate-scale", args.rate_scale),
+                                   ("--interval", args.interval)) if v is not None]
+    need(args.arrival or not arrival_opts, f"{arrival_opts[0] if arrival_opts else ''} needs "
+                                           f"--arrival")
+    need(args.trace or args.format is None, "--format needs --trace")
+    need(args.trace is None or args.seed is None,
+         "--seed applies to the synthetic workload, not to --trace")
+    need(args.capacity is None or args.kv_memory is None,
+         "--capacity and --kv-memory both size the pool: give one")
+    need(args.model_config is None or args.kv_bytes_per_token is None,
+         "--model-config and --kv-bytes-per-token both give the KV bytes per token: give one")
+    need(args.kv_dtype is None or args.model_config,
+         "--kv-dtype needs --model-config")
+    mem_sweep = args.sweep and any(kind == "bytes" for kind, _ in args.sweep)
+    for opt, used in (("--kv-memory", args.kv_memory is not None),
+                      ("--sweep in memory (GiB, GB)", mem_sweep)):
+        need(not used or args.model_config or args.kv_bytes_per_token,
+             f"{opt} needs --model-config or --kv-bytes-per-token (the KV bytes per token)")
+    if args.sweep:
+        need(args.capacity is None and args.kv_memory is None,
+             "--sweep gives the capacities: drop --capacity / --kv-memory")
+        need(args.per_request is None,
+             "--per-request needs a single run, not --sweep")
+    else:
+        need(args.plot is None, "--plot needs --sweep C1,C2,...")
+        need(args.jobs == 1, "--jobs runs sweep points in parallel: it needs --sweep")
+    if args.describe:
+        for opt, v in (("--sweep", args.sweep), ("--plot", args.plot), ("--csv", args.csv),
+                       ("--per-request", args.per_request), ("--arrival", args.arrival)):
+            need(not v, f"--describe prints statistics without replaying: drop {opt}")
+    if args.capacity is not None:
+        need(args.capacity >= args.page_size,
+             f"--capacity {args.capacity:,} tokens is less than one page (--page-size "
+             f"{args.page_size:,}): the cache could never hold a page")
+    outs = [(o, v) for o, v in (("--out", args.out), ("--csv", args.csv),
+                                ("--per-request", args.per_request), ("--plot", args.plot))
+            if v is not None]
+    seen = {}
+    for opt, path in outs:
+        key = os.path.abspath(path)
+        need(key not in seen, f"{seen.get(key)} and {opt} name the same file {path}")
+        seen[key] = opt
+        _check_output(path, opt)
+    if args.plot:
+        from .replay.report import plot_formats
+
+        try:
+            formats = plot_formats()
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+        ext = os.path.splitext(args.plot)[1].lower().lstrip(".")
+        what = f".{ext} files" if ext else "a file name without an extension"
+        need(ext in formats, f"--plot: matplotlib cannot write {what}; end the name in one "
+                             f"of .{', .'.join(formats)}")
 
 
-def _replay(args, parser):
-    from .replay.report import format_report, format_sweep, plot_sweep, sweep
-    from .replay.sim import replay
-    from .replay.trace import TraceFormatError
-    from .cache import UnifiedRadixCache
+def _kv_sizing(args):
+    """(bytes per token or None, KVLayout or None)."""
+    if args.model_config:
+        from .replay.model import ModelConfigError, load_model_config
 
-    if args.plot and not args.sweep:
-        parser.error("--plot needs --sweep C1,C2,...")
-    if args.out and not args.sweep:
-        parser.error("--out needs --sweep C1,C2,...")
+        try:
+            layout = load_model_config(args.model_config, kv_dtype=args.kv_dtype or "auto")
+        except (ModelConfigError, OSError) as e:
+            raise UsageError(f"--model-config: {e}") from None
+        if layout.full_kv_bytes_per_token == 0:
+            raise UsageError(f"--model-config: {args.model_config} has no full-attention layer "
+                             f"({layout.describe()[0]}); the replay models the full-attention "
+                             f"pool only: give --kv-bytes-per-token")
+        return layout.full_kv_bytes_per_token, layout
+    return args.kv_bytes_per_token, None
+
+
+def _tokens_for(nbytes, bpt, page, option):
+    from .replay.model import tokens_for_memory
+    from .replay.report import MAX_CAPACITY
+
     try:
-        workload = _load(args)
+        t = tokens_for_memory(nbytes, bpt, page)
+    except ValueError as e:
+        raise UsageError(f"{option}: {e}") from None
+    if t > MAX_CAPACITY:
+        raise UsageError(f"{option}: {t:,} tokens is more than the largest pool "
+                         f"({MAX_CAPACITY:,} tokens)")
+    return t
+
+
+def _load(args, progress):
+    from .replay.trace import TraceFormatError, load_trace, synthetic_workload
+
+    if not args.trace:
+        return synthetic_workload(num_requests=args.limit or 3000,
+                                  block_size=args.block_size or 16, seed=args.seed or 0)
+    try:
+        return load_trace(args.trace, format=args.format or "auto", block_size=args.block_size,
+                          limit=args.limit, progress=progress)
     except (OSError, TraceFormatError) as e:
-        print(f"flatradix replay: error: {e}", file=sys.stderr)
-        return 2
-    kw = dict(page_size=args.page_size, max_running=args.max_running, policy=args.policy,
-              cache_outputs=args.cache_outputs, progress=not args.no_progress)
+        msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        if isinstance(e, OSError):
+            msg = f"{args.trace}: {msg}"
+        raise UsageError(f"--trace: {msg}") from None
+
+
+def _emit(args, data, text):
+    """``data`` as JSON to ``--out`` (if given), and to stdout with ``--json``; else
+    ``text`` (a string, or a function making it) to stdout."""
+    js = json.dumps(data, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(js + "\n")
+    print(js if args.json else (text() if callable(text) else text))
+
+
+def _replay(args):
+    from .replay import report as rep
+    from .replay.sim import ArrivalModel, replay
+    from .replay.stats import describe_workload, format_describe
+    from . import UnifiedRadixCache
+
+    _check_options(args)
+    policies = list(dict.fromkeys(p for group in (args.policy or [["lru"]]) for p in group))
+    progress = not args.no_progress
+    bpt, layout = _kv_sizing(args)
+    capacity = args.capacity
+    if args.kv_memory is not None:
+        capacity = _tokens_for(args.kv_memory, bpt, args.page_size, "--kv-memory")
+    sweep_caps = None
+    if args.sweep:
+        sweep_caps = []
+        for kind, v in args.sweep:
+            if kind == "bytes":
+                v = _tokens_for(v, bpt, args.page_size, "--sweep")
+            elif v is not None and v < args.page_size:
+                raise UsageError(f"--sweep: capacity {v:,} tokens is less than one page "
+                                 f"(--page-size {args.page_size:,})")
+            sweep_caps.append(v)
+    kv = None
+    if bpt:
+        kv = {"bytes_per_token": bpt, "kv_memory": args.kv_memory,
+              "capacity_tokens": capacity,
+              "model": layout.to_dict() if layout is not None else None}
+    workload = _load(args, progress)
     try:
         # a cache the options cannot build (e.g. a page size beyond the pool) is a
         # usage error, reported like one
-        UnifiedRadixCache(page_size=args.page_size, eviction_policy=args.policy)
+        for pol in policies:
+            UnifiedRadixCache(page_size=args.page_size, eviction_policy=pol)
     except (ValueError, TypeError) as e:
-        print(f"flatradix replay: error: {e}", file=sys.stderr)
-        return 2
-    if args.sweep:
-        curve = sweep(workload, args.sweep, **kw)
-        text = json.dumps(curve, indent=2)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
-        if args.plot:
-            try:
-                plot_sweep(curve, args.plot)
-            except RuntimeError as e:
-                print(f"flatradix replay: error: {e}", file=sys.stderr)
-                return 2
-        if args.json or not args.out:
-            print(text)
-        else:
-            print(format_sweep(curve))
+        raise UsageError(str(e)) from None
+    if args.describe:
+        d = describe_workload(workload)
+        if kv:
+            d["kv"] = kv
+        kv_text = [f"  {line}" for line in rep.kv_lines(capacity, bpt, layout)] if bpt else []
+        _emit(args, d, lambda: "\n".join([format_describe(d)] + kv_text))
         return 0
-    result = replay(workload, capacity=args.capacity, **kw)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(format_report(result))
+
+    arrival = None
+    if args.arrival:
+        if not workload.has_timestamps:
+            raise UsageError(f"--arrival: {workload.name} has no timestamps")
+        arrival = ArrivalModel(prefill_tokens_per_s=args.prefill_tps or 10_000.0,
+                               decode_tokens_per_s=args.decode_tps or 50.0,
+                               rate_scale=args.rate_scale or 1.0, interval_s=args.interval)
+    kw = dict(page_size=args.page_size, max_running=args.max_running,
+              cache_outputs=args.cache_outputs, arrival=arrival)
+    try:
+        if args.sweep:
+            curve = rep.sweep(workload, sweep_caps, policies=policies, jobs=args.jobs,
+                              progress=progress, bytes_per_token=bpt, **kw)
+            if kv:
+                curve["kv"] = kv
+            if args.csv:
+                rep.write_sweep_csv(curve, args.csv)
+            if args.plot:
+                title = None
+                if layout is not None:
+                    mode = "arrival times" if args.arrival else "one pass"
+                    title = (f"{os.path.basename(workload.name)}: {len(workload):,} requests\n"
+                             f"{os.path.basename(layout.source)} ({bpt:,} B/token), page "
+                             f"{curve['page_size']}, max running {curve['max_running']:,}, "
+                             f"{mode}")
+                rep.plot_sweep(curve, args.plot, title=title)
+            _emit(args, curve, lambda: rep.format_sweep(curve))
+            return 0
+        results = [replay(workload, capacity=capacity, policy=pol, progress=progress,
+                          record_requests=bool(args.per_request), **kw) for pol in policies]
+    except MemoryError as e:
+        raise UsageError(f"out of memory ({e}): lower --capacity / --kv-memory / "
+                         f"--max-running, or --limit the trace") from None
+    dicts = []
+    for r in results:
+        d = r.to_dict()
+        if kv:
+            d["kv"] = kv
+        dicts.append(d)
+    if args.csv:
+        rep.write_runs_csv(results, args.csv, bpt)
+    if args.per_request:
+        rep.write_per_request_csv(results, args.per_request)
+    lines = rep.kv_lines(capacity, bpt, layout) if bpt else None
+    _emit(args, dicts[0] if len(dicts) == 1 else dicts,
+          lambda: "\n\n".join(rep.format_report(r, kv=lines) for r in results))
     return 0
 
 
@@ -157,9 +435,13 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
-        return _replay(args, args.subparser)
+        return _replay(args)
+    except UsageError as e:
+        print(f"flatradix replay: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flatradix replay: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `flatradix replay | head`: stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

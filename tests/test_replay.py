@@ -11,6 +11,7 @@ rejections, request by request. The trace tests read
 
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -305,14 +306,20 @@ def test_sweep_and_plot(tmp_path, capsys):
 
 
 def test_sweep_json_to_stdout(capsys):
-    assert main(["replay", "--limit", "100", "--sweep", "3000"]) == 0
+    """--help's promise: --sweep prints a table, --json the curve's JSON."""
+    assert main(["replay", "--limit", "100", "--sweep", "3000", "--json"]) == 0
     curve = json.loads(capsys.readouterr().out)
     assert curve["points"][0]["capacity"] == 3000 and "unbounded" in curve
+    assert curve["points"][0]["policy"] == "lru" and curve["policies"] == ["lru"]
+    assert main(["replay", "--limit", "100", "--sweep", "3000"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["policy", "capacity", "hit", "ratio", "evicted", "rejected"]
+    assert table[1].split()[:2] == ["lru", "3,000"] and table[2].split()[:2] == ["any", "inf"]
 
 
-def test_plot_needs_sweep():
-    with pytest.raises(SystemExit):
-        main(["replay", "--plot", "x.png"])
+def test_plot_needs_sweep(capsys):
+    assert main(["replay", "--plot", "x.png"]) == 2
+    assert "--plot needs --sweep" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text, value", [
@@ -374,3 +381,412 @@ def test_cli_usage_errors_are_clean(tmp_path, capsys):
                  '"hash_ids": [99999999999999999999]}\n')
     assert main(["replay", "--trace", str(p), "--no-progress"]) == 2
     assert ":1: hash id 99999999999999999999 too large" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- trace formats (issue 15)
+def test_generic_token_ids_trace_matches_token_by_token(tmp_path):
+    from flatradix.replay import load_trace
+
+    p = write_trace(tmp_path / "g.jsonl", [
+        {"token_ids": [5, 6, 7, 8, 9], "output_length": 2},
+        {"token_ids": [5, 6, 7, 1], "output_length": 0, "input_length": 4},
+        {"token_ids": [5, 6, 7, 8, 9, 10], "output_length": 1},
+    ])
+    w = load_trace(p)
+    assert w.source_format == "generic/token_ids" and w.block_size == 1
+    assert not w.has_timestamps
+    assert [w.tokens(i).tolist() for i in range(3)] == [[5, 6, 7, 8, 9], [5, 6, 7, 1],
+                                                        [5, 6, 7, 8, 9, 10]]
+    r = replay(w, page_size=1, record_hits=True)
+    assert r.hits.tolist() == [0, 3, 5]        # by hand: [5,6,7] then [5,6,7,8,9]
+
+
+def test_generic_hash_ids_trace_takes_block_size_from_line_or_option(tmp_path):
+    from flatradix.replay import load_trace
+
+    rows = [{"timestamp": 3, "hash_ids": [1, 2], "output_length": 1, "block_size": 4},
+            {"timestamp": 1, "hash_ids": [1], "input_length": 3, "output_length": 0,
+             "block_size": 4}]
+    w = load_trace(write_trace(tmp_path / "a.jsonl", rows))
+    assert w.source_format == "generic" and w.block_size == 4 and w.has_timestamps
+    assert w.input_lengths.tolist() == [3, 8]  # sorted by timestamp; default 2 blocks x 4
+    for r in rows:
+        del r["block_size"]
+    p = write_trace(tmp_path / "b.jsonl", rows)
+    assert load_trace(p, format="generic", block_size=4).input_lengths.tolist() == [3, 8]
+    with pytest.raises(TraceFormatError, match=r"b\.jsonl:1: hash_ids without a block size"):
+        load_trace(p, format="generic")
+
+
+@pytest.mark.parametrize("rows, what", [
+    ([{"token_ids": [1], "output_length": 0}, {"hash_ids": [1], "output_length": 0}],
+     ":2: has hash_ids but the lines before have token_ids"),
+    ([{"token_ids": [1], "output_length": 0, "timestamp": 0},
+      {"token_ids": [1], "output_length": 0}], ":2: timestamp on some lines but not others"),
+    ([{"token_ids": [1], "output_length": 0},
+      {"token_ids": [1], "output_length": 0, "timestamp": 5}], ":2: has a timestamp but"),
+    ([{"token_ids": [1, 2], "output_length": 0, "input_length": 3}],
+     ":1: input_length 3 but token_ids has 2 tokens"),
+    ([{"token_ids": [1, -2], "output_length": 0}], ":1: token_ids must hold integers >= 0"),
+    ([{"token_ids": [1, True], "output_length": 0}], ":1: token_ids must hold integers"),
+    ([{"token_ids": [1 << 62], "output_length": 0}], ":1: token id 4611686018427387904 too"),
+    ([{"token_ids": [1], "hash_ids": [1], "output_length": 0}], ":1: has both"),
+    ([{"token_ids": [1]}], ":1: missing field(s) output_length"),
+    ([{"output_length": 3}], ":1: missing field(s) token_ids or hash_ids"),
+    ([{"hash_ids": [1, 2], "block_size": 4, "output_length": 0, "input_length": 3}],
+     ":1: input_length 3 needs 1 block of 4 tokens but hash_ids has 2 ids"),
+])
+def test_generic_trace_errors_name_the_line(tmp_path, rows, what):
+    from flatradix.replay import load_trace
+
+    with pytest.raises(TraceFormatError, match=re.escape("g.jsonl" + what)):
+        load_trace(write_trace(tmp_path / "g.jsonl", rows))
+
+
+def test_encoding_and_empty_file_errors(tmp_path):
+    from flatradix.replay import load_trace
+
+    good = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n'
+    for enc, what in (("utf-16", "UTF-16-encoded"), ("utf-32", "UTF-32-encoded"),
+                      ("utf-16-be", "NUL bytes")):
+        (tmp_path / "e.jsonl").write_bytes(good.encode(enc))
+        with pytest.raises(TraceFormatError, match=f"e.jsonl:1: .*{what}"):
+            load_trace(tmp_path / "e.jsonl")
+    (tmp_path / "bom8.jsonl").write_bytes(b"\xef\xbb\xbf" + good.encode())   # UTF-8 BOM is fine
+    assert len(load_trace(tmp_path / "bom8.jsonl", block_size=4)) == 1
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(TraceFormatError, match="empty.jsonl: no requests"):
+        load_trace(tmp_path / "empty.jsonl")
+
+
+def test_trace_loading_shows_progress_on_a_terminal(tmp_path, monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    from flatradix.replay import load_trace
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    p = write_trace(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 4,
+                                            "output_length": 1, "hash_ids": [i]}
+                                           for i in range(5000)])
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert len(load_trace(p, block_size=4, progress=True)) == 5000
+        assert ("loading trace" in stream.getvalue()) == shown
+
+
+# ---------------------------------------------------------------- describe
+def test_describe_reuse_distances_by_hand(tmp_path):
+    """Prefixes touched: r0 a ab | r1 a ab abc | r2 a ad | r3 a ab (a = [1], ab = [1, 2]...).
+    Reuses, with the distinct prefixes touched in between: r1.a {ab} 1, r1.ab {a} 1,
+    r2.a {ab, abc} 2, r3.a {ad} 1, r3.ab {abc, a, ad} 3; LRU tokens (k + 1) x 4."""
+    from flatradix.replay import describe_workload, load_trace
+
+    rows = [{"timestamp": t, "input_length": 4 * len(h), "output_length": 1, "hash_ids": h}
+            for t, h in ((0, [1, 2]), (1000, [1, 2, 3]), (3000, [1, 4]), (4000, [1, 2]))]
+    d = describe_workload(load_trace(write_trace(tmp_path / "t.jsonl", rows), block_size=4))
+    assert (d["requests"], d["blocks"], d["distinct_prefixes"], d["reused_blocks"]) == (4, 9, 4, 5)
+    assert d["duration_s"] == 4.0 and d["arrival_rate_per_s"] == 1.0
+    # [8, 8, 8, 12], numpy's linear percentiles: p90 8 + 0.7 x 4, p99 8 + 0.97 x 4
+    assert d["prompt_length"] == {"p50": 8, "p90": 11, "p99": 12, "max": 12, "mean": 9.0}
+    rd = d["reuse_distance"]
+    assert rd["lru_tokens"]["p50"] == 8 and rd["lru_tokens"]["max"] == 16   # [8, 8, 12, 8, 16]
+    assert rd["requests"]["p50"] == 1 and rd["requests"]["max"] == 2        # [1, 1, 1, 1, 2]
+    assert rd["seconds"]["p50"] == 1.0 and rd["seconds"]["max"] == 3.0      # [1, 1, 2, 1, 3]
+
+
+@needs_trace
+def test_describe_the_trace_agrees_with_its_readme():
+    from flatradix.replay import describe_workload
+
+    d = describe_workload(load_mooncake(TRACE))
+    assert d["blocks"] == 288_500 and d["distinct_block_ids"] == 182_790
+    assert round(100 * d["reused_block_ratio"], 2) == 36.64
+
+
+# ---------------------------------------------------------------- KV sizing
+def _layout(**cfg):
+    from flatradix.replay import kv_layout_from_dict
+
+    return kv_layout_from_dict(cfg, "c.json")
+
+
+def test_kv_bytes_per_token_of_the_example_configs():
+    from flatradix.replay import load_model_config
+
+    llama = load_model_config(ROOT / "examples" / "model_configs" / "llama-3-8b-like.json")
+    assert llama.full_kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert llama.sliding_window is None and llama.full_attention_layers == 32
+    oss = load_model_config(ROOT / "examples" / "model_configs" / "gpt-oss-20b-like.json")
+    assert (oss.full_attention_layers, oss.sliding_window_layers, oss.sliding_window) == (12, 12,
+                                                                                          128)
+    assert oss.full_kv_bytes_per_token == oss.swa_kv_bytes_per_token == 2 * 12 * 8 * 64 * 2
+
+
+def test_kv_layouts_of_hybrid_models_by_hand():
+    # gpt-oss-20b-like: 12 sliding (128) + 12 full; 2 x 12 x 8 x 64 x 2 each
+    oss = _layout(num_hidden_layers=4, num_attention_heads=64, num_key_value_heads=8,
+                  head_dim=64, sliding_window=128, torch_dtype="bfloat16",
+                  layer_types=["sliding_attention", "full_attention"] * 2)
+    assert (oss.full_attention_layers, oss.sliding_window_layers, oss.sliding_window) == (2, 2, 128)
+    assert oss.full_kv_bytes_per_token == oss.swa_kv_bytes_per_token == 2 * 2 * 8 * 64 * 2
+    # gemma-3-27b-like, nested text_config: 62 layers, every 6th global -> 10 full, 52 sliding
+    g3 = _layout(model_type="gemma3", torch_dtype="bfloat16", text_config=dict(
+        num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+        sliding_window=1024, sliding_window_pattern=6))
+    assert (g3.full_attention_layers, g3.sliding_window_layers) == (10, 52)
+    assert g3.full_kv_bytes_per_token == 2 * 10 * 16 * 128 * 2 == 81_920
+    assert g3.swa_kv_bytes_per_token == 2 * 52 * 16 * 128 * 2
+    # gemma-2-9b-like: alternating, even layers slide
+    g2 = _layout(model_type="gemma2", num_hidden_layers=42, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=256, sliding_window=4096)
+    assert g2.layer_kinds[:2] == ("swa", "full") and g2.full_attention_layers == 21
+    assert g2.full_kv_bytes_per_token == 2 * 21 * 8 * 256 * 2
+    # qwen3-next-like: every 4th layer full, the rest gated delta net
+    qn = _layout(num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2,
+                 head_dim=256, full_attention_interval=4, linear_num_key_heads=16,
+                 linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                 linear_conv_kernel_dim=4, torch_dtype="bfloat16")
+    assert (qn.full_attention_layers, qn.linear_attention_layers) == (12, 36)
+    assert qn.full_kv_bytes_per_token == 2 * 12 * 2 * 256 * 2 == 24_576
+    assert qn.mamba_state_elements == {"conv": 36 * (2 * 16 * 128 + 32 * 128) * 3,
+                                       "ssm": 36 * 32 * 128 * 128}
+    assert qn.mamba_state_bytes(ssm_bytes=4) == 36 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
+    # nemotron-h-like pattern: 2 attention, 3 Mamba-2, 2 MLP layers
+    nh = _layout(num_hidden_layers=7, num_attention_heads=8, num_key_value_heads=2,
+                 head_dim=128, hybrid_override_pattern="M-M*-M*", mamba_num_heads=4,
+                 mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4)
+    assert (nh.full_attention_layers, nh.linear_attention_layers, nh.num_layers) == (2, 3, 7)
+    assert nh.full_kv_bytes_per_token == 2 * 2 * 2 * 128 * 2
+    assert nh.mamba_state_elements == {"conv": 3 * (32 + 2 * 2 * 16) * 3, "ssm": 3 * 4 * 8 * 16}
+    # jamba-like: attention at i % 8 == 4, Mamba-1 elsewhere
+    jb = _layout(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 hidden_size=4096, attn_layer_period=8, attn_layer_offset=4,
+                 mamba_d_state=16, mamba_d_conv=4, mamba_expand=2)
+    assert [i for i, k in enumerate(jb.layer_kinds) if k == "full"] == [4, 12, 20, 28]
+    assert jb.full_kv_bytes_per_token == 2 * 4 * 8 * 128 * 2
+    assert jb.mamba_state_elements == {"conv": 28 * 8192 * 3, "ssm": 28 * 8192 * 16}
+    # DeepSeek-V3-like MLA: 61 layers x (512 + 64) x 2 bytes
+    ds = _layout(num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                 hidden_size=7168, kv_lora_rank=512, qk_rope_head_dim=64, torch_dtype="bfloat16")
+    assert ds.full_kv_bytes_per_token == 61 * 576 * 2 == 70_272
+    # Qwen2 with its window switched off; Mistral-7B-v0.1 slides on every layer
+    assert _layout(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                   sliding_window=4096, use_sliding_window=False).full_attention_layers == 2
+    ms = _layout(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, sliding_window=4096)
+    assert ms.full_kv_bytes_per_token == 0 and ms.sliding_window_layers == 2
+
+
+def test_kv_dtype_and_config_errors(tmp_path):
+    from flatradix.replay import ModelConfigError, load_model_config
+
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+           "torch_dtype": "float32"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert load_model_config(p).full_kv_bytes_per_token == 2 * 2 * 4 * 16 * 4
+    assert load_model_config(tmp_path, kv_dtype="fp8_e4m3").full_kv_bytes_per_token == 256
+    for bad, what in (({"num_attention_heads": 4}, "no num_hidden_layers"),
+                      (dict(cfg, layer_types=["full_attention"]), "must list 2 layer types"),
+                      (dict(cfg, layer_types=["full_attention", "x"]), "unknown layer type 'x'"),
+                      (dict(cfg, hidden_size=65), "not a multiple of num_attention_heads"),
+                      (dict(cfg, torch_dtype="int3"), "unknown KV dtype 'int3'")):
+        p.write_text(json.dumps(bad))
+        with pytest.raises(ModelConfigError, match=re.escape(what)):
+            load_model_config(p)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("40GiB", 40 * 2**30), ("80GB", 80 * 10**9), ("512 MiB", 512 * 2**20), ("1.5TiB", 3 * 2**39),
+    ("1000", 1000), ("64kB", 64_000),
+])
+def test_parse_memory(text, value):
+    from flatradix.replay import parse_memory
+
+    assert parse_memory(text) == value
+
+
+@pytest.mark.parametrize("text", ["40G", "0B", "-1GiB", "0.5B", "lots", "1e400GB"])
+def test_parse_memory_rejects(text):
+    from flatradix.replay import parse_memory
+
+    with pytest.raises(ValueError):
+        parse_memory(text)
+
+
+def test_tokens_for_memory_whole_pages():
+    from flatradix.replay import tokens_for_memory
+
+    assert tokens_for_memory(40 * 2**30, 131_072, 16) == 327_680
+    assert tokens_for_memory(40 * 2**30, 24_576, 16) == 1_747_616   # 1,747,626 -> pages of 16
+    with pytest.raises(ValueError, match="less than one page"):
+        tokens_for_memory(1000, 100, 16)
+
+
+# ---------------------------------------------------------------- arrival mode
+def _arrival_workload():
+    from flatradix.replay import Workload
+
+    # r0 t=0 [1,2] 8+2 | r1 t=100 [1,2] 8+2 | r2 t=150 [3] 4+0 | r3 t=400 [1,2] 8+2; blocks of 4
+    return Workload("four", 4, np.array([0.0, 100.0, 150.0, 400.0]),
+                    np.array([8, 8, 4, 8]), np.array([2, 2, 0, 2]),
+                    np.array([0, 2, 4, 5, 7]), np.array([1, 2, 1, 2, 3, 1, 2]))
+
+
+def test_arrival_mode_by_hand_unbounded():
+    """Prefill 100 tok/s, decode 10 tok/s: service = 10 ms per uncached token + 100 ms per
+    output token. r0 [0, 280), r1 [100, 380) (r0 not cached yet), r2 [150, 190),
+    r3 hits r0's 8 tokens: [400, 600). Peak 3 running (150-190), mean 800 / 600."""
+    from flatradix.replay import ArrivalModel
+
+    r = replay(_arrival_workload(), page_size=4, record_requests=True,
+               arrival=ArrivalModel(prefill_tokens_per_s=100, decode_tokens_per_s=10,
+                                    interval_s=0.2))
+    pr = r.per_request
+    assert pr["finish_ms"].tolist() == [280.0, 380.0, 190.0, 600.0]
+    assert pr["hit_tokens"].tolist() == [0, 0, 0, 8] and r.hit_tokens == 8
+    assert pr["wait_ms"].tolist() == [0.0, 0.0, 0.0, 0.0] and r.waits == 0
+    a = r.arrival
+    assert a["peak_running"] == 3 and a["mean_running"] == round(800 / 600, 2)
+    assert a["span_s"] == 0.6 and a["interval_s"] == 0.2
+    # [0, 200): r0, r1 from 100, r2 150-190: area 200 + 100 + 40; [200, 400): r0 to 280,
+    # r1 to 380: 80 + 180; [400, 600): r3
+    assert [(b["t_s"], b["arrivals"], b["running_max"], b["running_mean"])
+            for b in a["timeline"]] == [(0.0, 3, 3, 1.7), (0.2, 0, 2, 1.3), (0.4, 1, 1, 1.0)]
+
+
+def test_arrival_mode_by_hand_kv_waits():
+    """A 12-token pool: r1 waits for r0 (ends 280), r2 for r1 (ends 560; FCFS behind r1),
+    r3 (hits r1's prompt, locked) for r2 (ends 600). Waits 180, 410, 200 ms; one runs at a
+    time."""
+    from flatradix.replay import ArrivalModel
+
+    r = replay(_arrival_workload(), capacity=12, page_size=4, record_requests=True,
+               arrival=ArrivalModel(prefill_tokens_per_s=100, decode_tokens_per_s=10))
+    pr = r.per_request
+    assert pr["wait_ms"].tolist() == [0.0, 180.0, 410.0, 200.0]
+    assert pr["finish_ms"].tolist() == [280.0, 560.0, 600.0, 800.0]
+    assert pr["waited"].tolist() == [0, 1, 1, 1] and r.waits == 3
+    assert pr["hit_tokens"].tolist() == [0, 0, 0, 8]
+    assert r.arrival["waited_requests"] == 3 and r.arrival["peak_running"] == 1
+    assert r.kv_conserved and r.rejected_requests == 0
+
+
+def test_arrival_mode_running_cap_and_rate_scale():
+    """max_running 1 serialises: r1 waits for r0 (280 - 100), r2 for r1 (560 - 150), r3 for
+    r2 (600 - 400), now hitting; rate_scale 2 halves the arrival times."""
+    from flatradix.replay import ArrivalModel
+
+    m = ArrivalModel(prefill_tokens_per_s=100, decode_tokens_per_s=10, rate_scale=2.0)
+    r = replay(_arrival_workload(), page_size=4, max_running=1, record_requests=True, arrival=m)
+    pr = r.per_request
+    assert pr["arrival_ms"].tolist() == [0.0, 50.0, 75.0, 200.0]
+    # the running slot frees (r0 completes, its prompt cached) before r1's match: r1 and r3
+    # hit 8 tokens and hold their KV 200 ms (two output tokens)
+    assert pr["hit_tokens"].tolist() == [0, 8, 0, 8]
+    assert pr["finish_ms"].tolist() == [280.0, 480.0, 520.0, 720.0]
+    assert pr["wait_ms"].tolist() == [0.0, 230.0, 405.0, 320.0]
+    assert r.arrival["slot_waits"] == 3 and r.waits == 0
+    assert "waited 3 times for a running slot" in r.notes[-1]
+
+
+def test_timeline_by_hand():
+    from flatradix.replay import timeline
+
+    buckets, peak, mean = timeline(np.array([0.0, 0.0]), np.array([0.0, 50.0]),
+                                   np.array([100.0, 150.0]), np.array([True, True]), 100.0)
+    assert peak == 2 and mean == round((100 + 100) / 150, 2)   # two 100 ms runs over 150 ms
+    assert [(b["running_max"], b["running_mean"], b["queued_max"], b["wait_ms_max"])
+            for b in buckets] == [(2, 1.5, 1, 50.0), (1, 0.5, 0, 0.0)]
+
+
+def test_order_mode_unchanged_by_the_arrival_machinery():
+    """The order mode's figures and per-request hits equal the reference cache's, with
+    several running requests (the in-flight pool bound is now the largest requests')."""
+    w = synthetic_workload(150, seed=21)
+    kw = dict(capacity=None, page_size=4, max_running=3, record_hits=True)
+    assert_same_run(replay(w, **kw), replay(w, cache_factory=reference_factory, driver="core",
+                                            **kw))
+
+
+# ---------------------------------------------------------------- sweeps, CSV
+def test_parallel_sweep_equals_sequential_for_several_policies():
+    w = synthetic_workload(150, seed=13)
+    kw = dict(capacities=[1500, 8000, None], policies=["lru", "fifo", "lfu"], page_size=4,
+              bytes_per_token=100)
+    seq, par = sweep(w, jobs=1, **kw), sweep(w, jobs=3, **kw)
+
+    def strip(c):
+        c = json.loads(json.dumps(c))
+        for p in c["points"] + [c["unbounded"]]:
+            p.pop("wall_s")
+        return c
+
+    assert strip(seq) == strip(par)
+    assert [(p["policy"], p["capacity"]) for p in seq["points"]] == [
+        (p, c) for p in ("lru", "fifo", "lfu") for c in (1500, 8000, "inf")]
+    assert seq["points"][0]["kv_bytes"] == 150_000 and seq["unbounded"]["kv_bytes"] is None
+    # each point ran its own policy: at 8,000 tokens the three differ
+    assert len({seq["points"][k]["hit_tokens"] for k in (1, 4, 7)}) == 3
+
+
+def test_sweep_csv_and_plot_ticks(tmp_path):
+    import csv as csvmod
+
+    from flatradix.replay import write_sweep_csv
+
+    w = synthetic_workload(100, seed=14)
+    curve = sweep(w, [1000, 3000], policies=["lru", "mru"], page_size=16)
+    p = tmp_path / "s.csv"
+    write_sweep_csv(curve, p)
+    rows = list(csvmod.DictReader(p.open()))
+    assert [(r["policy"], r["capacity"]) for r in rows] == [
+        ("lru", "1000"), ("lru", "3000"), ("mru", "1000"), ("mru", "3000"), ("lru", "inf")]
+    assert [int(r["hit_tokens"]) for r in rows] == [
+        q["hit_tokens"] for q in curve["points"] + [curve["unbounded"]]]
+    pytest.importorskip("matplotlib")
+    from flatradix.replay.report import sweep_figure
+
+    curve["kv_bytes_per_token"] = 131_072
+    fig = sweep_figure(curve)
+    ax = fig.axes[0]
+    assert list(ax.get_xticks()) == [1000, 3000]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["125 MiB\n1k", "375 MiB\n3k"]
+    assert [line.get_label() for line in ax.get_lines()][:2] == ["lru", "mru"]
+
+
+def test_per_request_csv_sums_to_the_run(tmp_path):
+    import csv as csvmod
+
+    from flatradix.replay import write_per_request_csv
+
+    w = synthetic_workload(120, seed=15)
+    r = replay(w, capacity=3000, page_size=16, max_running=2, record_requests=True)
+    p = tmp_path / "r.csv"
+    write_per_request_csv([r], p)
+    rows = list(csvmod.DictReader(p.open()))
+    assert len(rows) == 120 and rows[0]["wait_ms"] == ""
+    assert sum(int(x["hit_tokens"]) for x in rows) == r.hit_tokens
+    assert sum(int(x["evicted_tokens"]) for x in rows) == r.evicted_tokens
+    assert sum(int(x["waited"]) for x in rows) == r.waits
+    assert sum(int(x["rejected"]) for x in rows) == r.rejected_requests
+    assert [float(x["arrival_ms"]) for x in rows] == w.timestamps.tolist()
+
+
+def test_sweep_progress_per_point_on_a_terminal(monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    w = synthetic_workload(60, seed=16)
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        sweep(w, [2000, 4000], jobs=2, progress=True)
+        text = stream.getvalue()
+        assert all(f"{k}/3" in text for k in (1, 2, 3)) == shown   # one refresh per point

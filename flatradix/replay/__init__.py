@@ -5,17 +5,31 @@ serving scheduler drives it (match, lock, allocate, evict, cache the finished
 request), through the public API only, and reports hit ratio, evictions and
 per-operation latency.
 
-* ``trace``: :func:`load_mooncake` (Mooncake JSONL) and :func:`synthetic_workload`
-* ``sim``: :func:`replay`, the scheduler emulation
-* ``report``: text report, capacity :func:`sweep` and its plot
+* ``trace``: :func:`load_trace` (Mooncake and generic JSONL),
+  :func:`load_mooncake` and :func:`synthetic_workload`
+* ``sim``: :func:`replay`, the scheduler emulation (order or arrival mode:
+  :class:`ArrivalModel`)
+* ``report``: text report, capacity :func:`sweep` (several policies, in
+  processes), CSV files and the plot
+* ``model``: KV bytes per token from a ``config.json`` (:class:`KVLayout`)
+* ``stats``: trace statistics without a replay (:func:`describe_workload`)
 """
 
-from .report import format_report, format_sweep, parse_capacity, plot_sweep, sweep
-from .sim import ReplayResult, default_cache_factory, replay, unbounded_pool_slots
-from .trace import TraceFormatError, Workload, load_mooncake, synthetic_workload
+from .model import (KVLayout, ModelConfigError, format_bytes, kv_layout_from_dict,
+                    load_model_config, parse_memory, tokens_for_memory)
+from .report import (format_report, format_sweep, parse_capacity, plot_sweep, sweep,
+                     write_per_request_csv, write_runs_csv, write_sweep_csv)
+from .sim import (ArrivalModel, ReplayResult, default_cache_factory, replay, timeline,
+                  unbounded_pool_slots)
+from .stats import describe_workload, format_describe
+from .trace import (TraceFormatError, Workload, load_mooncake, load_trace,
+                    synthetic_workload)
 
 __all__ = [
-    "Workload", "TraceFormatError", "load_mooncake", "synthetic_workload", "replay",
-    "ReplayResult", "default_cache_factory", "unbounded_pool_slots", "sweep",
-    "format_report", "format_sweep", "parse_capacity", "plot_sweep",
+    "Workload", "TraceFormatError", "load_trace", "load_mooncake", "synthetic_workload",
+    "replay", "ArrivalModel", "ReplayResult", "default_cache_factory", "unbounded_pool_slots",
+    "timeline", "sweep", "format_report", "format_sweep", "parse_capacity", "plot_sweep",
+    "write_sweep_csv", "write_runs_csv", "write_per_request_csv", "KVLayout",
+    "ModelConfigError", "load_model_config", "kv_layout_from_dict", "parse_memory",
+    "format_bytes", "tokens_for_memory", "describe_workload", "format_describe",
 ]

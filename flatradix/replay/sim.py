@@ -1,26 +1,40 @@
 """Scheduler emulation: replay a :class:`~flatradix.replay.trace.Workload` through
 a prefix cache, through the public API only, as SGLang's scheduler drives it.
 
-The model (one pass over the requests, in arrival order; timestamps define the
-order only, there is no clock):
+The model (one pass over the requests, in arrival order):
 
-1. **Admit** request ``i``: if ``max_running`` requests are in flight, the
-   oldest completes first (FIFO completion). Then ``match_prefix`` on the
-   prompt, ``inc_lock_ref`` on the matched node, and allocate KV slots for the
-   uncached tail *and* the ``output_length`` tokens the request will decode
-   (reserved at admission, so a running request never runs out of KV).
+1. **Admit** request ``i``: if ``max_running`` requests are in flight, one
+   completes first. Then ``match_prefix`` on the prompt, ``inc_lock_ref`` on
+   the matched node, and allocate KV slots for the uncached tail *and* the
+   ``output_length`` tokens the request will decode (reserved at admission, so
+   a running request never runs out of KV).
 2. **Short of KV**: ``evict`` what the allocator lacks and retry; still short,
-   complete the oldest running request (its slots return, its prompt becomes
-   evictable) and retry; short with nothing running, the request can never fit:
-   it is **rejected** (its lock released; counted as a miss, never a crash).
+   complete a running request (its slots return, its prompt becomes
+   evictable) and retry; short with nothing running, the request can never fit
+   (its prompt + output tokens exceed the pool): it is **rejected** (its lock
+   released; counted as a miss, never a crash).
 3. **Complete**: ``cache_finished_req`` caches the prompt (page-aligned down)
    and frees the rest: the prompt's unaligned tail and the output slots.
    Output tokens are never inserted by default, so their ids do not matter;
    with ``cache_outputs=True`` they are inserted too, as fresh token ids (from
    ``Workload.token_base`` up) that never match anything.
 
-So with ``max_running=1`` and unbounded capacity, request ``i`` hits exactly the
-longest page-aligned prefix it shares with any earlier page-aligned prompt.
+Which request completes, and when, is the mode:
+
+* **order** (default, ``arrival=None``): there is no clock; timestamps give the
+  order only. The oldest running request completes first (FIFO completion).
+  With ``max_running=1`` and unbounded capacity, request ``i`` hits exactly the
+  longest page-aligned prefix it shares with any earlier page-aligned prompt.
+* **arrival** (``arrival=ArrivalModel(...)``): a clock in ms. Request ``i``
+  arrives at ``timestamp / rate_scale``; requests are admitted first come first
+  served (one that waits holds back those behind it). Admitted at ``a``, it
+  holds its KV until ``a + 1000 * (uncached prompt tokens / prefill_tokens_per_s
+  + output tokens / decode_tokens_per_s)`` ms: prefill over what the cache did
+  not serve, then decode at a fixed per-request speed; running requests do not
+  slow each other down (no batching model: pick throughputs a loaded server
+  sustains). Requests complete at their end times, earliest first; a request
+  short of KV or of a running slot waits for the next one to end. Its wait is
+  admission minus arrival.
 
 Two drivers do step 3:
 
@@ -33,23 +47,28 @@ Two drivers do step 3:
   ``allocator.free`` only, for caches without the request API (the pure-Python
   reference model of the tests).
 
-Rows of the ``ReqToTokenPool`` are reused: it has ``max_running`` rows, each as
-long as the longest request (prompt + output).
+Rows of the ``ReqToTokenPool`` are reused: it has ``min(max_running,
+requests)`` rows, each as long as the longest request (prompt + output). The
+KV pool never holds more slots than the workload can use
+(:func:`unbounded_pool_slots`): a larger capacity gives the same run.
 """
 
 import collections
-import sys
+import heapq
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..cache import UnifiedRadixCache
-from ..pools import ReqToTokenPool, TokenToKVPoolAllocator
-from ..requests import Req
-from ..types import EvictParams, InsertParams, MatchPrefixParams, RadixKey
+from ._progress import progress_bar
+from .. import (EvictParams, InsertParams, MatchPrefixParams, RadixKey, Req, ReqToTokenPool,
+                TokenToKVPoolAllocator, UnifiedRadixCache)
 
 OPS = ("match_prefix", "inc_lock_ref", "evict", "cache_finished_req")
+
+#: ``max_running`` of the arrival mode when none is given (a serving engine's
+#: running-request cap; SGLang derives its own, typically 2048-4096, from memory).
+ARRIVAL_MAX_RUNNING = 1024
 
 
 def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator,
@@ -67,13 +86,51 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
                              pool_capacity=max(1 << 16, min(4 * size, size + (1 << 25))))
 
 
+@dataclass(frozen=True)
+class ArrivalModel:
+    """The arrival mode's clock and service times (module docstring).
+
+    Attributes
+    ----------
+    prefill_tokens_per_s : float > 0
+        Prefill speed over a request's uncached prompt tokens (tokens/s).
+    decode_tokens_per_s : float > 0
+        Decode speed of one request (output tokens/s).
+    rate_scale : float > 0
+        Arrivals at ``timestamp / rate_scale`` (2.0: the same requests twice as
+        fast).
+    interval_s : float > 0 or None
+        Width of the timeline's buckets; ``None``: a round width giving at most
+        about 20 buckets.
+    """
+
+    prefill_tokens_per_s: float = 10_000.0
+    decode_tokens_per_s: float = 50.0
+    rate_scale: float = 1.0
+    interval_s: object = None
+
+    def __post_init__(self):
+        for name in ("prefill_tokens_per_s", "decode_tokens_per_s", "rate_scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
+                raise ValueError(f"{name} must be a number > 0, got {v!r}")
+        if self.interval_s is not None and not (0 < self.interval_s < float("inf")):
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s!r}")
+
+    def service_ms(self, uncached_tokens, output_tokens):
+        """How long a request holds its KV: ``1000 * (uncached / prefill + output /
+        decode)`` ms."""
+        return 1e3 * (uncached_tokens / self.prefill_tokens_per_s
+                      + output_tokens / self.decode_tokens_per_s)
+
+
 @dataclass
 class ReplayResult:
     """Figures of one replay (see :func:`replay`); ``to_dict()`` is the ``--json`` object."""
 
     workload: str
     capacity: object              # int tokens, or "inf"
-    pool_slots: int               # allocator size actually used
+    pool_slots: int               # allocator size actually used (<= capacity)
     page_size: int
     max_running: int
     policy: str
@@ -87,7 +144,7 @@ class ReplayResult:
     token_hit_ratio: float
     evicted_tokens: int
     evict_calls: int
-    waits: int                    # completions forced early because KV was short
+    waits: int                    # completions waited for because KV was short
     peak_tree_tokens: int
     final_tree_tokens: int
     kv_conserved: bool
@@ -97,11 +154,16 @@ class ReplayResult:
     prompt_tokens_per_s: float
     warmup_s: float = 0.0         # first replay in a process: kernel compile / cache load
     latency_us: dict = field(default_factory=dict)   # op -> {count, p50, p99, mean}
+    mode: str = "order"           # "order" or "arrival"
+    arrival: object = None        # arrival mode: dict (see replay), else None
+    notes: list = field(default_factory=list)        # why requests were rejected, etc.
     hits: object = None           # int64 (requests,) per-request hit, -1 rejected (record_hits)
+    per_request: object = None    # dict of (requests,) arrays (record_requests)
 
     def to_dict(self):
         d = asdict(self)
         d.pop("hits")
+        d.pop("per_request")
         return d
 
 
@@ -139,42 +201,129 @@ def unbounded_pool_slots(workload, max_running, cache_outputs=False):
     """KV slots that an unbounded run can never exceed.
 
     Tree: at most ``distinct_prefix_blocks * block_size`` prompt tokens (plus
-    every output token with ``cache_outputs``); in flight: at most
-    ``max_running`` requests of the longest prompt + output.
+    every output token with ``cache_outputs``); in flight: at most the
+    ``max_running`` largest requests (prompt + output) at once.
     """
     if len(workload) == 0:
         return 1
     tree = workload.distinct_prefix_blocks() * workload.block_size
     if cache_outputs:
         tree += workload.output_tokens
-    longest = int((workload.input_lengths + workload.output_lengths).max())
-    return max(1, tree + max_running * longest)
+    sizes = workload.input_lengths + workload.output_lengths
+    k = min(int(max_running), sizes.size)
+    inflight = int(sizes.max()) if k == 1 else int(np.sort(sizes)[sizes.size - k:].sum())
+    return max(1, tree + inflight)
 
 
-def _progress_bar(total, enabled):
-    if not enabled or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, file=sys.stderr, unit="req", smoothing=0.1, leave=False)
+def _nice_interval(span_ms):
+    """A round bucket width (ms) giving at most ~20 buckets over ``span_ms``."""
+    raw = max(span_ms / 20.0, 1.0)
+    scale = 10.0 ** np.floor(np.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * scale >= raw:
+            return float(m * scale)
+    return float(10 * scale)
 
 
-def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
+def _pcts_ms(a):
+    if a.size == 0:
+        return {"p50": None, "p99": None, "max": None, "mean": None}
+    p50, p99 = np.percentile(a, [50, 99])
+    return {"p50": round(float(p50), 1), "p99": round(float(p99), 1),
+            "max": round(float(a.max()), 1), "mean": round(float(a.mean()), 1)}
+
+
+def timeline(arrive_ms, decide_ms, end_ms, served, interval_ms):
+    """Concurrency over time of an arrival-mode run, in buckets of ``interval_ms``.
+
+    ``arrive_ms``, ``decide_ms`` (admission, or rejection), ``end_ms``: float
+    ``(requests,)``; ``served``: bool ``(requests,)``. A served request runs over
+    ``[decide, end)``; a request waits over ``[arrive, decide)``.
+
+    Returns ``(buckets, peak_running, mean_running)``: one dict per bucket with
+    ``t_s`` (bucket start, s), ``arrivals``, ``rejected``, ``waited`` (requests
+    arriving in the bucket that waited), ``running_max``, ``running_mean``
+    (time-weighted), ``queued_max``, ``wait_ms_max``; the peak and the
+    time-weighted mean of running requests over the whole run.
+    """
+    t0 = float(arrive_ms.min())
+    t_end = float(max(decide_ms.max(), end_ms[served].max() if served.any() else t0))
+    holds = served & (end_ms > decide_ms)
+
+    def steps(up, down):
+        # events sorted by time, decrements first at equal times; value after each
+        t = np.concatenate((down, up))
+        d = np.concatenate((np.full(down.size, -1), np.full(up.size, 1)))
+        order = np.lexsort((d, t))
+        t, v = t[order], np.cumsum(d[order])
+        integral = np.concatenate(([0.0], np.cumsum(v[:-1] * np.diff(t)))) if t.size else t
+        return t, v, integral
+
+    def value_at(st, x):
+        t, v, _ = st
+        k = np.searchsorted(t, x, side="right") - 1
+        return np.where(k >= 0, v[np.maximum(k, 0)] if v.size else 0, 0)
+
+    def area(st, x):
+        t, v, integral = st
+        if t.size == 0:
+            return np.zeros_like(x)
+        k = np.searchsorted(t, x, side="right") - 1
+        kk = np.maximum(k, 0)
+        return np.where(k >= 0, integral[kk] + v[kk] * (x - t[kk]), 0.0)
+
+    run = steps(decide_ms[holds], end_ms[holds])
+    wait = decide_ms > arrive_ms
+    que = steps(arrive_ms[wait], decide_ms[wait])
+    width = float(interval_ms)
+    nb = max(1, int(np.ceil((t_end - t0) / width)) if t_end > t0 else 1)
+    edges = t0 + width * np.arange(nb + 1)
+    bucket_of = np.minimum(((arrive_ms - t0) // width).astype(np.int64), nb - 1)
+    rejected = ~served
+    wait_ms = decide_ms - arrive_ms
+    run_area = area(run, edges)
+    buckets = []
+    for b in range(nb):
+        a, z = edges[b], edges[b + 1]
+
+        def peak(st):
+            t, v, _ = st
+            lo, hi = np.searchsorted(t, a, side="right"), np.searchsorted(t, z, side="left")
+            m = int(value_at(st, np.array([a]))[0])
+            return max(m, int(v[lo:hi].max())) if hi > lo else m
+
+        mine = bucket_of == b
+        buckets.append({
+            "t_s": round(float(a - t0) / 1e3, 3), "arrivals": int(mine.sum()),
+            "rejected": int((mine & rejected).sum()), "waited": int((mine & wait).sum()),
+            "running_max": peak(run),
+            "running_mean": round(float(run_area[b + 1] - run_area[b]) / width, 2),
+            "queued_max": peak(que),
+            "wait_ms_max": round(float(wait_ms[mine].max()), 1) if mine.any() else 0.0,
+        })
+    span = t_end - t0
+    mean = float(area(run, np.array([t_end]))[0]) / span if span > 0 else 0.0
+    peak_all = int(run[1].max()) if run[1].size else 0
+    return buckets, peak_all, round(mean, 2)
+
+
+def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru",
            cache_outputs=False, cache_factory=None, driver="request", progress=False,
-           record_hits=False, check=True):
+           record_hits=False, check=True, arrival=None, record_requests=False):
     """Replay ``workload`` through a cache; returns a :class:`ReplayResult`.
 
     Parameters
     ----------
     workload : Workload
     capacity : int or None
-        KV slots of the pool (tokens). ``None`` (or ``math.inf``): unbounded, the
-        pool is sized by :func:`unbounded_pool_slots` so nothing is ever evicted.
+        KV slots of the pool (tokens). ``None`` (or ``math.inf``): unbounded.
+        The pool gets ``min(capacity, unbounded_pool_slots(...))`` slots: more
+        than the workload can use changes nothing (``pool_slots`` says what
+        was allocated).
     page_size, policy : the cache's ``page_size`` and ``eviction_policy``.
-    max_running : int >= 1
-        Requests in flight at once (FIFO completion).
+    max_running : int >= 1 or None
+        Requests in flight at once. ``None``: 1 in the order mode,
+        :data:`ARRIVAL_MAX_RUNNING` in the arrival mode.
     cache_outputs : bool
         Also insert each request's output tokens (fresh ids, never matched).
     cache_factory : callable, optional
@@ -190,27 +339,57 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
         After the run, verify KV conservation (allocator available + evictable +
         protected == pool, nothing protected) and call ``sanity_check()`` when
         the cache has one; ``AssertionError`` if it fails.
+    arrival : ArrivalModel or None
+        ``None``: the order mode; else the arrival mode (module docstring). Its
+        result's ``arrival`` dict holds the model's parameters, ``span_s``,
+        ``peak_running``, ``mean_running``, ``waited_requests``, ``wait_ms``
+        (p50 / p99 / max / mean over all requests), ``kv_waits`` (completions
+        waited for because KV was short: ``waits``), ``slot_waits`` (completions
+        waited for because ``max_running`` requests were running),
+        ``interval_s`` and ``timeline`` (see :func:`timeline`).
+    record_requests : bool
+        Keep per-request arrays in ``ReplayResult.per_request``: ``arrival_ms``
+        (timestamp / rate scale), ``prompt_tokens``, ``output_tokens``,
+        ``hit_tokens`` (0 when rejected), ``evicted_tokens`` (evicted to admit
+        it), ``waited`` (completions it waited for), ``wait_ms`` and
+        ``finish_ms`` (arrival mode; NaN otherwise), ``rejected`` (bool).
+
+    Raises ``ValueError`` for an invalid option and ``MemoryError`` when the
+    pools cannot be allocated.
     """
     if driver not in ("request", "core"):
         raise ValueError(f"driver must be 'request' or 'core', got {driver!r}")
+    timed = arrival is not None
+    if timed and not isinstance(arrival, ArrivalModel):
+        raise TypeError(f"arrival must be an ArrivalModel or None, got {type(arrival).__name__}")
+    if max_running is None:
+        max_running = ARRIVAL_MAX_RUNNING if timed else 1
     max_running = int(max_running)
     if max_running < 1:
         raise ValueError(f"max_running must be >= 1, got {max_running}")
     page_size = int(page_size)
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    unbounded = capacity is None or capacity == float("inf")
-    if unbounded:
-        slots = unbounded_pool_slots(workload, max_running, cache_outputs)
-    else:
-        slots = int(capacity)
-        if slots < 1:
-            raise ValueError(f"capacity must be >= 1 token, got {capacity}")
-    warmup_s = warm_up()
+    if timed and not getattr(workload, "has_timestamps", True):
+        raise ValueError(f"{workload.name}: the arrival mode needs timestamps, and this trace "
+                         f"has none")
     n_req = len(workload)
+    notes = []
+    unbounded = capacity is None or capacity == float("inf")
+    bound = unbounded_pool_slots(workload, max_running, cache_outputs)
+    if unbounded:
+        slots = bound
+    else:
+        if int(capacity) < 1:
+            raise ValueError(f"capacity must be >= 1 token, got {capacity}")
+        slots = min(int(capacity), bound)
+        if slots < int(capacity):
+            notes.append(f"pool sized to {slots:,} tokens: this workload can never use more, "
+                         f"so {int(capacity):,} tokens gives the same run")
+    warmup_s = warm_up()
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     alloc = TokenToKVPoolAllocator(slots)
-    req_pool = ReqToTokenPool(max_running, max(longest, 1))
+    req_pool = ReqToTokenPool(max(1, min(max_running, n_req)), max(longest, 1))
     factory = cache_factory or default_cache_factory
     cache = factory(page_size, policy, alloc, req_pool)
     table = req_pool.req_to_token
@@ -234,9 +413,19 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
     nout = workload.output_lengths.tolist()
     fresh = workload.token_base
     lat_match, lat_lock, lat_evict, lat_finish = [], [], [], []
-    hits = np.full(n_req, -1, dtype=np.int64) if record_hits else None
-    running = collections.deque()
-    hit_tokens = evicted = evict_calls = rejected = waits = peak = 0
+    # per request: hit (-1 rejected), evicted to admit it, completions waited for
+    r_hit = np.full(n_req, -1, dtype=np.int64)
+    r_evicted = np.zeros(n_req, dtype=np.int64)
+    r_waited = np.zeros(n_req, dtype=np.int64)
+    r_decide = np.full(n_req, np.nan)
+    r_end = np.full(n_req, np.nan)
+    arrive = workload.timestamps / (arrival.rate_scale if timed else 1.0)
+    arrive_l = arrive.tolist()
+    running = collections.deque()   # order mode: FIFO; arrival mode: heap of (end, seq, r)
+    heappush, heappop = heapq.heappush, heapq.heappop
+    hit_tokens = evicted = evict_calls = rejected = waits = slot_waits = peak = 0
+    clock = float(arrive[0]) if n_req else 0.0
+    running_l = [] if timed else running
 
     def complete(r):
         # r = (req_or_None, row, tokens, node, hit, n, o)
@@ -266,7 +455,18 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
         if size > peak:
             peak = size
 
-    bar = _progress_bar(n_req, progress)
+    def complete_next():
+        # the oldest (order mode) or the earliest-ending (arrival mode) running request
+        nonlocal clock
+        if timed:
+            end, _, r = heappop(running_l)
+            if end > clock:
+                clock = end
+            complete(r)
+        else:
+            complete(running.popleft())
+
+    bar = progress_bar(n_req, progress, unit="req", smoothing=0.1)
     step = 0
     t_start, c_start = time.perf_counter(), time.process_time()
     for i in range(n_req):
@@ -275,8 +475,17 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
         if cache_outputs and o:
             toks = np.concatenate((toks, np.arange(fresh, fresh + o, dtype=np.int64)))
             fresh += o
-        while len(running) >= max_running:
-            complete(running.popleft())
+        if timed:
+            if arrive_l[i] > clock:
+                clock = arrive_l[i]
+            while running_l and running_l[0][0] <= clock:
+                complete(heappop(running_l)[2])
+        waited = 0
+        while len(running_l) >= max_running:
+            complete_next()
+            if timed:
+                slot_waits += 1
+                waited += 1
         t0 = pc()
         m = match(MatchPrefixParams(key=RadixKey(toks[:n])))
         t1 = pc()
@@ -286,6 +495,7 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
         lat_match.append(t1 - t0)
         hit = m.device_prefix_len
         need = n - hit + o
+        ev0 = evicted
         slots_i = a_alloc(need)
         while slots_i is None:
             t = pc()
@@ -294,18 +504,21 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
             evict_calls += 1
             slots_i = a_alloc(need)
             if slots_i is None:
-                if not running:
+                if not running_l:
                     break
-                complete(running.popleft())
+                complete_next()
                 waits += 1
+                waited += 1
                 slots_i = a_alloc(need)
+        r_evicted[i] = evicted - ev0
+        r_waited[i] = waited
+        r_decide[i] = clock
         if slots_i is None:
             unlock(node)
             rejected += 1
         else:
             hit_tokens += hit
-            if hits is not None:
-                hits[i] = hit
+            r_hit[i] = hit
             row = req_pool.alloc(1)[0]
             table[row, :hit] = m.device_indices
             table[row, hit:n + o] = slots_i
@@ -315,13 +528,19 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
                 req = Req(origin_input_ids=toks[:n], fill_ids=toks, req_pool_idx=row,
                           prefix_indices=m.device_indices, last_node=node,
                           kv_committed_len=committed, kv_allocated_len=n + o)
-            running.append((req, row, toks, node, hit, n, o))
+            r = (req, row, toks, node, hit, n, o)
+            if timed:
+                end = clock + arrival.service_ms(n - hit, o)
+                r_end[i] = end
+                heappush(running_l, (end, i, r))
+            else:
+                running.append(r)
         step += 1
         if bar is not None and step == 64:
             bar.update(step)
             step = 0
-    while running:
-        complete(running.popleft())
+    while running_l:
+        complete_next()
     wall = time.perf_counter() - t_start
     cpu = time.process_time() - c_start
     if bar is not None:
@@ -337,9 +556,51 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
         sanity = getattr(cache, "sanity_check", None)
         if sanity is not None:
             sanity()
+    served = r_hit >= 0
+    if rejected:
+        sizes = workload.input_lengths + workload.output_lengths
+        too_big = int((sizes > slots).sum())
+        what = "1 request" if rejected == 1 else f"{rejected:,} requests"
+        if too_big == rejected:
+            notes.append(f"{what} rejected: {'it needs' if rejected == 1 else 'each needs'} "
+                         f"more KV than the whole pool (prompt + output tokens > {slots:,}; "
+                         f"the largest request needs {int(sizes.max()):,})")
+        else:
+            notes.append(f"{what} rejected: short of KV with nothing running")
+    arrival_d = None
+    if timed:
+        wait_ms = r_decide - arrive
+        span = float(max(np.nanmax(r_end) if served.any() else 0.0, r_decide.max())
+                     - arrive.min()) if n_req else 0.0
+        interval = (arrival.interval_s * 1e3 if arrival.interval_s is not None
+                    else _nice_interval(span))
+        buckets, peak_run, mean_run = (timeline(arrive, r_decide, r_end, served, interval)
+                                       if n_req else ([], 0, 0.0))
+        arrival_d = {
+            "prefill_tokens_per_s": arrival.prefill_tokens_per_s,
+            "decode_tokens_per_s": arrival.decode_tokens_per_s,
+            "rate_scale": arrival.rate_scale, "span_s": round(span / 1e3, 3),
+            "peak_running": peak_run, "mean_running": mean_run,
+            "waited_requests": int((wait_ms > 0).sum()), "wait_ms": _pcts_ms(wait_ms),
+            "kv_waits": int(waits), "slot_waits": int(slot_waits),
+            "interval_s": round(interval / 1e3, 3), "timeline": buckets,
+        }
+        if slot_waits:
+            times = "once" if slot_waits == 1 else f"{slot_waits:,} times"
+            notes.append(f"admissions waited {times} for a running slot (max running "
+                         f"{max_running:,}): raise --max-running to model a larger batch")
+    per_request = None
+    if record_requests:
+        per_request = {
+            "arrival_ms": arrive, "prompt_tokens": workload.input_lengths.copy(),
+            "output_tokens": workload.output_lengths.copy(),
+            "hit_tokens": np.where(served, r_hit, 0), "evicted_tokens": r_evicted,
+            "waited": r_waited, "wait_ms": (r_decide - arrive) if timed else np.full(n_req, np.nan),
+            "finish_ms": r_end, "rejected": ~served,
+        }
     prompt_tokens = workload.prompt_tokens
     return ReplayResult(
-        workload=workload.name, capacity="inf" if unbounded else slots, pool_slots=slots,
+        workload=workload.name, capacity="inf" if unbounded else int(capacity), pool_slots=slots,
         page_size=page_size, max_running=max_running, policy=policy,
         cache_outputs=bool(cache_outputs), requests=n_req, served_requests=n_req - rejected,
         rejected_requests=rejected, prompt_tokens=prompt_tokens,
@@ -353,5 +614,6 @@ def replay(workload, capacity=None, page_size=16, max_running=1, policy="lru",
         warmup_s=round(warmup_s, 3),
         latency_us={"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
                     "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)},
-        hits=hits,
+        mode="arrival" if timed else "order", arrival=arrival_d, notes=notes,
+        hits=r_hit if record_hits else None, per_request=per_request,
     )

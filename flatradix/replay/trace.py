@@ -1,5 +1,6 @@
-"""Request workloads for the replay: the Mooncake trace reader and a built-in
-synthetic workload.
+"""Request workloads for the replay: the trace reader (Mooncake and generic
+JSONL, :func:`load_trace`), a built-in synthetic workload, and trace statistics
+(:func:`describe_workload`).
 
 A :class:`Workload` is a struct of arrays, one entry per request, in arrival
 order. Prompts are given as *blocks*: request ``i`` owns the block ids
@@ -7,7 +8,9 @@ order. Prompts are given as *blocks*: request ``i`` owns the block ids
 (Mooncake's remapped prefix-block ids). Block ``h`` expands into the tokens
 ``h * block_size + j`` for ``j in range(block_size)``: an injective map, so two
 different blocks never share a token and hit counts are exact. The last block
-of a prompt is truncated to ``input_length``.
+of a prompt is truncated to ``input_length``. A ``token_ids`` trace is held
+with ``block_size`` 1: each token id is its own block, so matching is exact
+token by token.
 """
 
 import json
@@ -16,6 +19,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from ._progress import progress_bar
 
 MOONCAKE_BLOCK_SIZE = 512
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -42,7 +47,12 @@ class Workload:
     hash_ptr : int64 ``(n + 1,)``
         CSR offsets into ``hash_ids``.
     hash_ids : int64 ``(hash_ptr[-1],)``
-        Block ids, >= 0.
+        Block ids, >= 0 (token ids when ``block_size`` is 1: a ``token_ids`` trace).
+    has_timestamps : bool
+        False for a generic trace without timestamps (all 0; file order).
+    source_format : str
+        ``"mooncake"``, ``"generic"`` (hash ids), ``"generic/token_ids"`` or
+        ``"synthetic"``.
     """
 
     name: str
@@ -52,6 +62,8 @@ class Workload:
     output_lengths: np.ndarray
     hash_ptr: np.ndarray
     hash_ids: np.ndarray
+    has_timestamps: bool = True
+    source_format: str = "mooncake"
 
     def __len__(self):
         return int(self.input_lengths.shape[0])
@@ -93,7 +105,28 @@ class Workload:
         end = int(self.hash_ptr[limit])
         return Workload(self.name, self.block_size, self.timestamps[:limit],
                         self.input_lengths[:limit], self.output_lengths[:limit],
-                        self.hash_ptr[:limit + 1], self.hash_ids[:end])
+                        self.hash_ptr[:limit + 1], self.hash_ids[:end], self.has_timestamps,
+                        self.source_format)
+
+    def prefix_nodes(self):
+        """The node of the hash-id trie each block of each prompt reaches: int64
+        ``(hash_ptr[-1],)``, node ids ``1..`` numbered in first-touch order (equal
+        ids: equal block prefixes). O(total blocks)."""
+        trie = {}
+        ptr = self.hash_ptr.tolist()
+        ids = self.hash_ids.tolist()
+        nodes = np.empty(len(ids), dtype=np.int64)
+        t = 0
+        for i in range(len(self)):
+            node = 0
+            for h in ids[ptr[i]:ptr[i + 1]]:
+                k = (node, h)
+                nxt = trie.get(k)
+                if nxt is None:
+                    nxt = trie[k] = len(trie) + 1
+                nodes[t] = node = nxt
+                t += 1
+        return nodes
 
     def distinct_prefix_blocks(self):
         """Distinct block *prefixes* (nodes of the hash-id trie) over all prompts.
@@ -101,23 +134,16 @@ class Workload:
         ``distinct_prefix_blocks() * block_size`` bounds the tokens an unbounded
         prefix cache can ever hold for these prompts. O(total blocks).
         """
-        trie = {}
-        ptr = self.hash_ptr.tolist()
-        ids = self.hash_ids.tolist()
-        for i in range(len(self)):
-            node = 0
-            for h in ids[ptr[i]:ptr[i + 1]]:
-                k = (node, h)
-                nxt = trie.get(k)
-                if nxt is None:
-                    nxt = len(trie) + 1
-                    trie[k] = nxt
-                node = nxt
-        return len(trie)
+        nodes = self.prefix_nodes()
+        return int(nodes.max()) if nodes.size else 0
 
 
 def _line_error(path, lineno, msg):
     return TraceFormatError(f"{path}:{lineno}: {msg}")
+
+
+def _plural(n, word):
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def _check_int(v, name, path, lineno):
@@ -128,73 +154,225 @@ def _check_int(v, name, path, lineno):
     return v
 
 
-def load_mooncake(path, block_size=MOONCAKE_BLOCK_SIZE, limit=None):
-    """Read a Mooncake JSONL trace into a :class:`Workload`.
+def _check_ids(h, name, bound, path, lineno, what, block_size):
+    if not isinstance(h, list):
+        raise _line_error(path, lineno, f"{name} must be a list, got {type(h).__name__}")
+    if not all(type(v) is int for v in h):  # bool is not int here
+        bad = next(v for v in h if type(v) is not int)
+        raise _line_error(path, lineno, f"{name} must hold integers >= 0, got {bad!r}")
+    if h and min(h) < 0:
+        raise _line_error(path, lineno, f"{name} must hold integers >= 0, got {min(h)}")
+    if h and max(h) >= bound:
+        raise _line_error(path, lineno, f"{what} {max(h)} too large to expand into int64 tokens"
+                                        + (f" at block size {block_size}"
+                                           if name == "hash_ids" else ""))
 
-    One JSON object a line with ``timestamp`` (ms), ``input_length``,
-    ``output_length`` and ``hash_ids`` (one id per ``block_size``-token block of
-    the prompt, so ``len(hash_ids) == ceil(input_length / block_size)``). Blank
-    lines are skipped. Requests are ordered by timestamp (stable, so equal
-    timestamps keep file order). ``limit`` keeps the first ``limit`` requests of
-    that order.
+
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+         (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+def _records(path, progress):
+    """Yield ``(line number, JSON value)`` for each non-blank line of a UTF-8 JSONL file."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None   # open() below says why
+    bar = progress_bar(size, progress and size is not None, unit="B", unit_scale=True,
+                       desc="loading trace")
+    done = 0
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if bar is not None:
+                    done += len(line)
+                    if lineno % 4096 == 0:
+                        bar.update(done)
+                        done = 0
+                if lineno == 1:
+                    for bom, enc in _BOMS:
+                        if line.startswith(bom):
+                            raise _line_error(path, 1, f"the file is {enc}-encoded (byte-order "
+                                                       f"mark); traces must be UTF-8: convert it "
+                                                       f"with iconv -f {enc} -t UTF-8")
+                    if line.startswith(b"\xef\xbb\xbf"):
+                        line = line[3:]
+                if b"\x00" in line:
+                    raise _line_error(path, lineno, "NUL bytes: the file looks UTF-16- or UTF-32-"
+                                                    "encoded; traces must be UTF-8 (iconv -t UTF-8)")
+                if not line.strip():
+                    continue
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise _line_error(path, lineno, f"not UTF-8 (byte 0x{line[e.start]:02x} at "
+                                                    f"column {e.start + 1}); traces must be "
+                                                    f"UTF-8") from None
+                try:
+                    rec = json.loads(text)
+                except ValueError as e:
+                    raise _line_error(path, lineno, f"invalid JSON ({e})") from None
+                if not isinstance(rec, dict):
+                    raise _line_error(path, lineno, "expected a JSON object")
+                yield lineno, rec
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _detect(rec):
+    if "token_ids" in rec or "block_size" in rec:
+        return "generic"
+    return "mooncake" if all(k in rec for k in _FIELDS) else "generic"
+
+
+def load_trace(path, format="auto", block_size=None, limit=None, progress=False):
+    """Read a JSONL request trace into a :class:`Workload`.
+
+    Two formats, one JSON object a line (blank lines are skipped; UTF-8):
+
+    **mooncake** -- ``timestamp`` (ms), ``input_length``, ``output_length`` and
+    ``hash_ids``: one id per ``block_size``-token block of the prompt (default
+    512, Mooncake's), so ``len(hash_ids) == ceil(input_length / block_size)``.
+
+    **generic** -- ``output_length`` and the prompt as either
+
+    * ``token_ids``: the prompt's token ids (integers >= 0); matched exactly,
+      token by token (``input_length``, if given, must equal their count); or
+    * ``hash_ids``: block ids as in Mooncake, with ``block_size`` from the line
+      (the same on every line) or ``block_size=`` (``--block-size``), and
+      ``input_length`` optional (default ``len(hash_ids) * block_size``).
+
+    ``timestamp`` (ms) is optional in the generic format, but on every line or
+    on none (then the file order is the arrival order and there are no arrival
+    times: :attr:`Workload.has_timestamps` is False). Every line of a file uses
+    the same prompt field.
+
+    ``format="auto"`` reads a file as generic when its first line has
+    ``token_ids`` or ``block_size``, or lacks one of Mooncake's four fields.
+    Requests are ordered by timestamp (stable: equal timestamps keep file
+    order); ``limit`` keeps the first ``limit`` of that order. ``progress``: a
+    tqdm bar over the bytes read, on a terminal only.
 
     Raises
     ------
     TraceFormatError
-        (a ``ValueError``) naming the file and line number of the first
-        malformed line: invalid JSON, a missing field, a non-integer or negative
-        value, or a ``hash_ids`` length that does not match ``input_length``.
+        (a ``ValueError``) naming the file and line number of the first bad
+        line: not UTF-8 (a UTF-16/32 file is named as such), invalid JSON, a
+        missing field, a non-integer or negative value, an id too large to
+        expand into int64 tokens, a length that does not match the ids, a
+        mixed file; and naming the file when it holds no request.
+    OSError
+        The file cannot be read.
     """
-    block_size = int(block_size)
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    max_hash = (1 << 62) // block_size  # larger ids overflow int64 tokens once expanded
+    if format not in ("auto", "mooncake", "generic"):
+        raise ValueError(f"format must be 'auto', 'mooncake' or 'generic', got {format!r}")
+    if block_size is not None:
+        block_size = int(block_size)
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if os.path.isdir(path):
+        raise TraceFormatError(f"{path}: is a directory, not a trace file")
+    fmt = None if format == "auto" else format
+    prompt_field = None          # generic: "token_ids" or "hash_ids"
+    has_ts = None
+    B = block_size
+    max_hash = None
     ts, nin, nout, nblk, flat = [], [], [], [], []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
-                raise _line_error(path, lineno, f"invalid JSON ({e})") from None
-            if not isinstance(rec, dict):
-                raise _line_error(path, lineno, "expected a JSON object")
+    for lineno, rec in _records(path, progress):
+        if fmt is None:
+            fmt = _detect(rec)
+        if fmt == "mooncake":
+            if B is None:
+                B = MOONCAKE_BLOCK_SIZE
             missing = [k for k in _FIELDS if k not in rec]
             if missing:
                 raise _line_error(path, lineno, f"missing field(s) {', '.join(missing)}")
             t = rec["timestamp"]
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-                raise _line_error(path, lineno, f"timestamp must be a number, got {t!r}")
             n = _check_int(rec["input_length"], "input_length", path, lineno)
             o = _check_int(rec["output_length"], "output_length", path, lineno)
             h = rec["hash_ids"]
-            if not isinstance(h, list):
-                raise _line_error(path, lineno, f"hash_ids must be a list, got {type(h).__name__}")
-            need = -(-n // block_size)
+            prompt_field = "hash_ids"
+        else:
+            has_tok, has_hash = "token_ids" in rec, "hash_ids" in rec
+            missing = [k for k in ("output_length",) if k not in rec]
+            if not (has_tok or has_hash):
+                missing.append("token_ids or hash_ids")
+            if missing:
+                raise _line_error(path, lineno, f"missing field(s) {', '.join(missing)}")
+            if has_tok and has_hash:
+                raise _line_error(path, lineno, "has both token_ids and hash_ids; give one")
+            field_ = "token_ids" if has_tok else "hash_ids"
+            if prompt_field is None:
+                prompt_field = field_
+            elif field_ != prompt_field:
+                raise _line_error(path, lineno, f"has {field_} but the lines before have "
+                                                f"{prompt_field}; a trace uses one of them")
+            o = _check_int(rec["output_length"], "output_length", path, lineno)
+            h = rec[field_]
+            if has_tok:
+                if block_size is not None and block_size != 1:
+                    raise TraceFormatError(f"{path}:{lineno}: token_ids traces take no block "
+                                           f"size (got {block_size}); drop --block-size")
+                B = 1
+                n = len(h) if isinstance(h, list) else 0
+                if "input_length" in rec and rec["input_length"] != n:
+                    raise _line_error(path, lineno, f"input_length {rec['input_length']!r} but "
+                                                    f"token_ids has {_plural(n, 'token')}")
+            else:
+                lb = rec.get("block_size")
+                if lb is not None:
+                    lb = _check_int(lb, "block_size", path, lineno)
+                    if lb < 1:
+                        raise _line_error(path, lineno, "block_size must be >= 1, got 0")
+                    if B is not None and lb != B:
+                        raise _line_error(path, lineno, f"block_size {lb} but "
+                                          + (f"--block-size is {block_size}" if block_size
+                                             else f"earlier lines have {B}"))
+                    B = lb
+                if B is None:
+                    raise _line_error(path, lineno, "hash_ids without a block size: give "
+                                                    "block_size on the line or --block-size")
+                if "input_length" in rec:
+                    n = _check_int(rec["input_length"], "input_length", path, lineno)
+                else:
+                    n = len(h) * B if isinstance(h, list) else 0
+            t = rec.get("timestamp")
+            if has_ts is None:
+                has_ts = t is not None
+            elif has_ts != (t is not None):
+                raise _line_error(path, lineno, "timestamp on some lines but not others: give "
+                                                "it on every line or on none"
+                                  if has_ts else "has a timestamp but the lines before have none: "
+                                                 "give it on every line or on none")
+            if t is None:
+                t = 0
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise _line_error(path, lineno, f"timestamp must be a number, got {t!r}")
+        if max_hash is None:
+            max_hash = (1 << 62) // B  # larger ids overflow int64 tokens once expanded
+        if prompt_field == "token_ids":
+            _check_ids(h, "token_ids", max_hash, path, lineno, "token id", B)
+        else:
+            _check_ids(h, "hash_ids", max_hash, path, lineno, "hash id", B)
+            need = -(-n // B)
             if len(h) != need:
                 raise _line_error(path, lineno,
-                                  f"input_length {n} needs {need} block(s) of {block_size} "
-                                  f"tokens but hash_ids has {len(h)} (wrong --block-size?)")
-            for v in h:
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise _line_error(path, lineno, f"hash_ids must hold integers >= 0, got {v!r}")
-                if v >= max_hash:
-                    raise _line_error(path, lineno, f"hash id {v} too large to expand into "
-                                                    f"int64 tokens at block size {block_size}")
-            ts.append(t)
-            nin.append(n)
-            nout.append(o)
-            nblk.append(len(h))
-            flat.extend(h)
+                                  f"input_length {n:,} needs {_plural(need, 'block')} of {B} "
+                                  f"tokens but hash_ids has {_plural(len(h), 'id')}"
+                                  + (" (wrong --block-size?)" if fmt == "mooncake" else ""))
+        ts.append(t)
+        nin.append(n)
+        nout.append(o)
+        nblk.append(len(h))
+        flat.extend(h)
+    if not nin:
+        raise TraceFormatError(f"{path}: no requests (the file is empty or blank)")
     timestamps = np.asarray(ts, dtype=np.float64)
     input_lengths = np.asarray(nin, dtype=np.int64)
     output_lengths = np.asarray(nout, dtype=np.int64)
     nblk = np.asarray(nblk, dtype=np.int64)
     hash_ids = np.asarray(flat, dtype=np.int64)
-    if hash_ids.size and int(hash_ids.max()) >= (1 << 62) // block_size:
-        raise TraceFormatError(f"{path}: hash id {int(hash_ids.max())} too large to expand "
-                               f"into int64 tokens at block size {block_size}")
     ptr = np.zeros(len(nin) + 1, dtype=np.int64)
     np.cumsum(nblk, out=ptr[1:])
     order = np.argsort(timestamps, kind="stable")
@@ -208,9 +386,19 @@ def load_mooncake(path, block_size=MOONCAKE_BLOCK_SIZE, limit=None):
         hash_ids = hash_ids[gather]
         timestamps, input_lengths, output_lengths = (
             timestamps[order], input_lengths[order], output_lengths[order])
-    w = Workload(os.fspath(path), block_size, timestamps, input_lengths, output_lengths,
-                 ptr, hash_ids)
+    w = Workload(os.fspath(path), B, timestamps, input_lengths, output_lengths, ptr, hash_ids,
+                 has_timestamps=bool(has_ts) if fmt == "generic" else True,
+                 source_format=fmt if prompt_field != "token_ids" else "generic/token_ids")
     return w.head(limit)
+
+
+def load_mooncake(path, block_size=MOONCAKE_BLOCK_SIZE, limit=None, progress=False):
+    """Read a Mooncake JSONL trace: :func:`load_trace` with ``format="mooncake"``
+    (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``: one id
+    per ``block_size``-token block). Raises :class:`TraceFormatError` naming the
+    file and line of the first malformed line, or the file when it is empty."""
+    return load_trace(path, format="mooncake", block_size=block_size, limit=limit,
+                      progress=progress)
 
 
 def synthetic_workload(num_requests=3000, block_size=16, seed=0, num_system_prompts=8,
@@ -290,4 +478,5 @@ def synthetic_workload(num_requests=3000, block_size=16, seed=0, num_system_prom
     return Workload(f"synthetic(num_requests={num_requests}, seed={seed})", B,
                     np.array([r[0] for r in reqs], dtype=np.float64),
                     np.array([r[2] for r in reqs], dtype=np.int64),
-                    np.array([r[3] for r in reqs], dtype=np.int64), ptr, flat)
+                    np.array([r[3] for r in reqs], dtype=np.int64), ptr, flat,
+                    source_format="synthetic")

@@ -1,0 +1,268 @@
+"""``flatradix replay`` as a new user meets it (issue 15): the command run as a
+subprocess. A user's mistake is one line on stderr naming the option, file or
+line, exit status 2, never a traceback, and nothing on stdout; output paths are
+checked before anything runs; the README and ``--help`` say what the command does.
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from flatradix.cli import build_parser
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "model_configs"
+
+# one request: 40 prompt tokens in 3 blocks of 16, 4 output tokens
+ONE = '{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 3]}\n'
+
+
+def run_cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "flatradix", "replay", *map(str, args)],
+                          cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def assert_clean_error(p, *needles):
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert len(lines) == 1 and lines[0].startswith("flatradix replay: error: "), p.stderr
+    for s in needles:
+        assert s in lines[0], (s, lines[0])
+    assert p.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    f = {"dir": d}
+    (d / "one.jsonl").write_text(ONE)
+    (d / "empty.jsonl").write_text("")
+    (d / "blank.jsonl").write_text("\n  \n")
+    (d / "bad.jsonl").write_text(ONE + '{"timestamp": 1}\n')
+    (d / "utf16.jsonl").write_bytes(ONE.encode("utf-16"))          # with a byte-order mark
+    (d / "utf16le.jsonl").write_bytes(ONE.encode("utf-16-le"))     # without one
+    (d / "latin1.jsonl").write_bytes(ONE.encode() + '{"ü": 1}\n'.encode("latin-1"))
+    (d / "blocks.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1]}\n')
+    (d / "nots.jsonl").write_text('{"token_ids": [1, 2, 3], "output_length": 1}\n')
+    (d / "sliding.json").write_text(json.dumps({
+        "model_type": "mistral", "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "hidden_size": 4096, "sliding_window": 4096}))
+    (d / "existing_dir").mkdir()
+    for k in ("one", "empty", "blank", "bad", "utf16", "utf16le", "latin1", "blocks", "nots"):
+        f[k] = d / f"{k}.jsonl"
+    f["sliding"] = d / "sliding.json"
+    return f
+
+
+ERRORS = {
+    # finding: a capacity beyond any pool was a ValueError traceback
+    "huge_capacity": (["--capacity", "99999999999999999999999"], ["--capacity", "largest pool"]),
+    # findings: --out / --plot in a missing directory failed after the whole sweep; the
+    # malformed trace proves the outputs are checked before the trace is even read
+    "out_dir_missing": (["--trace", "{bad}", "--sweep", "1k", "--out", "/nonexistent/dir/x.json"],
+                        ["--out", "/nonexistent/dir does not exist"]),
+    "plot_dir_missing": (["--trace", "{bad}", "--sweep", "1k", "--plot", "/nonexistent/d/x.png"],
+                         ["--plot", "/nonexistent/d does not exist"]),
+    "plot_format": (["--trace", "{bad}", "--sweep", "1k", "--plot", "{dir}/x.txt"],
+                    ["--plot", ".txt", ".png"]),
+    "csv_is_a_directory": (["--csv", "{dir}/existing_dir"], ["--csv", "is a directory"]),
+    "same_output_twice": (["--sweep", "1k", "--out", "{dir}/a", "--csv", "{dir}/a"],
+                          ["--out and --csv name the same file"]),
+    # findings: an empty trace or /dev/null ran and printed "requests 0"
+    "empty_trace": (["--trace", "{empty}"], ["--trace", "empty.jsonl: no requests"]),
+    "blank_trace": (["--trace", "{blank}"], ["no requests"]),
+    "dev_null": (["--trace", "/dev/null"], ["/dev/null: no requests"]),
+    # finding: a UTF-16 file was reported as "invalid JSON"
+    "utf16_with_bom": (["--trace", "{utf16}"], ["utf16.jsonl:1:", "UTF-16", "UTF-8"]),
+    "utf16_without_bom": (["--trace", "{utf16le}"], ["utf16le.jsonl:1:", "UTF-16", "UTF-8"]),
+    "latin1": (["--trace", "{latin1}", "--block-size", "16"], ["latin1.jsonl:2: not UTF-8 (byte 0xfc"]),
+    # finding: --page-size 4096 --capacity 1000 rejected every request silently
+    "capacity_below_a_page": (["--page-size", "4096", "--capacity", "1000"],
+                              ["--capacity 1,000 tokens is less than one page",
+                               "--page-size 4,096"]),
+    "sweep_below_a_page": (["--page-size", "64", "--sweep", "32"],
+                           ["--sweep: capacity 32 tokens is less than one page"]),
+    # finding: "has 1 entries"
+    "one_block_grammar": (["--trace", "{blocks}", "--block-size", "16"],
+                          ["blocks.jsonl:1: input_length 40 needs 3 blocks of 16 tokens but "
+                           "hash_ids has 1 id (wrong --block-size?)"]),
+    "malformed_line": (["--trace", "{bad}", "--block-size", "16"], ["bad.jsonl:2: missing field(s)"]),
+    "missing_trace": (["--trace", "/nonexistent/t.jsonl"],
+                      ["--trace: /nonexistent/t.jsonl: No such file or directory"]),
+    "trace_is_a_directory": (["--trace", "{dir}"], ["is a directory"]),
+    "unknown_policy": (["--policy", "lru,banana"], ["--policy", "'banana'"]),
+    "seed_with_trace": (["--trace", "{one}", "--seed", "3"], ["--seed", "synthetic"]),
+}
+
+# The planners' options: the same contract, checked in-process (main() with stderr
+# captured) to keep the test time down.
+OPTION_ERRORS = {
+    "kv_memory_without_bytes": (["--kv-memory", "40GiB"], ["--kv-memory", "--model-config"]),
+    "kv_memory_ambiguous_unit": (["--kv-memory", "40G", "--kv-bytes-per-token", "1"],
+                                 ["--kv-memory", "40GiB or 40GB"]),
+    "kv_memory_beyond_any_pool": (["--kv-memory", "2048TiB", "--kv-bytes-per-token", "1"],
+                                  ["--kv-memory", "largest pool"]),
+    "kv_memory_below_a_page": (["--kv-memory", "1MiB", "--kv-bytes-per-token", "131072"],
+                               ["--kv-memory", "less than one page of 16"]),
+    "capacity_and_kv_memory": (["--capacity", "1M", "--kv-memory", "1GiB",
+                                "--kv-bytes-per-token", "2"], ["give one"]),
+    "memory_sweep_without_bytes": (["--sweep", "1GiB,2M"], ["--sweep", "--kv-bytes-per-token"]),
+    "model_config_missing": (["--model-config", "/nonexistent/config.json"],
+                             ["--model-config", "No such file"]),
+    "model_config_not_json": (["--model-config", "{bad}"], ["--model-config", "invalid JSON"]),
+    "model_config_all_sliding": (["--model-config", "{sliding}", "--kv-memory", "1GiB"],
+                                 ["--model-config", "no full-attention layer",
+                                  "--kv-bytes-per-token"]),
+    "kv_dtype_unknown": (["--model-config", str(EXAMPLES / "llama-3-8b-like.json"),
+                          "--kv-dtype", "int3"], ["--model-config", "unknown KV dtype 'int3'"]),
+    "arrival_without_timestamps": (["--trace", "{nots}", "--arrival"],
+                                   ["--arrival", "no timestamps"]),
+    "arrival_option_alone": (["--decode-tps", "20"], ["--decode-tps needs --arrival"]),
+    "decode_tps_zero": (["--arrival", "--decode-tps", "0"], ["--decode-tps", "> 0"]),
+    "jobs_without_sweep": (["--jobs", "2"], ["--jobs", "--sweep"]),
+    "per_request_with_sweep": (["--sweep", "1k", "--per-request", "{dir}/r.csv"],
+                               ["--per-request", "--sweep"]),
+    "describe_with_sweep": (["--describe", "--sweep", "1k"], ["--describe", "--sweep"]),
+    "format_without_trace": (["--format", "generic"], ["--format needs --trace"]),
+}
+
+
+def _fill(args, files):
+    return [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+
+
+@pytest.fixture(scope="module")
+def error_runs(files):
+    """Every ERRORS case run once as a subprocess, four at a time; every OPTION_ERRORS
+    case through main() in this process (same stderr / exit status contract)."""
+    import contextlib
+    import io
+
+    from flatradix.cli import main
+
+    with ThreadPoolExecutor(4) as ex:
+        futs = {k: ex.submit(run_cli, *_fill(args, files), cwd=files["dir"])
+                for k, (args, _) in ERRORS.items()}
+        runs = {k: f.result() for k, f in futs.items()}
+    cwd = os.getcwd()
+    os.chdir(files["dir"])
+    try:
+        for k, (args, _) in OPTION_ERRORS.items():
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    rc = main(["replay", *_fill(args, files)])
+                except SystemExit as e:   # argparse's own errors
+                    rc = e.code
+            runs[k] = subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
+    finally:
+        os.chdir(cwd)
+    return runs
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS) + sorted(OPTION_ERRORS))
+def test_user_mistake_is_one_clean_line(error_runs, case):
+    assert_clean_error(error_runs[case], *{**ERRORS, **OPTION_ERRORS}[case][1])
+
+
+def test_big_capacity_sizes_the_pool_from_the_trace(files):
+    """--capacity 2G on a one-request trace asked for a 2e9-slot pool. The pool gets
+    what the trace can use: 3 blocks of 16 in the tree + 44 tokens in flight."""
+    p = run_cli("--trace", files["one"], "--block-size", "16", "--capacity", "2G", "--json")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    d = json.loads(p.stdout)
+    assert d["capacity"] == 2_000_000_000 and d["pool_slots"] == 3 * 16 + 44
+    assert d["served_requests"] == 1 and d["kv_conserved"]
+    assert "pool sized to 92 tokens" in d["notes"][0]
+
+
+def test_policy_any_case_and_rejections_explained(files):
+    """--policy LRU was refused; a rejection said nothing about why."""
+    p = run_cli("--trace", files["one"], "--block-size", "16", "--policy", "LRU",
+                "--capacity", "32")
+    assert p.returncode == 0, p.stderr
+    assert "policy lru" in p.stdout
+    assert ("note: 1 request rejected: it needs more KV than the whole pool (prompt + output "
+            "tokens > 32; the largest request needs 44)") in p.stdout
+
+
+def test_sweep_stdout_is_what_help_says(files):
+    """--help said --sweep prints JSON, but with --out stdout got a table: now stdout is
+    a table unless --json, and --out writes the JSON either way."""
+    help_text = " ".join(build_parser()._subparsers._group_actions[0]
+                         .choices["replay"].format_help().split())
+    assert "with --sweep, a table; --json prints JSON instead" in help_text
+    assert "stdout gets a table" in help_text
+    out = files["dir"] / "curve.json"
+    p = run_cli("--limit", "60", "--sweep", "2k", "--out", out)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[:2] == ["policy", "capacity"]
+    assert json.loads(out.read_text())["points"][0]["capacity"] == 2000
+
+
+def test_kv_memory_from_a_model_config():
+    """40 GiB at Llama-3-8B's 2 x 32 x 8 x 128 x 2 = 131,072 bytes/token: 327,680 tokens."""
+    p = run_cli("--limit", "50", "--model-config", EXAMPLES / "llama-3-8b-like.json",
+                "--kv-memory", "40GiB")
+    assert p.returncode == 0, p.stderr
+    assert "capacity 327,680 tokens" in p.stdout
+    assert "full-attention KV 131,072 bytes/token (32 layers x 2 x 8 KV heads x 128 x 2 B)" \
+        in p.stdout
+
+
+def test_describe_prints_statistics_without_replaying(files):
+    p = run_cli("--trace", files["one"], "--block-size", "16", "--describe", "--json",
+                "--kv-bytes-per-token", "1000", "--kv-memory", "1MB")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["requests"] == 1 and d["prompt_tokens"] == 40 and d["blocks"] == 3
+    assert d["kv"]["capacity_tokens"] == 992   # 1e6 / 1000 = 1000, whole pages of 16
+    assert "hit_tokens" not in d
+
+
+# ---------------------------------------------------------------- docs are true
+def _replay_options():
+    sub = build_parser()._subparsers._group_actions[0].choices["replay"]
+    return sorted(o for a in sub._actions for o in a.option_strings
+                  if o.startswith("--") and o != "--help")
+
+
+def test_readme_lists_every_option():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Replay"):readme.index("## Tests")]
+    missing = [o for o in _replay_options() if f"`{o}" not in section]
+    assert not missing, f"README's Replay section does not mention {missing}"
+
+
+def test_readme_error_table_messages_are_real(error_runs):
+    """Each row of the README's CLI error table quotes a message a case above printed."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| you wrote"):]
+    table = table[:table.index("\n\n")]
+    quoted = re.findall(r"\| `[^`]*` \| (?:`)?([^|`]+?)(?:`)? \|", table)
+    assert len(quoted) >= 10
+    printed = " ".join(p.stderr for p in error_runs.values())
+    for q in quoted:
+        assert q.strip().split("…")[0] in printed, q
+
+
+def test_license_is_the_apache_text_setup_cfg_declares():
+    assert "license = Apache-2.0" in (ROOT / "setup.cfg").read_text()
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+def test_changelog_names_this_version():
+    import flatradix
+
+    assert f"## {flatradix.__version__}" in (ROOT / "CHANGELOG.md").read_text()
