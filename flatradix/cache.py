@@ -117,6 +117,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         Queue ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events
         (``flatradix.events``; needs msgspec), drained by ``take_events()``. When
         off, no hashing work is done at all.
+    kv_event_lora_names : dict or flatradix.events.KvEventLoraNames, optional
+        ``{extra_key: lora_name}`` (or ``{extra_key: (lora_name, lora_id)}``):
+        stores of those ``extra_key`` namespaces carry ``lora_name`` / ``lora_id``,
+        the name a router is queried with (SGLang's cache parameter of that
+        name). A dict is copied; a ``KvEventLoraNames`` is used live. Hashes do
+        not depend on it. Needs msgspec.
     disable : bool
         Hold nothing: match returns empty, insert returns prefix_len 0.
     node_capacity, pool_capacity : int
@@ -150,7 +156,8 @@ class UnifiedRadixCache(RequestCachingMixin):
     def __init__(self, page_size=1, components=(ComponentType.FULL,), eviction_policy="lru",
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
-                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16):
+                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16,
+                 kv_event_lora_names=None):
         self.page_size = as_count(page_size, "page_size")
         if not 1 <= self.page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {self.page_size}")
@@ -183,6 +190,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         pcap = as_count(pool_capacity, "pool_capacity")
         if pcap > MAX_POOL_CAPACITY:
             raise ValueError(f"pool_capacity must be <= {MAX_POOL_CAPACITY}, got {pcap}")
+        if kv_event_lora_names is not None:
+            from .events import lora_name_table  # TypeError / ValueError naming the argument
+
+            kv_event_lora_names = lora_name_table(kv_event_lora_names, "kv_event_lora_names")
+        self.kv_event_lora_names = kv_event_lora_names
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.req_to_token_pool = req_to_token_pool
         self.device = device
@@ -1034,10 +1046,11 @@ class UnifiedRadixCache(RequestCachingMixin):
             token_ids = [[int(u) >> 32, int(u) & 0xFFFFFFFF] for u in toks]
         else:
             token_ids = toks.tolist()
+        lora_name, lora_id = self._ev.lora_fields(self.kv_event_lora_names, nk[0])
         self._ev.enqueue(self._events, self._ev.BlockStored(
             block_hashes=self._page_hashes(off, n), parent_block_hash=parent_hash,
-            token_ids=token_ids, block_size=self.page_size, lora_id=None, medium="GPU",
-            cache_salt=nk[1]))
+            token_ids=token_ids, block_size=self.page_size, lora_id=lora_id, medium="GPU",
+            cache_salt=nk[1], lora_name=lora_name))
 
     def _queue_event_removed(self, nspans):
         for off, n in self._spans[:nspans].tolist():

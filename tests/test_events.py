@@ -212,3 +212,82 @@ def test_zmq_subscriber_rebuilds_live_blocks():
     sub.close(0)
     req.close(0)
     pub.close()
+
+
+# ------------------------------------------------------------------ LoRA names
+LORAS = {"ek-a": "adapter-a", "ek-b": ("adapter-b", 7)}
+
+
+def _stores(cache, keys):
+    cache.take_events()
+    for toks, ek, salt in keys:
+        cache.insert(InsertParams(key=RadixKey(toks, ek, salt)))
+    return [e for e in cache.take_events() if isinstance(e, BlockStored)]
+
+
+def test_lora_names_fill_stores_of_named_extra_keys_and_change_no_hash():
+    keys = [([1, 2, 3, 4], None, None), ([1, 2, 3, 4], "ek-a", None), ([1, 2, 3, 4], "ek-b", "s"),
+            ([1, 2, 3, 4], "ek-z", None), ([1, 2, 3, 4], None, "s"), ([1, 2, 3, 4, 5, 6], "ek-a", None)]
+    named = _stores(UnifiedRadixCache(page_size=2, enable_kv_cache_events=True,
+                                      kv_event_lora_names=LORAS), keys)
+    plain = _stores(UnifiedRadixCache(page_size=2, enable_kv_cache_events=True), keys)
+    assert [(e.lora_name, e.lora_id) for e in named] == [
+        (None, None), ("adapter-a", None), ("adapter-b", 7), (None, None), (None, None),
+        ("adapter-a", None)]
+    assert [e.cache_salt for e in named] == [None, None, "s", None, "s", None]
+    assert [(e.block_hashes, e.parent_block_hash) for e in named] == [
+        (e.block_hashes, e.parent_block_hash) for e in plain]
+    assert all(e.lora_name is None and e.lora_id is None for e in plain)
+    # the extension of "ek-a" chains to its first store and carries the same name
+    assert named[5].parent_block_hash == named[1].block_hashes[-1]
+    raw = msgspec.msgpack.decode(encode_batch(KVEventBatch(0.0, [named[2]])))[1][0]
+    assert raw["lora_name"] == "adapter-b" and raw["lora_id"] == 7 and raw["cache_salt"] == "s"
+
+
+def test_lora_names_merge_only_within_one_name():
+    c = UnifiedRadixCache(page_size=1, enable_kv_cache_events=True, kv_event_lora_names=LORAS)
+    c.take_events()
+    c.insert(InsertParams(key=RadixKey([1, 2], "ek-a")))
+    c.insert(InsertParams(key=RadixKey([1, 2, 3], "ek-a")))   # chained: merged into one event
+    c.insert(InsertParams(key=RadixKey([1, 2, 3], "ek-b")))   # other namespace: its own event
+    ev = c.take_events()
+    assert [(e.lora_name, len(e.block_hashes)) for e in ev] == [("adapter-a", 3), ("adapter-b", 3)]
+
+
+def test_lora_table_is_live_and_a_dict_is_copied():
+    from flatradix.events import KvEventLoraNames
+
+    table = KvEventLoraNames({"ek-a": "adapter-a"})
+    d = {"ek-a": "adapter-a"}
+    live = UnifiedRadixCache(page_size=1, enable_kv_cache_events=True, kv_event_lora_names=table)
+    copied = UnifiedRadixCache(page_size=1, enable_kv_cache_events=True, kv_event_lora_names=d)
+    table.register("ek-new", "adapter-new", 3)
+    d["ek-new"] = "adapter-new"
+    assert live.kv_event_lora_names is table and copied.kv_event_lora_names is not d
+    for c, want in ((live, ("adapter-new", 3)), (copied, (None, None))):
+        (e,) = _stores(c, [([5, 6], "ek-new", None)])
+        assert (e.lora_name, e.lora_id) == want
+
+
+@pytest.mark.parametrize("bad, exc", [
+    (["ek-a"], TypeError), ("adapter", TypeError), ({1: "x"}, TypeError), ({"e": 5}, TypeError),
+    ({"e": ""}, ValueError), ({"e": ("x", "7")}, TypeError), ({"e": ("x", True)}, TypeError),
+    ({"e": ("x", -1)}, ValueError), ({"e": ("x", 1 << 63)}, ValueError), ({"e": ("x",)}, ValueError),
+    ({"e": ("x", 1, 2)}, ValueError), ({"ok": "fine", "e": None}, TypeError),
+])
+def test_kv_event_lora_names_bad_input_names_the_argument(bad, exc):
+    with pytest.raises(exc, match="kv_event_lora_names"):
+        UnifiedRadixCache(page_size=1, enable_kv_cache_events=True, kv_event_lora_names=bad)
+
+
+def test_lora_table_register_checks_before_storing():
+    from flatradix.events import KvEventLoraNames
+
+    t = KvEventLoraNames({"a": "A"})
+    for args, exc in [((5, "x"), TypeError), (("b", ""), ValueError), (("b", "x", -2), ValueError),
+                      (("b", "x", 1.0), TypeError)]:
+        with pytest.raises(exc, match="register"):
+            t.register(*args)
+    with pytest.raises(TypeError, match="names"):
+        t.update({"c": "C", "d": 3})   # one bad entry: none of them is stored
+    assert len(t) == 1 and t.fields("a") == ("A", None) and "c" not in t and t.get("zz") is None
