@@ -20,10 +20,11 @@ opaque ids (Dynamo 1.6.1 hashes the token ids with ``lora_name`` and
 """
 
 import hashlib
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from itertools import count
+from itertools import islice
 from typing import Optional, Union
 
 import msgspec
@@ -237,61 +238,244 @@ def lora_fields(table, extra_key):
     return table.fields(extra_key)
 
 
-class ZmqEventPublisher:
-    """Publish ``KVEventBatch`` es on a ZMQ PUB socket, as vLLM and SGLang do.
+# --------------------------------------------------------------- publisher
+def _check_endpoint(value, name, optional=False):
+    if optional and value is None:
+        return
+    if type(value) is not str or not value:
+        raise TypeError(f"{name} must be a ZMQ endpoint string such as 'tcp://127.0.0.1:5557', "
+                        f"got {value!r}")
 
-    Each message is ``[topic, seq (8 bytes big-endian), payload (msgpack)]``. The
-    last ``buffer_steps`` payloads are kept; a ROUTER socket on
-    ``replay_endpoint`` answers a request ``seq`` (8 bytes) with every buffered
-    ``[seq, payload]`` from that sequence on, then ``[-1, b""]``. Publishing runs
-    in the caller's thread (no background thread). Needs pyzmq.
+
+def _check_int(value, name, low):
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+class ZmqEventPublisher:
+    """Publish ``KVEventBatch`` es over ZMQ and serve replays, as vLLM and SGLang
+    do; a KV-aware router (e.g. ``python -m dynamo.indexer``) is pointed at
+    ``endpoint`` and ``replay_endpoint``.
+
+    Parameters
+    ----------
+    endpoint : str
+        Where the publishing socket binds (``tcp://127.0.0.1:*`` picks a free
+        port; ``self.endpoint`` is the bound address). Subscribers connect a SUB
+        socket to it.
+    replay_endpoint : str, optional
+        Where the ROUTER socket for replay requests binds (``self.replay_endpoint``);
+        None: no replay.
+    topic : str
+        First frame of every message.
+    buffer_steps : int >= 1
+        At most this many batches are kept for replay (oldest dropped first).
+    buffer_bytes : int >= 0
+        ... and at most this many payload bytes (msgpack), except that the newest
+        batch is always kept: the buffer holds at most
+        ``max(buffer_bytes, size of the newest batch)`` bytes of payloads.
+    data_parallel_rank : int >= 0, optional
+        Written into every batch.
+
+    Wire format: each message is ``[topic, seq (8 bytes big-endian), payload]``;
+    ``seq`` counts batches from 0. A replay request is a message whose last frame
+    is a start ``seq`` (8 bytes big-endian), e.g. ``[b"", seq]`` from a DEALER;
+    the answer is every buffered ``[b"", seq, payload]`` from ``start`` on, then
+    the end marker ``[b"", -1, b""]``. A start older than the oldest buffered
+    batch (the batches between are lost), negative, or beyond the next sequence
+    number gets no batches and the end marker with a fourth frame, a UTF-8 error
+    message (``[b"", -1, b"", b"replay: ..."]``); routers that read three frames
+    see an empty replay.
+
+    A background thread owned by the publisher does all the socket work: it
+    sends what ``publish`` queued, answers replay requests, and welcomes every
+    new subscriber with an empty batch (the socket is an XPUB, which reports
+    subscriptions). A router learns the sequence number from that batch, so one
+    that joins while the cache is idle sees its gap and asks for the replay at
+    once (Dynamo 1.6.1 asks only when a batch arrives), and the thread answers
+    it. The thread sleeps in ``zmq.Poller.poll`` until there is work (no polling
+    loop); ``close()`` stops it.
+
+    ``publish`` and ``close`` may be called from any thread. Use as a context
+    manager or call ``close()``: it stops the thread and closes the sockets,
+    dropping what was not sent yet. Needs pyzmq. Bad arguments raise
+    ``TypeError`` / ``ValueError`` naming them before any socket is opened; a
+    bind failure raises ``zmq.ZMQError``.
     """
 
     END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
     def __init__(self, endpoint="tcp://127.0.0.1:5557", replay_endpoint=None, topic="",
-                 buffer_steps=10_000, data_parallel_rank=None):
+                 buffer_steps=10_000, buffer_bytes=256 << 20, data_parallel_rank=None):
+        _check_endpoint(endpoint, "endpoint")
+        _check_endpoint(replay_endpoint, "replay_endpoint", optional=True)
+        if type(topic) is not str:
+            raise TypeError(f"topic must be a str, got {type(topic).__name__}")
+        _check_int(buffer_steps, "buffer_steps", 1)
+        _check_int(buffer_bytes, "buffer_bytes", 0)
+        if data_parallel_rank is not None:
+            _check_int(data_parallel_rank, "data_parallel_rank", 0)
         import zmq
 
         self._zmq = zmq
-        self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.bind(endpoint)
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._replay = None
-        self.replay_endpoint = None
-        if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(replay_endpoint)
-            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._lock = threading.Lock()       # publish / close, and the outbox socket
+        self._buf_lock = threading.Lock()   # seq counter and replay buffer (read by the thread)
+        self._closed = False
         self._topic = topic.encode("utf-8")
-        self._seq = count()
-        self._buffer = deque(maxlen=buffer_steps)
+        self._next_seq = 0
+        self._buffer = deque()  # (seq, payload), seqs consecutive
+        self._buffered_bytes = 0
+        self.buffer_steps = buffer_steps
+        self.buffer_bytes = buffer_bytes
         self.data_parallel_rank = data_parallel_rank
+        self.replay_endpoint = None
+        ctx = zmq.Context.instance()
+        opened = []
+        try:
+            pub = ctx.socket(zmq.XPUB)
+            opened.append(pub)
+            pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not only the first
+            pub.bind(endpoint)
+            self.endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            replay = None
+            if replay_endpoint is not None:
+                replay = ctx.socket(zmq.ROUTER)
+                opened.append(replay)
+                replay.bind(replay_endpoint)
+                self.replay_endpoint = replay.getsockopt_string(zmq.LAST_ENDPOINT)
+            inbox, outbox = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+            opened += [inbox, outbox]
+            for sock in (inbox, outbox):  # never block publish (the thread drains it)
+                sock.setsockopt(zmq.SNDHWM, 0)
+                sock.setsockopt(zmq.RCVHWM, 0)
+            addr = f"inproc://flatradix-kv-events-{id(self):x}-{time.monotonic_ns()}"
+            inbox.bind(addr)
+            outbox.connect(addr)
+        except BaseException:
+            for sock in opened:
+                sock.close(linger=0)
+            raise
+        self._outbox = outbox
+        # the thread owns pub, replay and inbox from here on (ZMQ sockets are not thread-safe)
+        self._thread = threading.Thread(target=self._run, args=(pub, replay, inbox),
+                                        name="flatradix-kv-events", daemon=True)
+        self._thread.start()
 
+    # ------------------------------------------------------------ publishing
     def publish(self, events, ts=None):
-        """Send ``events`` (a list) as one batch; returns its sequence number."""
-        batch = KVEventBatch(time.time() if ts is None else ts, list(events), self.data_parallel_rank)
-        payload = encode_batch(batch)
-        seq = next(self._seq)
-        self._buffer.append((seq, payload))
-        self._pub.send_multipart((self._topic, seq.to_bytes(8, "big", signed=True), payload))
-        self.serve_replay()
+        """Queue ``events`` (a list of ``BlockStored`` / ``BlockRemoved`` /
+        ``AllBlocksCleared``, oldest first) as one batch; ``ts``: seconds since
+        the epoch (default: now). Returns its sequence number (int). An empty
+        list makes an empty batch. Never blocks on the network.
+        ``RuntimeError`` after ``close()``."""
+        events = list(events)
+        ts = time.time() if ts is None else ts
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("ZmqEventPublisher.publish after close()")
+            runs = [(False, events)]
+            for _, evs in runs:
+                payload = encode_batch(KVEventBatch(ts, evs, self.data_parallel_rank))
+                with self._buf_lock:
+                    seq = self._next_seq
+                    self._next_seq += 1
+                    self._buffer.append((seq, payload))
+                    self._buffered_bytes += len(payload)
+                    while len(self._buffer) > 1 and (len(self._buffer) > self.buffer_steps
+                                                     or self._buffered_bytes > self.buffer_bytes):
+                        self._buffered_bytes -= len(self._buffer.popleft()[1])
+                self._outbox.send_multipart((b"batch", seq.to_bytes(8, "big", signed=True), payload))
         return seq
 
-    def serve_replay(self):
-        """Answer pending replay requests (non-blocking)."""
-        if self._replay is None:
-            return
-        while self._replay.poll(0):
-            frames = self._replay.recv_multipart()
-            identity, start = frames[0], int.from_bytes(frames[-1], "big", signed=True)
-            for seq, payload in list(self._buffer):
-                if seq >= start:
-                    self._replay.send_multipart((identity, b"", seq.to_bytes(8, "big", signed=True), payload))
-            self._replay.send_multipart((identity, b"", self.END_SEQ, b""))
+    def buffered(self):
+        """``(oldest seq, next seq, payload bytes)`` of the replay buffer; the
+        buffer holds the batches ``oldest .. next - 1``."""
+        with self._buf_lock:
+            oldest = self._buffer[0][0] if self._buffer else self._next_seq
+            return oldest, self._next_seq, self._buffered_bytes
 
+    # ------------------------------------------------------------ the thread
+    def _replay_for(self, frames):
+        """``(batches, error)`` answering one request (error: str or None)."""
+        raw = frames[-1] if len(frames) >= 2 else b""
+        if len(raw) != 8:
+            return [], ("replay: a request must end with an 8-byte big-endian start "
+                        f"sequence number (got {len(raw)} bytes)")
+        start = int.from_bytes(raw, "big", signed=True)
+        with self._buf_lock:
+            oldest = self._buffer[0][0] if self._buffer else self._next_seq
+            nxt = self._next_seq
+            if oldest <= start <= nxt:
+                return list(islice(self._buffer, start - oldest, None)), None
+        if start < 0 or start > nxt:
+            return [], f"replay: start sequence {start} is not in [0, {nxt}] (next to publish: {nxt})"
+        return [], (f"replay: batches {start}..{oldest - 1} are no longer buffered "
+                    f"(buffer holds {oldest}..{nxt - 1}; buffer_steps={self.buffer_steps}, "
+                    f"buffer_bytes={self.buffer_bytes})")
+
+    def _answer(self, replay, frames):
+        batches, error = self._replay_for(frames)
+        identity = frames[0]
+        for seq, payload in batches:
+            replay.send_multipart((identity, b"", seq.to_bytes(8, "big", signed=True), payload))
+        end = (identity, b"", self.END_SEQ, b"")
+        if error is not None:
+            end += (error.encode("utf-8"),)
+        replay.send_multipart(end)
+
+    def _run(self, pub, replay, inbox):
+        zmq = self._zmq
+        poller = zmq.Poller()
+        for sock in (inbox, pub, replay):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll())  # sleeps until there is work
+                if inbox in ready:
+                    for msg in _drain(zmq, inbox):
+                        if msg[0] == b"stop":
+                            return
+                        pub.send_multipart((self._topic, msg[1], msg[2]))
+                if pub in ready and any(m[0][:1] == b"\x01" for m in _drain(zmq, pub)):
+                    try:
+                        self.publish([])  # welcome: queued like any batch, so in seq order
+                    except RuntimeError:  # closed meanwhile
+                        pass
+                if replay is not None and replay in ready:
+                    for frames in _drain(zmq, replay):
+                        self._answer(replay, frames)
+        finally:
+            for sock in (pub, replay, inbox):
+                if sock is not None:
+                    sock.close(linger=0)
+
+    # ------------------------------------------------------------ lifetime
     def close(self):
-        self._pub.close(linger=0)
-        if self._replay is not None:
-            self._replay.close(linger=0)
+        """Stop the thread (joined) and close the sockets; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._outbox.send_multipart((b"stop",))
+        self._thread.join()
+        self._outbox.close(linger=0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _drain(zmq, sock):
+    """Every message waiting on ``sock`` (a list of frame lists), without blocking."""
+    out = []
+    while True:
+        try:
+            out.append(sock.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            return out

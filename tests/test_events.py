@@ -148,16 +148,11 @@ def test_zmq_subscriber_rebuilds_live_blocks():
     sub.connect(pub.endpoint)
     import time
 
-    # slow-joiner: wait until the subscription is live
-    for _ in range(100):
-        pub.publish([])
-        if sub.poll(50):
-            sub.recv_multipart()
-            break
-    else:
-        pytest.fail("SUB socket never connected")
-    while sub.poll(10):
-        sub.recv_multipart()
+    # the publisher welcomes a new subscriber with an empty batch: from then on
+    # the subscription is live (no slow-joiner loss)
+    assert sub.poll(10_000), "no welcome batch"
+    _, seq, payload = sub.recv_multipart()
+    assert int.from_bytes(seq, "big", signed=True) == 0 and decode_batch(payload).events == []
 
     rng = np.random.default_rng(7)
     c = UnifiedRadixCache(page_size=4, enable_kv_cache_events=True)
@@ -199,9 +194,10 @@ def test_zmq_subscriber_rebuilds_live_blocks():
     req = ctx.socket(zmq.DEALER)
     req.connect(pub.replay_endpoint)
     req.send_multipart([b"", seqs[2].to_bytes(8, "big", signed=True)])
+    # nothing is published from here on: the publisher's own thread answers
     replayed = []
-    while True:
-        pub.serve_replay()
+    deadline = time.time() + 10
+    while time.time() < deadline:
         if req.poll(100):
             _, seq, payload = req.recv_multipart()
             s = int.from_bytes(seq, "big", signed=True)
@@ -291,3 +287,121 @@ def test_lora_table_register_checks_before_storing():
     with pytest.raises(TypeError, match="names"):
         t.update({"c": "C", "d": 3})   # one bad entry: none of them is stored
     assert len(t) == 1 and t.fields("a") == ("A", None) and "c" not in t and t.get("zz") is None
+
+
+# ------------------------------------------------------------------ publisher
+def _seq(n):
+    return n.to_bytes(8, "big", signed=True)
+
+
+def _ask_replay(zmq, pub, frames):
+    """Send one replay request; return the answer's frames, message by message,
+    up to and including the end marker. Nothing is published meanwhile."""
+    import time
+
+    req = zmq.Context.instance().socket(zmq.DEALER)
+    req.connect(pub.replay_endpoint)
+    req.send_multipart(frames)
+    out = []
+    deadline = time.time() + 10
+    try:
+        while time.time() < deadline:
+            if req.poll(100):
+                msg = req.recv_multipart()
+                out.append(msg)
+                if msg[1] == ZmqEventPublisher.END_SEQ:
+                    return out
+        pytest.fail(f"no end marker within the deadline; got {out}")
+    finally:
+        req.close(0)
+
+
+def test_replay_is_served_while_idle_and_refuses_what_it_no_longer_holds():
+    zmq = pytest.importorskip("zmq")
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*",
+                           buffer_steps=3) as pub:
+        sent = [encode_batch(KVEventBatch(float(i), [BlockRemoved([i], "GPU")])) for i in range(5)]
+        for i in range(5):
+            assert pub.publish([BlockRemoved([i], "GPU")], ts=float(i)) == i
+        assert pub.buffered()[:2] == (2, 5)
+        ans = _ask_replay(zmq, pub, [b"", _seq(3)])
+        assert ans == [[b"", _seq(3), sent[3]], [b"", _seq(4), sent[4]], [b"", pub.END_SEQ, b""]]
+        assert _ask_replay(zmq, pub, [b"", _seq(5)]) == [[b"", pub.END_SEQ, b""]]  # up to date
+        for start, words in [(1, b"batches 1..1 are no longer buffered"), (0, b"0..1"),
+                             (6, b"not in [0, 5]"), (-1, b"not in [0, 5]")]:
+            (end,) = _ask_replay(zmq, pub, [b"", _seq(start)])
+            assert end[:3] == [b"", pub.END_SEQ, b""] and end[3].startswith(b"replay: ")
+            assert words in end[3]
+        (end,) = _ask_replay(zmq, pub, [b"", b"\x01\x02"])
+        assert end[:3] == [b"", pub.END_SEQ, b""] and b"8-byte" in end[3]
+
+
+def test_subscribers_joining_an_idle_publisher_are_welcomed_then_replayed():
+    """A router that joins late learns the next seq from the welcome batch (so it
+    sees its gap at once) and gets the past by replay; the test publishes
+    nothing after the first four batches."""
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context.instance()
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        for i in range(4):
+            pub.publish([BlockRemoved([i], "GPU")], ts=float(i))
+        subs = []
+        for want in (4, 5):   # each new subscriber gets its own welcome, seen by all
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(pub.endpoint)
+            subs.append(sub)
+            for s in subs:   # (batches 0..3 may still be in flight when sub 1 joins)
+                while True:
+                    assert s.poll(10_000), f"no welcome {want}"
+                    _, seq, payload = s.recv_multipart()
+                    seq = int.from_bytes(seq, "big", signed=True)
+                    if not decode_batch(payload).events:
+                        break
+                    assert seq < 4
+                assert seq == want
+        ans = _ask_replay(zmq, pub, [b"", _seq(0)])
+        assert [int.from_bytes(m[1], "big", signed=True) for m in ans] == [0, 1, 2, 3, 4, 5, -1]
+        assert [[e.block_hashes for e in decode_batch(m[2]).events] for m in ans[:6]] == [
+            [[0]], [[1]], [[2]], [[3]], [], []]
+        for s in subs:
+            s.close(0)
+
+
+def test_replay_buffer_is_bounded_in_bytes_but_keeps_the_newest_batch():
+    pytest.importorskip("zmq")
+    payload = lambda n: encode_batch(KVEventBatch(0.0, [BlockRemoved(list(range(n)), "GPU")]))
+    sizes = [len(payload(n)) for n in (10, 10, 10, 200)]
+    limit = sizes[0] * 2 + 1
+    with ZmqEventPublisher("tcp://127.0.0.1:*", buffer_bytes=limit) as pub:
+        for n in (10, 10, 10):
+            pub.publish([BlockRemoved(list(range(n)), "GPU")], ts=0.0)
+        assert pub.buffered() == (1, 3, 2 * sizes[0])
+        pub.publish([BlockRemoved(list(range(200)), "GPU")], ts=0.0)  # alone over the limit
+        assert sizes[3] > limit and pub.buffered() == (3, 4, sizes[3])
+
+
+def test_close_stops_the_thread_and_publish_after_close_raises():
+    import threading
+
+    pytest.importorskip("zmq")
+    before = {t for t in threading.enumerate() if t.name == "flatradix-kv-events"}
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    mine = {t for t in threading.enumerate() if t.name == "flatradix-kv-events"} - before
+    assert len(mine) == 1 and all(t.daemon for t in mine)
+    pub.close()
+    pub.close()
+    assert not any(t.is_alive() for t in mine)
+    with pytest.raises(RuntimeError, match="close"):
+        pub.publish([])
+
+
+@pytest.mark.parametrize("kwargs, exc, name", [
+    (dict(endpoint=5557), TypeError, "endpoint"), (dict(replay_endpoint=b"tcp://x"), TypeError, "replay_endpoint"),
+    (dict(topic=b"t"), TypeError, "topic"), (dict(buffer_steps=0), ValueError, "buffer_steps"),
+    (dict(buffer_steps=2.0), TypeError, "buffer_steps"), (dict(buffer_bytes=-1), ValueError, "buffer_bytes"),
+    (dict(data_parallel_rank=-1), ValueError, "data_parallel_rank"),
+])
+def test_publisher_bad_arguments_name_themselves(kwargs, exc, name):
+    with pytest.raises(exc, match=name):
+        ZmqEventPublisher(**kwargs)
