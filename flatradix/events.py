@@ -17,6 +17,10 @@ values differ from SGLang's. A LoRA name (``KvEventLoraNames``) changes no hash
 here: it only fills ``lora_name`` / ``lora_id``. Routers take block hashes as
 opaque ids (Dynamo 1.6.1 hashes the token ids with ``lora_name`` and
 ``cache_salt`` itself), so this difference does not reach a router's answers.
+
+Routers that hold token ids as u32 (Dynamo 1.6.1 rejects a whole batch holding
+one token outside ``[0, 2**32)``) get the blocks they cannot represent in
+batches of their own: see ``split_unrepresentable`` and ``ZmqEventPublisher``.
 """
 
 import hashlib
@@ -28,6 +32,7 @@ from itertools import islice
 from typing import Optional, Union
 
 import msgspec
+import numpy as np
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
@@ -238,6 +243,89 @@ def lora_fields(table, extra_key):
     return table.fields(extra_key)
 
 
+# ---------------------------------------------------- unrepresentable tokens
+U32_LIMIT = 1 << 32
+
+
+def _first_wide_unit(token_ids):
+    """Index of the first token (int, or EAGLE pair) outside ``[0, 2**32)``, or -1."""
+    if not token_ids:
+        return -1
+    a = np.asarray(token_ids)
+    if a.dtype.kind in "iu":
+        if int(a.min()) >= 0 and int(a.max()) < U32_LIMIT:
+            return -1
+        bad = (a < 0) | (a >= U32_LIMIT)
+        if bad.ndim > 1:
+            bad = bad.reshape(bad.shape[0], -1).any(axis=1)
+        return int(np.argmax(bad))
+    for i, t in enumerate(token_ids):  # ints beyond int64: numpy gave objects
+        if not all(0 <= u < U32_LIMIT for u in (t if isinstance(t, (list, tuple)) else (t,))):
+            return i
+    return -1
+
+
+def split_unrepresentable(events, wide):
+    """Order-preserving runs ``[(is_wide, [events]), ...]`` of ``events``.
+
+    A block is *wide* when one of its token ids is outside ``[0, 2**32)`` (the
+    token type of routers such as Dynamo), or when its parent is wide (a router
+    query, made of u32 tokens, can never reach it). A ``BlockStored`` is cut
+    before its first wide block: the head stays, the tail (its
+    ``parent_block_hash`` set to the head's last hash) goes to a wide run. A
+    ``BlockRemoved`` is split into its narrow and wide hashes (a set removal, so
+    their order is free). Concatenating the runs gives the same stream, block
+    for block. Input events are not modified.
+
+    ``wide``: the set of live wide block hashes, updated in place (stores add,
+    removals drop, ``AllBlocksCleared`` empties it); keep one per event stream.
+    """
+    runs = []
+
+    def put(is_wide, ev):
+        if runs and runs[-1][0] == is_wide:
+            runs[-1][1].append(ev)
+        else:
+            runs.append((is_wide, [ev]))
+
+    for ev in events:
+        kind = type(ev)
+        if kind is BlockStored:
+            n = len(ev.block_hashes)
+            bs = ev.block_size
+            if ev.parent_block_hash is not None and ev.parent_block_hash in wide:
+                cut = 0
+            else:
+                unit = _first_wide_unit(ev.token_ids)
+                cut = n if unit < 0 else min(unit // max(bs, 1), max(n - 1, 0))
+            if cut == n:
+                put(False, ev)
+                continue
+            if cut:
+                put(False, msgspec.structs.replace(
+                    ev, block_hashes=ev.block_hashes[:cut], token_ids=ev.token_ids[:cut * bs]))
+            tail = msgspec.structs.replace(
+                ev, block_hashes=ev.block_hashes[cut:], token_ids=ev.token_ids[cut * bs:],
+                parent_block_hash=ev.block_hashes[cut - 1] if cut else ev.parent_block_hash)
+            wide.update(tail.block_hashes)
+            put(True, tail)
+        elif kind is BlockRemoved:
+            gone = [h for h in ev.block_hashes if h in wide]
+            if not gone:
+                put(False, ev)
+                continue
+            keep = [h for h in ev.block_hashes if h not in wide]
+            if keep:
+                put(False, msgspec.structs.replace(ev, block_hashes=keep))
+            wide.difference_update(gone)
+            put(True, msgspec.structs.replace(ev, block_hashes=gone))
+        else:
+            if kind is AllBlocksCleared:
+                wide.clear()
+            put(False, ev)
+    return runs
+
+
 # --------------------------------------------------------------- publisher
 def _check_endpoint(value, name, optional=False):
     if optional and value is None:
@@ -298,6 +386,12 @@ class ZmqEventPublisher:
     it. The thread sleeps in ``zmq.Poller.poll`` until there is work (no polling
     loop); ``close()`` stops it.
 
+    Blocks a u32 router cannot represent (``split_unrepresentable``) go out in
+    batches of their own (each with its own ``seq``, in stream order), so the
+    rest of a batch never goes down with them. Dynamo 1.6.1 drops such a batch
+    (measured: its decoder refuses the token, then its gap replay skips the
+    batch again) and keeps every other block.
+
     ``publish`` and ``close`` may be called from any thread. Use as a context
     manager or call ``close()``: it stops the thread and closes the sockets,
     dropping what was not sent yet. Needs pyzmq. Bad arguments raise
@@ -327,6 +421,7 @@ class ZmqEventPublisher:
         self._next_seq = 0
         self._buffer = deque()  # (seq, payload), seqs consecutive
         self._buffered_bytes = 0
+        self._wide = set()
         self.buffer_steps = buffer_steps
         self.buffer_bytes = buffer_bytes
         self.data_parallel_rank = data_parallel_rank
@@ -366,16 +461,18 @@ class ZmqEventPublisher:
     # ------------------------------------------------------------ publishing
     def publish(self, events, ts=None):
         """Queue ``events`` (a list of ``BlockStored`` / ``BlockRemoved`` /
-        ``AllBlocksCleared``, oldest first) as one batch; ``ts``: seconds since
-        the epoch (default: now). Returns its sequence number (int). An empty
-        list makes an empty batch. Never blocks on the network.
-        ``RuntimeError`` after ``close()``."""
+        ``AllBlocksCleared``, oldest first) as one batch, or as several
+        consecutive batches when some blocks have token ids outside
+        ``[0, 2**32)``; ``ts``: seconds since the epoch (default: now). Returns
+        the sequence number (int) of the last batch. An empty list makes an
+        empty batch. Never blocks on the network. ``RuntimeError`` after
+        ``close()``."""
         events = list(events)
         ts = time.time() if ts is None else ts
         with self._lock:
             if self._closed:
                 raise RuntimeError("ZmqEventPublisher.publish after close()")
-            runs = [(False, events)]
+            runs = split_unrepresentable(events, self._wide) or [(False, [])]
             for _, evs in runs:
                 payload = encode_batch(KVEventBatch(ts, evs, self.data_parallel_rank))
                 with self._buf_lock:

@@ -405,3 +405,144 @@ def test_close_stops_the_thread_and_publish_after_close_raises():
 def test_publisher_bad_arguments_name_themselves(kwargs, exc, name):
     with pytest.raises(exc, match=name):
         ZmqEventPublisher(**kwargs)
+
+
+# ------------------------------------------------- blocks a u32 router cannot hold
+def test_split_cuts_stores_at_the_first_wide_block_and_follows_it():
+    from flatradix.events import split_unrepresentable
+
+    W = 1 << 32
+    wide = set()
+    events = [
+        BlockStored([1, 2, 3], None, [5, 6, 7, 8, W, 9], 2, None, "GPU", lora_name="L"),
+        BlockStored([4], 3, [1, 1], 2, None, "GPU"),          # child of a wide block
+        BlockStored([5], None, [2, 2], 2, None, "GPU"),
+        BlockRemoved([2, 3, 5], "GPU"),
+        BlockStored([6], None, [-1, 0], 2, None, "GPU"),
+        AllBlocksCleared(),
+        BlockStored([7], 6, [0, 0], 2, None, "GPU"),          # 6 was cleared: narrow again
+    ]
+    runs = split_unrepresentable(events, wide)
+    assert [(w, as_dicts(evs)) for w, evs in runs] == [
+        (False, as_dicts([BlockStored([1, 2], None, [5, 6, 7, 8], 2, None, "GPU")])),
+        (True, as_dicts([BlockStored([3], 2, [W, 9], 2, None, "GPU"), BlockStored([4], 3, [1, 1], 2, None, "GPU")])),
+        (False, as_dicts([BlockStored([5], None, [2, 2], 2, None, "GPU"), BlockRemoved([2, 5], "GPU")])),
+        (True, as_dicts([BlockRemoved([3], "GPU"), BlockStored([6], None, [-1, 0], 2, None, "GPU")])),
+        (False, as_dicts([AllBlocksCleared(), BlockStored([7], 6, [0, 0], 2, None, "GPU")])),
+    ]
+    assert runs[1][1][0].lora_name == "L" and wide == set()
+    assert events[0].block_hashes == [1, 2, 3]  # input untouched
+
+
+U32 = __import__("typing").Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
+
+
+class _U32Stored(msgspec.Struct, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: "int | None"
+    token_ids: list[U32]
+
+
+class _U32Removed(msgspec.Struct, tag="BlockRemoved"):
+    block_hashes: list[int]
+
+
+class _U32Cleared(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class _U32Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list["_U32Stored | _U32Removed | _U32Cleared"]
+    data_parallel_rank: "int | None" = None
+
+
+def visible_model():
+    """Independent model of a u32 router's blocks, fed with the full event
+    stream: a block is visible when its tokens fit u32 and its parent is visible."""
+    vis = {}
+
+    def apply(ev):
+        if isinstance(ev, BlockStored):
+            parent, bs = ev.parent_block_hash, ev.block_size
+            for i, h in enumerate(ev.block_hashes):
+                toks = np.asarray(ev.token_ids[i * bs:(i + 1) * bs]).ravel()
+                vis[h] = bool(((toks >= 0) & (toks < 1 << 32)).all()) and (parent is None or vis[parent])
+                parent = h
+        elif isinstance(ev, BlockRemoved):
+            for h in ev.block_hashes:
+                del vis[h]
+        else:
+            vis.clear()
+    return vis, apply
+
+
+def test_wide_tokens_never_sink_other_blocks_of_a_batch():
+    """A u32 consumer (decoding like Dynamo: one wide token fails its batch)
+    ends with exactly the blocks it can represent; a full consumer with all."""
+    zmq = pytest.importorskip("zmq")
+    import time
+
+    strict = msgspec.msgpack.Decoder(_U32Batch)
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*")
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub.endpoint)
+    assert sub.poll(10_000), "no welcome batch"
+    sub.recv_multipart()
+    rng = np.random.default_rng(3)
+    c = UnifiedRadixCache(page_size=2, enable_kv_cache_events=True)
+    vis, apply = visible_model()
+    full, narrow = set(), set()
+    sent, dropped = 1, 0   # after the welcome
+    for step in range(200):
+        toks = [int(x) for x in rng.integers(0, 4, size=int(rng.integers(2, 12)))]
+        if rng.random() < 0.15:
+            toks[int(rng.integers(len(toks)))] = int(rng.choice([-5, 1 << 32, (1 << 40) + 3]))
+        if rng.random() < 0.7:
+            c.insert(InsertParams(key=RadixKey(toks)))
+        elif rng.random() < 0.95:
+            c.evict(EvictParams(num_tokens=int(rng.integers(1, 8))))
+        else:
+            c.reset()
+        ev = c.take_events()
+        for e in ev:
+            apply(e)
+        if ev:
+            last = pub.publish(ev)
+            deadline = time.time() + 10
+            while sent <= last and time.time() < deadline:
+                if not sub.poll(100):
+                    continue
+                _, seq, payload = sub.recv_multipart()
+                assert int.from_bytes(seq, "big", signed=True) == sent
+                sent += 1
+                for e in decode_batch(payload).events:
+                    if isinstance(e, BlockStored):
+                        full.update(e.block_hashes)
+                    elif isinstance(e, BlockRemoved):
+                        full.difference_update(e.block_hashes)
+                    else:
+                        full.clear()
+                try:
+                    batch = strict.decode(payload)
+                except msgspec.ValidationError:
+                    dropped += 1
+                    continue
+                for e in batch.events:
+                    if isinstance(e, _U32Stored):
+                        assert e.parent_block_hash is None or e.parent_block_hash in narrow
+                        narrow.update(e.block_hashes)
+                    elif isinstance(e, _U32Removed):
+                        # a batch of wide removals decodes too (no tokens): never mixed
+                        held = set(e.block_hashes) & narrow
+                        assert held in (set(), set(e.block_hashes))
+                        narrow.difference_update(e.block_hashes)
+                    else:
+                        narrow.clear()
+            assert sent == last + 1
+            assert full == c.block_hashes()
+            assert narrow == {h for h, v in vis.items() if v}
+    assert dropped > 0 and len(narrow) < len(full)  # the run did exercise wide blocks
+    sub.close(0)
+    pub.close()
