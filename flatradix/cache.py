@@ -149,6 +149,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         Queue ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events
         (``flatradix.events``; needs msgspec), drained by ``take_events()``. When
         off, no hashing work is done at all.
+    kv_event_lora_names : dict or flatradix.events.KvEventLoraNames, optional
+        ``{extra_key: lora_name}`` (or ``{extra_key: (lora_name, lora_id)}``):
+        stores of those ``extra_key`` namespaces carry ``lora_name`` / ``lora_id``,
+        the name a router is queried with (SGLang's cache parameter of that
+        name). A dict is copied; a ``KvEventLoraNames`` is used live. Hashes do
+        not depend on it. Needs msgspec.
     disable : bool
         Hold nothing: match returns empty, insert returns prefix_len 0.
     node_capacity, pool_capacity : int
@@ -182,8 +188,8 @@ class UnifiedRadixCache(RequestCachingMixin):
     def __init__(self, page_size=1, components=_FULL_ONLY, eviction_policy="lru",
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
-                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16, *,
-                 tree_components=None, sliding_window_size=None):
+                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16,
+                 kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None):
         if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
             raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
         self.page_size = int(page_size)
@@ -246,6 +252,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         pcap = as_count(pool_capacity, "pool_capacity")
         if pcap > MAX_POOL_CAPACITY:
             raise ValueError(f"pool_capacity must be <= {MAX_POOL_CAPACITY}, got {pcap}")
+        if kv_event_lora_names is not None:
+            from .events import lora_name_table  # TypeError / ValueError naming the argument
+
+            kv_event_lora_names = lora_name_table(kv_event_lora_names, "kv_event_lora_names")
+        self.kv_event_lora_names = kv_event_lora_names
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.req_to_token_pool = req_to_token_pool
         self.device = device
@@ -270,7 +281,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         except MemoryError as e:
             raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "
                               f"initial arrays ({e})") from None
-        self._sink = (EventSink(self._engine, self.page_size, self.is_eagle)
+        self._sink = (EventSink(self._engine, self.page_size, self.is_eagle,
+                                self.kv_event_lora_names)
                       if self.enable_kv_cache_events else None)
         self._root = self._engine.root
         if self._sink is not None:

@@ -20,11 +20,12 @@ from .kernels.hashing import hash_node as _k_hash_node
 class EventSink:
     """Event queue of one cache (``enable_kv_cache_events=True``)."""
 
-    def __init__(self, engine, page_size, bigram):
+    def __init__(self, engine, page_size, bigram, lora_names=None):
         from . import events  # msgspec is needed only with events on
 
         self._ev = events
         self._engine = engine
+        self.lora_names = lora_names  # extra_key -> LoRA name / id (events.lora_fields)
         self.page_size = page_size
         self.bigram = bigram
         self.queue = []
@@ -76,10 +77,11 @@ class EventSink:
             token_ids = [[int(u) >> 32, int(u) & 0xFFFFFFFF] for u in toks]
         else:
             token_ids = toks.tolist()
+        lora_name, lora_id = self._ev.lora_fields(self.lora_names, nk[0])
         self._ev.enqueue(self.queue, self._ev.BlockStored(
             block_hashes=self.page_hashes(off, n), parent_block_hash=parent_hash,
-            token_ids=token_ids, block_size=self.page_size, lora_id=None, medium="GPU",
-            cache_salt=nk[1]))
+            token_ids=token_ids, block_size=self.page_size, lora_id=lora_id, medium="GPU",
+            cache_salt=nk[1], lora_name=lora_name))
 
     def removed(self, off, n):
         """Queue the ``BlockRemoved`` (medium GPU) of pool rows ``[off, off + n)``."""
