@@ -446,6 +446,45 @@ class RequestCachingMixin:
             self.req_to_token_pool.free(req.req_pool_idx)
             req.req_pool_idx = None
 
+    # ------------------------------------------------------------------ SWA, scheduler-side
+    def evict_sliding_windows(self, req, pre_len, eviction_interval=1):
+        """Free the SWA slots that slid out of a running request's window (SGLang
+        ``evict_sliding_windows``, what the scheduler calls per decode step with
+        ``pre_len = seqlen - 1``): once ``pre_len - W >= req.swa_evicted_seqlen +
+        eviction_interval``, the row's SWA slots from the cursor (at least
+        ``cache_protected_len``: the tree owns the prefix) up to
+        ``pre_len - ceil(max(W, P) / P) * P`` (page-aligned) go back to the SWA
+        pool and the cursor moves there. No-op without SWA or for a request that
+        holds no row. Errors (``TypeError`` / ``ValueError`` naming the field)
+        before anything changes. O(freed)."""
+        self._check_req_type(req)
+        pre_len = as_count(pre_len, "pre_len")
+        interval = as_count(eviction_interval, "eviction_interval")
+        if not self._swa or req.req_pool_idx is None:
+            return
+        self._need_pools("evict_sliding_windows")
+        protected = self._protected_len(req)
+        if protected % self.page_size:
+            raise ValueError(f"req.cache_protected_len={protected} is not a multiple of "
+                             f"page_size={self.page_size}")
+        cursor = self._swa_cursor(req)
+        if pre_len - self._window < cursor + interval:
+            return
+        with self._mutex:
+            row = self._row(req, pre_len, "pre_len")
+            self._free_out_of_window(req, row, pre_len, protected, interval)
+
+    def release_swa_prefix_lock(self, req):
+        """The request's window moved past its cached prefix: release the SWA part of
+        its lock early (``release_swa(req.lock)``) when that lock holds a window
+        with a boundary. No-op otherwise."""
+        lock = getattr(req, "lock", None)
+        if lock is None or not self._swa:
+            return
+        uuids = getattr(lock.receipt, "component_lock_uuids", {}) or {}
+        if uuids.get(ComponentType.SWA) is not None:
+            self.release_swa(lock)
+
     # ------------------------------------------------------------------ old names
     def cache_unfinished_req(self, req, chunked=False):
         """Cache a running request's ``fill_ids`` (SGLang <= 0.5.22 name of
