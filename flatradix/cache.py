@@ -882,7 +882,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         if not isinstance(lock, TreeLock):
             raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(lock).__name__}")
         nid = as_node_id(lock.node, "lock.node")
-        if self._swa:
+        anchor = getattr(lock.receipt, "node_id", None)
+        if anchor is not None and anchor != nid:
+            raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
+        if self._swa and nid != self._root:
             uuids = getattr(lock.receipt, "component_lock_uuids", None)
             if not isinstance(uuids, Mapping) or ComponentType.SWA not in uuids:
                 raise ReceiptError("lock.receipt.component_lock_uuids has no ComponentType.SWA "

@@ -43,6 +43,7 @@ to ``--repro-dir``. The last stdout line per configuration is
 
 import argparse
 import hashlib
+from collections import deque
 import json
 import os
 import random
@@ -81,6 +82,28 @@ CONFIGS = {
     "p16-eagle-lfu": dict(page_size=16, policy="lfu", eagle=True),
 }
 
+# FULL+SWA configurations (``swa_window`` = W): windows larger than the page (p1-*),
+# smaller than it (p16-swa8), equal to it (p16-swa16), not a multiple of it
+# (p16-swa40, p64-swa127), EAGLE bigram trees, several policies. The SWA pool
+# budget is ``swa_budget`` times the Full one, so SWA evictions (tombstones) and
+# out-of-window frees run often. ``slot_space`` bounds the KV slot numbers (the
+# allocators' mapping arrays are that long); slots are reused once freed.
+SWA_CONFIGS = {
+    "p1-swa4-lru": dict(page_size=1, policy="lru", swa_window=4, swa_budget=0.5),
+    "p1-swa24-lfu": dict(page_size=1, policy="lfu", swa_window=24, swa_budget=0.4),
+    "p16-swa8-lru": dict(page_size=16, policy="lru", swa_window=8, swa_budget=0.5),
+    "p16-swa16-priority": dict(page_size=16, policy="priority", swa_window=16, swa_budget=0.5),
+    "p16-swa40-lru": dict(page_size=16, policy="lru", swa_window=40, swa_budget=0.6),
+    "p64-swa127-slru": dict(page_size=64, policy="slru", policy_config={"protected_threshold": 2},
+                            swa_window=127, swa_budget=0.6),
+    "p1-eagle-swa7-lru": dict(page_size=1, policy="lru", eagle=True, swa_window=7, swa_budget=0.5),
+    "p64-eagle-swa127-lru": dict(page_size=64, policy="lru", eagle=True, swa_window=127,
+                                 swa_budget=0.6),
+}
+for _c in SWA_CONFIGS.values():
+    _c["slot_space"] = (1 << 16) * _c["page_size"]
+CONFIGS.update(SWA_CONFIGS)
+
 # Self-test: flatradix-only changes the driver must catch (a configuration plus
 # ``mutant``, see engines.FlatEngine). Policy swaps check that the eviction order
 # is really compared; dropped insert arguments check hit counts (lfu/slru),
@@ -95,6 +118,8 @@ MUTANTS = {
     "priority-dropped": ("p64-priority", dict(drop_priority=True)),
     "inserted_len-dropped": ("p1-lfu", dict(drop_inserted_len=True)),
     "prev_prefix_len-dropped": ("p16-lru", dict(drop_prev=True)),
+    "swa-window-larger": ("p16-swa40-lru", dict(swa_window=48)),
+    "swa-cursor-dropped": ("p1-swa24-lfu", dict(drop_cursor=True)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.
@@ -105,6 +130,8 @@ NS_WEIGHTS = [10, 2, 2, 1, 1, 1]
 MAX_LIVE = 6          # requests in flight
 MAX_LOCKS = 8         # extra locks held by "match+lock" ops
 VALUE_NONE, BIGRAM, TRACK = 1, 2, 4   # raw insert / match flags (see Executor.op_insert)
+SKIP_SWA, CURSOR, BRANCH = 8, 16, 32  # SWA: lock without the window / insert with a cursor /
+                                      # with a swa_branching_seqlen
 SELFTEST_OPS = 5000  # a mutant must diverge within this many ops
 TOTAL_EVERY = 16
 CHECK_EVERY = 64
@@ -120,9 +147,48 @@ def geometry(P):
 
 
 # --------------------------------------------------------------------------- executor
+class SlotSpace:
+    """The oracle's allocator for one KV pool of an SWA configuration: pages handed
+    out first-in first-out from a free list, the same to both engines, and taken
+    back when freed (the frees are compared first). A Full page returns once every
+    slot handed out from it was freed; an SWA page is freed whole (SGLang frees its
+    SWA side by page). A slot freed twice or never handed out breaks the count:
+    that is reported as a divergence of the engines' slot accounting."""
+
+    def __init__(self, page_size, npages):
+        self.P = page_size
+        self.free = deque(range(1, npages))
+        self.held = {}  # page -> slots handed out and not freed
+
+    def page(self):
+        p = self.free.popleft()
+        self.held[p] = 0
+        return p
+
+    def take(self, page):
+        self.held[page] += 1
+
+    def release_slots(self, slots, what):
+        for x in slots:
+            p = x // self.P
+            if self.held.get(p, 0) <= 0:
+                raise Divergence(f"{what}.slot_accounting", f"slot {x} freed but not held")
+            self.held[p] -= 1
+            if self.held[p] == 0:
+                del self.held[p]
+                self.free.append(p)
+
+    def release_pages(self, pages, what):
+        for p in pages:
+            if p not in self.held:
+                raise Divergence(f"{what}.slot_accounting", f"SWA page {p} freed but not held")
+            del self.held[p]
+            self.free.append(p)
+
+
 class ReqState:
     __slots__ = ("rid", "prompt", "ns", "prio", "row", "protected", "extend_end",
-                 "output", "committed", "admitted")
+                 "output", "committed", "admitted", "swa", "cursor")
 
     def __init__(self, rid, prompt, ns, prio):
         self.rid, self.prompt, self.ns, self.prio = rid, prompt, ns, prio
@@ -132,6 +198,8 @@ class ReqState:
         self.output = []
         self.committed = 0
         self.admitted = 0
+        self.swa = []      # SWA slot of each row position (SWA configs)
+        self.cursor = 0    # SWA cursor (positions below it have no SWA slot of the request)
 
 
 class Executor:
@@ -154,6 +222,13 @@ class Executor:
         self.hmap = EventHashMap()
         self.coalesce = backend == "rust"
         self.next_page = 1
+        self.swa = cfg.get("swa_window") is not None
+        if self.swa:
+            npages = cfg["slot_space"] // self.P
+            self.full_space = SlotSpace(self.P, npages)
+            self.swa_space = SlotSpace(self.P, npages)
+            self.cap_swa_pages = max(8, int(self.cap_pages * cfg.get("swa_budget", 1.0)))
+            self.uuids = NodeIdMap()
         self.reqs = {}
         self.locks = []
         self.nops = 0
@@ -183,8 +258,12 @@ class Executor:
 
     def _slots(self, row, start, end):
         """KV slots for row positions [start, end): whole pages from the shared
-        counter, a partial page continued in place (as a paged allocator does)."""
+        counter, a partial page continued in place (as a paged allocator does).
+        SWA configurations take pages from the slot spaces and map each new Full
+        slot to an SWA slot at the same offset of a fresh SWA page, on both engines."""
         P = self.P
+        if self.swa:
+            return self._swa_slots(row, start, end)
         out = []
         for pos in range(start, end):
             if pos % P == 0:
@@ -196,31 +275,80 @@ class Executor:
                 out.append((row[pos - 1] if pos - 1 < len(row) else out[-1]) + 1)
         return out
 
+    def _swa_slots(self, row, start, end):
+        P = self.P
+        out, swa = [], []
+        for pos in range(start, end):
+            if pos % P == 0:
+                fp, sp = self.full_space.page(), self.swa_space.page()
+                f, w = fp * P, sp * P
+            else:
+                prev = row[pos - 1] if pos - 1 < len(row) else out[-1]
+                f = prev + 1
+                w = (swa[-1] if swa else int(self.f.alloc.mapping[prev])) + 1
+            self.full_space.take(f // P)
+            out.append(f)
+            swa.append(w)
+        if out:
+            self._both("map", lambda: self.f.set_swa_mapping(out, swa),
+                       lambda: self.s.set_swa_mapping(out, swa))
+        return out
+
+    def _return_slots(self, what, full, swa_pages):
+        """Slots both engines freed go back to the slot spaces (SWA configs)."""
+        if self.swa:
+            self.full_space.release_slots(full, what)
+            self.swa_space.release_pages(swa_pages, what)
+
     @staticmethod
     def _new_pages(start, end, P):
         return max(0, -(-end // P) - (-(-start // P)))
 
     def _usage_pages(self):
-        ev, prot = self.f.sizes()
+        ev, prot = self.f.sizes()[:2]
         used = (ev + prot) // self.P
         for r in self.reqs.values():
             used += max(0, -(-r.committed // self.P) - r.protected // self.P)
         return used
 
+    def _swa_usage_pages(self):
+        sizes = self.f.sizes()
+        used = (sizes[2] + sizes[3]) // self.P
+        for r in self.reqs.values():
+            live = max(r.cursor, r.protected)
+            used += max(0, -(-r.committed // self.P) - live // self.P)
+        return used
+
     def _make_room(self, pages):
-        """Evict what a scheduler would before allocating ``pages`` pages."""
+        """Evict what a scheduler would before allocating ``pages`` pages: Full
+        first, then (SWA configs) the SWA pool's shortfall as ``swa_num_tokens``."""
         over = self._usage_pages() + pages - self.cap_pages
         if over > 0:
             self.stats["budget_evict"] += 1
             a, b = self._both("budget_evict", lambda: self.f.evict(over * self.P),
                               lambda: self.s.evict(over * self.P))
             compare("budget_evict.num_evicted", a, b)
-            self.stats["evicted_tokens"] += a
+            self.stats["evicted_tokens"] += a[0]
+        if self.swa:
+            over = self._swa_usage_pages() + pages - self.cap_swa_pages
+            if over > 0:
+                self.stats["budget_evict_swa"] += 1
+                a, b = self._both("budget_evict_swa", lambda: self.f.evict(0, over * self.P),
+                                  lambda: self.s.evict(0, over * self.P))
+                compare("budget_evict_swa.num_evicted", a, b)
+                self.stats["evicted_tokens"] += a[0]
+                self.stats["evicted_swa_tokens"] += a[1]
 
     def _sync(self, what, ns):
         """Compare frees, sizes and events accumulated since the last sync."""
-        compare(f"{what}.freed_indices", self.f.take_frees(), self.s.take_frees())
-        compare(f"{what}.sizes(evictable,protected)", self.f.sizes(), self.s.sizes())
+        freed = self.f.take_frees()
+        compare(f"{what}.freed_indices", freed, self.s.take_frees())
+        if self.swa:
+            swa_pages = self.f.take_swa_frees()
+            compare(f"{what}.freed_swa_pages", swa_pages, self.s.take_swa_frees())
+            self._return_slots(what, freed, swa_pages)
+        compare(f"{what}.sizes(evictable,protected[,swa_evictable,swa_protected])",
+                self.f.sizes(), self.s.sizes())
         fe = event_tuples(self.f.take_events())
         se = event_tuples(self.s.take_events())
         learn = ns[0] is not None
@@ -230,9 +358,12 @@ class Executor:
         compare(f"{what}.events", fe, se)
 
     def check_total(self, what, content=False):
-        compare(f"{what}.total_size", self.f.total(), self.s.total())
-        ev, prot = self.f.sizes()
-        compare(f"{what}.total==evictable+protected", self.f.total(), ev + prot)
+        total = self.f.total()
+        compare(f"{what}.total_size", total, self.s.total())
+        sizes = self.f.sizes()
+        compare(f"{what}.total==evictable+protected", total[0], sizes[0] + sizes[1])
+        if self.swa:
+            compare(f"{what}.swa_total==swa_evictable+swa_protected", total[1], sizes[2] + sizes[3])
         if content:  # O(tree) on both sides: at resets and episode ends only
             compare(f"{what}.all_values_flatten(sorted)", self.f.values(), self.s.values())
 
@@ -267,10 +398,25 @@ class Executor:
         compare("match.other_fields", fx[3], sx[3])
         self.stats["match_tokens"] += fl
         if lock and len(self.locks) < MAX_LOCKS:
-            (fh, fd), (sh, sd) = self._both("lock", lambda: self.f.lock(fn), lambda: self.s.lock(sn))
-            compare("lock.delta", fd, sd)
+            skip = bool(flags & SKIP_SWA) and self.swa
+            (fh, fr), (sh, sr) = self._both("lock", lambda: self.f.lock(fn, skip),
+                                            lambda: self.s.lock(sn, skip))
+            self.compare_receipt("lock", fr, sr)
             self.locks.append((fh, sh))
         self._sync("match", ns)
+
+    def compare_receipt(self, what, fr, sr):
+        """A lock's delta, and its SWA window boundary (None / a stamp, stamps
+        compared through a bijection as node ids are)."""
+        compare(f"{what}.delta", fr[0], sr[0])
+        fu = {int(k): v for k, v in fr[1].items()}
+        su = {int(k): v for k, v in sr[1].items()}
+        compare(f"{what}.component_lock_uuids.keys", sorted(fu), sorted(su))
+        for k in fu:
+            if fu[k] is None or su[k] is None:
+                compare(f"{what}.component_lock_uuids[{k}]", fu[k], su[k])
+            else:
+                self.uuids.bind(f"{what}.component_lock_uuids", fu[k], su[k])
 
     def op_unlock(self, k):
         if not self.locks:
@@ -279,6 +425,17 @@ class Executor:
         self._both("unlock", lambda: self.f.unlock(fh), lambda: self.s.unlock(sh))
         self._sync("unlock", (None, None))
 
+    def op_release_swa(self, k):
+        """Early SWA release of a held lock (``release_swa``); the later unlock skips SWA."""
+        if not self.locks or not self.swa:
+            return
+        fh, sh = self.locks[k % len(self.locks)]
+        if fh.receipt.skipped_lock_components:
+            return  # a lock that skipped SWA has no window to release (both raise KeyError)
+        self._both("release_swa", lambda: self.f.release_swa(fh), lambda: self.s.release_swa(sh))
+        compare("release_swa.swa_released", fh.swa_released, sh.swa_released)
+        self._sync("release_swa", (None, None))
+
     def op_insert(self, toks, nsi, prev, inserted, prio, flags=0):
         """Raw insert with fresh KV slots. ``flags``: VALUE_NONE (``value=None``: the
         tree stores the token ids), BIGRAM (EAGLE key marked ``is_bigram`` by the caller),
@@ -286,37 +443,53 @@ class Executor:
         ns = NAMESPACES[nsi]
         n = self.key_units(toks)
         bigram = bool(flags & BIGRAM) and self.eagle
-        if flags & VALUE_NONE and all(t < 2 ** 31 for t in toks):
+        if flags & VALUE_NONE and all(t < 2 ** 31 for t in toks) and not self.swa:
             values = None  # token ids become "KV indices": only valid ones (SGLang rows are int32)
         else:
             self._make_room(self._new_pages(0, n, self.P))
             values = self._slots([], 0, n)
         track = bool(flags & TRACK)
+        cursor = branching = None
+        if self.swa:
+            P = self.P
+            aligned = n - n % P
+            # a request's SWA cursor: its slots below it already gave their SWA peers back
+            cursor = (inserted * 7 + prio * 3 + n) % (aligned // P + 1) * P if flags & CURSOR else 0
+            if cursor:
+                self._both("free_swa", lambda: self.f.free_swa(values[:cursor]),
+                           lambda: self.s.free_swa(values[:cursor]))
+            if flags & BRANCH:
+                branching = max(P, (prev + inserted) % (n + P + 1))
         (fl, fn, fx), (sl, sn, sx) = self._both(
             "insert",
-            lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track),
-            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track))
+            lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track,
+                                  cursor or 0, branching),
+            lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track,
+                                  cursor or 0, branching))
         compare("insert.prefix_len", fl, sl)
         self.ids.bind("insert", fn, sn)
         compare("insert.other_fields(total_len,mamba_exist,swa_branch_inserted,adopted_ranges)", fx, sx)
         self._sync("insert", ns)
 
-    def op_evict(self, n):
-        a, b = self._both("evict", lambda: self.f.evict(n), lambda: self.s.evict(n))
-        compare("evict.num_evicted", a, b)
-        self.stats["evicted_tokens"] += a
+    def op_evict(self, n, swa_n=0):
+        swa_n = swa_n if self.swa else 0
+        a, b = self._both("evict", lambda: self.f.evict(n, swa_n), lambda: self.s.evict(n, swa_n))
+        compare("evict.num_evicted(full,swa)", a, b)
+        self.stats["evicted_tokens"] += a[0]
+        self.stats["evicted_swa_tokens"] += a[1]
         self._sync("evict", (None, None))
 
     def op_admit(self, rid, prompt, nsi, prio):
         if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt:
             return
         ns = NAMESPACES[nsi]
-        (fl, fi, fn), (sl, si, sn) = self._both(
+        (fl, fi, fn, fw), (sl, si, sn, sw) = self._both(
             "admit", lambda: self.f.req_admit(rid, prompt, ns, prio),
             lambda: self.s.req_admit(rid, prompt, ns, prio))
         compare("admit.prefix_len", fl, sl)
         compare("admit.indices", fi, si)
         self.ids.bind("admit", fn, sn)
+        compare("admit.swa(cursor,branching_seqlen)", fw, sw)
         r = ReqState(rid, prompt, ns, prio)
         r.row = list(fi)
         r.protected = r.extend_end = r.committed = r.admitted = fl
@@ -345,15 +518,40 @@ class Executor:
 
     def _checkpoint(self, r, what):
         up_to = r.committed
-        (fp, fn, frow), (sp, sn, srow) = self._both(
+        (fp, fn, frow, fw), (sp, sn, srow, sw) = self._both(
             what, lambda: self.f.req_checkpoint(r.rid, up_to),
             lambda: self.s.req_checkpoint(r.rid, up_to))
         compare(f"{what}.cache_protected_len", fp, sp)
         self.ids.bind(what, fn, sn)
         compare(f"{what}.req_to_token_row", frow, srow)
+        compare(f"{what}.swa(cursor,branching_seqlen)", fw, sw)
         r.protected = fp
         r.row[:up_to] = frow
+        if fw is not None:
+            r.cursor = fw[0]
         self.stats["checkpoint"] += 1
+
+    def op_slide(self, rid):
+        """The scheduler's per-decode SWA slide: ``evict_sliding_windows(req, seqlen - 1)``."""
+        r = self.reqs.get(rid)
+        if r is None or not self.swa or r.committed < 1:
+            return
+        pre = r.committed - 1
+        fw, sw = self._both("slide", lambda: self.f.req_slide(rid, pre),
+                            lambda: self.s.req_slide(rid, pre))
+        compare("slide.swa(cursor,branching_seqlen)", fw, sw)
+        r.cursor = fw[0]
+        self.stats["slide"] += 1
+        self._sync("slide", r.ns)
+
+    def op_req_release_swa(self, rid):
+        """``release_swa_prefix_lock``: the request's window moved past its prefix."""
+        r = self.reqs.get(rid)
+        if r is None or not self.swa:
+            return
+        self._both("req_release_swa", lambda: self.f.req_release_swa(rid),
+                   lambda: self.s.req_release_swa(rid))
+        self._sync("req_release_swa", r.ns)
 
     def op_extend(self, rid, n, first_tok, ckpt_at_end):
         """One prefill chunk of ``n`` prompt tokens (chunk ends page-aligned, as
@@ -430,6 +628,7 @@ class Generator:
         self.P = cfg["page_size"]
         self.eagle = cfg.get("eagle", False)
         self.unit, self.max_ctx, _ = geometry(self.P)
+        self.swa = cfg.get("swa_window") is not None
         self.sys_prompts = [self.tokens(self.span(1, 8)) for _ in range(4)]
         self.convs = []          # [ns index, tokens]
         self.req_conv = {}       # rid -> conv slot (or None)
@@ -530,6 +729,13 @@ class Generator:
         choices += [("insert", 0.12), ("match", 0.16), ("evict", 0.05), ("reset", 0.002)]
         if ex.locks:
             choices.append(("unlock", 0.05))
+        if self.swa:
+            if decode:
+                choices.append(("slide", 0.10))
+            if ex.reqs:
+                choices.append(("req_release_swa", 0.01))
+            if ex.locks:
+                choices.append(("release_swa", 0.03))
         kind = rng.choices([c[0] for c in choices], [c[1] for c in choices])[0]
         if kind == "admit":
             prompt, nsi, conv = self.prompt(ex)
@@ -565,15 +771,30 @@ class Generator:
                 prev, inserted = prev // P * P, inserted // P * P
             flags = ((VALUE_NONE if rng.random() < 0.03 else 0) | (BIGRAM if rng.random() < 0.3 else 0)
                      | (TRACK if rng.random() < 0.2 else 0))
+            if self.swa:
+                flags |= (CURSOR if rng.random() < 0.3 else 0) | (BRANCH if rng.random() < 0.1 else 0)
             return ("insert", key, nsi, prev, inserted, rng.choice((0, 0, 1, 2, 5)), flags)
         if kind == "match":
             key, nsi = self.source_key(ex)
-            return ("match", key, nsi, rng.random() < 0.3, BIGRAM if rng.random() < 0.3 else 0)
+            flags = BIGRAM if rng.random() < 0.3 else 0
+            if self.swa and rng.random() < 0.2:
+                flags |= SKIP_SWA
+            return ("match", key, nsi, rng.random() < 0.3, flags)
         if kind == "unlock":
             return ("unlock", rng.randrange(1 << 16))
         if kind == "evict":
             n = rng.choice((1, self.P, rng.randint(1, 4 * self.unit), 10 ** 6 if rng.random() < 0.1 else 1))
+            if self.swa:
+                swa_n = rng.choice((0, 0, 1, self.P, rng.randint(1, 4 * self.unit),
+                                    10 ** 6 if rng.random() < 0.1 else 1))
+                if rng.random() < 0.5:
+                    n = 0
+                return ("evict", n, swa_n)
             return ("evict", n)
+        if kind in ("slide", "req_release_swa"):
+            return (kind, rng.choice(sorted(decode if kind == "slide" else ex.reqs)))
+        if kind == "release_swa":
+            return ("release_swa", rng.randrange(1 << 16))
         return ("reset",)
 
 

@@ -68,6 +68,67 @@ class _FlatRecordingAllocator:
         return _BIG
 
 
+class _FlatRecordingSWAAllocator:
+    """flatradix-side SWA allocator stand-in (duck-typed, as SGLang's): the driver
+    sets the Full -> SWA mapping itself; frees are recorded per pool -- Full slots
+    in call order, SWA as *page ids* in call order, which is how SGLang's
+    allocator frees its SWA side -- and checked: an SWA free of a slot without a
+    peer, or a Full-only free of a slot that still has one, raises."""
+
+    index_kind = "numpy"
+    device = "cpu"
+
+    def __init__(self, page_size, size):
+        self.page_size = page_size
+        self.size_full = size
+        self.mapping = np.zeros(size + page_size + 1, dtype=np.int64)
+        self.log = []
+        self.swa_log = []
+
+    def set_full_to_swa_mapping(self, full, swa):
+        self.mapping[np.asarray(full, dtype=np.int64)] = np.asarray(swa, dtype=np.int64)
+
+    def clear_full_to_swa_mapping(self, full):
+        self.mapping[np.asarray(full, dtype=np.int64)] = 0
+
+    def translate_swa_indices_for_transfer(self, full):
+        return self.mapping[np.asarray(full, dtype=np.int64)].copy()
+
+    def full_available_size(self):
+        return _BIG
+
+    swa_available_size = available_size = full_available_size
+
+    def free_swa_segment(self, idx, start_pos=0):
+        idx = np.asarray(idx, dtype=np.int64)
+        if not idx.size:
+            return
+        swa = self.mapping[idx]
+        if (swa <= 0).any():
+            raise AssertionError(f"SWA free of Full slots without an SWA peer: "
+                                 f"{idx[swa <= 0][:8].tolist()}")
+        P = self.page_size
+        pages = swa // P
+        keep = np.ones(pages.size, dtype=bool)
+        keep[1:] = pages[1:] != pages[:-1]
+        self.swa_log.extend(pages[keep].tolist())
+        full_pages = np.unique(idx // P)
+        self.mapping[(full_pages[:, None] * P + np.arange(P)[None, :]).reshape(-1)] = 0
+
+    def free_full_segment(self, idx, start_pos=0):
+        idx = np.asarray(idx, dtype=np.int64)
+        if idx.size and (self.mapping[idx] != 0).any():
+            raise AssertionError(f"Full-only free of slots with a live SWA peer: "
+                                 f"{idx[self.mapping[idx] != 0][:8].tolist()}")
+        self.log.extend(idx.tolist())
+
+    def free(self, idx):
+        idx = np.asarray(idx, dtype=np.int64)
+        mapped = idx[self.mapping[idx] > 0]
+        self.free_swa_segment(mapped)
+        self.free_full_segment(idx)
+
+
 class FlatEngine:
     name = "flatradix"
 
@@ -78,7 +139,14 @@ class FlatEngine:
         mut = cfg.get("mutant", {})
         self.mut = mut
         self.P = cfg["page_size"]
-        self.alloc = _FlatRecordingAllocator(self.P)
+        self.swa = cfg.get("swa_window") is not None
+        kw = {}
+        if self.swa:
+            self.alloc = _FlatRecordingSWAAllocator(self.P, cfg["slot_space"])
+            kw = dict(components=(flatradix.ComponentType.FULL, flatradix.ComponentType.SWA),
+                      sliding_window_size=mut.get("swa_window", cfg["swa_window"]))
+        else:
+            self.alloc = _FlatRecordingAllocator(self.P)
         self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
         self.cache = flatradix.UnifiedRadixCache(
             page_size=self.P, eviction_policy=mut.get("policy", cfg["policy"]),
@@ -87,7 +155,7 @@ class FlatEngine:
             is_eagle=cfg.get("eagle", False), enable_kv_cache_events=cfg.get("events", True),
             # tiny initial arrays: node-table growth, child-table rebuilds and pool
             # compaction run early and often instead of once per episode
-            node_capacity=8, pool_capacity=128)
+            node_capacity=8, pool_capacity=128, **kw)
         self.reqs = {}
 
     # ------------------------------------------------------------ tree ops
@@ -97,41 +165,66 @@ class FlatEngine:
     def _key(self, toks, ns, bigram=False):
         return FRadixKey(np.asarray(toks, dtype=np.int64), ns[0], ns[1], is_bigram=bigram)
 
-    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False):
+    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False,
+               cursor=0, branching=None):
         if self.mut:
             prev = 0 if self.mut.get("drop_prev") else prev
             inserted = 0 if self.mut.get("drop_inserted_len") else inserted
             prio = 0 if self.mut.get("drop_priority") else prio
-        r = self.cache.insert(FInsertParams(key=self._key(toks, ns, bigram),
-                                            value=None if values is None else np.asarray(values, dtype=np.int64),
-                                            prev_prefix_len=prev, inserted_len=inserted,
-                                            priority=prio, track_adopted_ranges=track))
+            cursor = 0 if self.mut.get("drop_cursor") else cursor
+        params = FInsertParams(key=self._key(toks, ns, bigram),
+                               value=None if values is None else np.asarray(values, dtype=np.int64),
+                               prev_prefix_len=prev, inserted_len=inserted,
+                               priority=prio, track_adopted_ranges=track,
+                               swa_branching_seqlen=branching)
+        if cursor:
+            params.set_evicted_seqlen(flatradix.ComponentType.SWA, cursor)
+        r = self.cache.insert(params)
         return r.prefix_len, r.last_device_node, insert_extras(r)
 
     def match(self, toks, ns, bigram=False):
         m = self.cache.match_prefix(FMatchPrefixParams(key=self._key(toks, ns, bigram)))
         return m.device_prefix_len, m.device_indices.tolist(), m.last_device_node, match_extras(m)
 
-    def lock(self, node):
-        r = self.cache.inc_lock_ref(node)
-        return (node, r), r.delta
+    def lock(self, node, skip_swa=False):
+        """Lock as a scheduler holding a ``TreeLock``; returns ``(lock, (delta, uuids))``."""
+        skip = (flatradix.ComponentType.SWA,) if skip_swa else ()
+        r = self.cache.inc_lock_ref(node, skip_lock_components=skip)
+        return flatradix.TreeLock(node, r.to_dec_params()), (r.delta, dict(r.component_lock_uuids))
 
     def unlock(self, handle):
-        node, receipt = handle
-        self.cache.dec_lock_ref(node, receipt)
+        self.cache.unlock(handle)
 
-    def evict(self, n):
-        return self.cache.evict(flatradix.EvictParams(num_tokens=n)).num_tokens_evicted
+    def release_swa(self, handle):
+        self.cache.release_swa(handle)
+
+    def evict(self, n, swa=0):
+        r = self.cache.evict(flatradix.EvictParams(num_tokens=n, swa_num_tokens=swa))
+        return r.num_tokens_evicted, r.swa_num_tokens_evicted
 
     def sizes(self):
-        return self.cache.evictable_size(), self.cache.protected_size()
+        c = self.cache
+        if self.swa:
+            return (c.evictable_size(), c.protected_size(), c.swa_evictable_size(),
+                    c.swa_protected_size())
+        return c.evictable_size(), c.protected_size()
 
     def total(self):
-        return self.cache.total_size()[0]
+        return self.cache.total_size()
 
     def take_frees(self):
         out, self.alloc.log = self.alloc.log, []
         return out
+
+    def take_swa_frees(self):
+        out, self.alloc.swa_log = self.alloc.swa_log, []
+        return out
+
+    def set_swa_mapping(self, full, swa):
+        self.alloc.set_full_to_swa_mapping(full, swa)
+
+    def free_swa(self, full):
+        self.alloc.free_swa_segment(full)
 
     def take_events(self):
         return self.cache.take_events()
@@ -151,17 +244,21 @@ class FlatEngine:
         """Match ``prompt[:-1]`` (the scheduler's ``input_len - 1`` cap), lock the
         matched node and take a request row. Returns (prefix_len, indices, node)."""
         row = self.rtp.alloc(1)[0]
-        plen, idx, node, _ = self.match(prompt[:-1], ns)
+        plen, idx, node, extras = self.match(prompt[:-1], ns)
         # token containers: array('q') (what an SGLang Req holds) or lists, alternately
         seq = (lambda t: array("q", t)) if rid % 2 else list
         req = flatradix.Req(origin_input_ids=seq(prompt), output_ids=seq(()), fill_ids=seq(prompt),
                             req_pool_idx=row, last_node=node, extra_key=ns[0], cache_salt=ns[1],
                             priority=prio, cache_protected_len=plen, cache_inserted_len=0,
-                            kv_committed_len=0, kv_allocated_len=0, rid=rid)
+                            kv_committed_len=0, kv_allocated_len=0, rid=rid,
+                            swa_branching_seqlen=extras[3][3])
         req.prefix_indices = np.asarray(idx, dtype=np.int64)
-        self.cache.inc_lock_ref(node)
+        if self.swa or rid % 2:
+            req.lock = self.cache.lock(node)  # a TreeLock, as SGLang's scheduler holds it
+        else:  # Full-only: a lock held by node id alone (no receipt) is released too
+            self.cache.inc_lock_ref(node)
         self.reqs[rid] = req
-        return plen, idx, node
+        return plen, idx, node, self.req_swa_state(rid)
 
     def req_write(self, rid, start, slots):
         req = self.reqs[rid]
@@ -180,7 +277,26 @@ class FlatEngine:
         req.fill_ids = (req.origin_input_ids + req.output_ids)[:up_to]
         self.cache.cache_unfinished_req(req)
         row = self.rtp.req_to_token[req.req_pool_idx, :up_to].tolist()
-        return req.cache_protected_len, req.last_node, row
+        return req.cache_protected_len, req.last_node, row, self.req_swa_state(rid)
+
+    def req_swa_state(self, rid):
+        """(SWA cursor, swa_branching_seqlen) of a request (``None`` without SWA)."""
+        if not self.swa:
+            return None
+        req = self.reqs[rid]
+        return req.swa_evicted_seqlen, req.swa_branching_seqlen
+
+    def req_slide(self, rid, pre_len):
+        """The scheduler's per-decode SWA slide (``evict_sliding_windows``)."""
+        self.cache.evict_sliding_windows(self.reqs[rid], pre_len)
+        return self.req_swa_state(rid)
+
+    def req_release_swa(self, rid):
+        """Early SWA release of the request's lock (``release_swa_prefix_lock``)."""
+        self.cache.release_swa_prefix_lock(self.reqs[rid])
+
+    def req_row(self, rid, n):
+        return self.rtp.req_to_token[self.reqs[rid].req_pool_idx, :n].tolist()
 
     def req_release(self, rid, insert):
         req = self.reqs.pop(rid)
@@ -258,8 +374,63 @@ def _sgl():
         def clear(self):
             self.log = []
 
+    class _Side:
+        """Stand-in for one side of SGLang's ``SWATokenToKVPoolAllocator`` (its
+        ``full_attn_allocator`` / ``swa_attn_allocator``): records what reaches it
+        -- Full: slots, SWA: page ids -- and hands nothing out (the driver assigns
+        slots and sets the Full -> SWA mapping). The SWA allocator's own code --
+        mapping reads, clears, page conversion, its checks -- stays SGLang's."""
+
+        size = _BIG
+        debug_mode = False
+
+        def __init__(self, page_size, pages):
+            self.page_size = page_size
+            self.pages = pages
+            self.log = []
+
+        def _rec(self, x):
+            v = x.tolist()
+            if self.pages and self.page_size > 1:
+                v = [i // self.page_size for i in v]
+                v = [p for i, p in enumerate(v) if i == 0 or v[i - 1] != p]
+            self.log.extend(v)
+
+        def free(self, x):
+            self._rec(x)
+
+        def free_segment(self, x, start_pos=0):
+            self._rec(x)
+
+        def free_page_ids(self, x):
+            self.log.extend(x.tolist())
+
+        def available_size(self):
+            return 0
+
+        def free_group_begin(self):
+            pass
+
+        def free_group_end(self):
+            pass
+
+    def make_swa_allocator(page_size, size):
+        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+        kv = SWAKVPool(size=size, size_swa=size, page_size=page_size, dtype=torch.float16,
+                       head_num=1, head_dim=1, swa_attention_layer_ids=[0],
+                       full_attention_layer_ids=[1], device="cpu")
+        alloc = SWATokenToKVPoolAllocator(size=size, size_swa=size, page_size=page_size,
+                                          dtype=torch.float16, device="cpu", kvcache=kv,
+                                          need_sort=False)
+        alloc.full_attn_allocator = _Side(page_size, pages=False)
+        alloc.swa_attn_allocator = _Side(page_size, pages=True)
+        return alloc
+
     _SGL = dict(torch=torch, Req=Req, FINISH_LENGTH=FINISH_LENGTH, FINISH_ABORT=FINISH_ABORT,
-                RecordingAllocator=RecordingAllocator, EvictParams=EvictParams,
+                RecordingAllocator=RecordingAllocator, make_swa_allocator=make_swa_allocator,
+                EvictParams=EvictParams,
                 InsertParams=InsertParams, MatchPrefixParams=MatchPrefixParams, TreeLock=TreeLock,
                 CacheInitParams=CacheInitParams, checkpoint_kv_cache=checkpoint_kv_cache,
                 release_kv_cache=release_kv_cache, ReqToTokenPool=ReqToTokenPool,
@@ -276,15 +447,21 @@ class SglEngine:
         S = self.S = _sgl()
         self.torch = S["torch"]
         self.P = cfg["page_size"]
-        self.alloc = S["RecordingAllocator"](self.P)
+        self.swa = cfg.get("swa_window") is not None
+        CT = S["ComponentType"]
+        if self.swa:
+            self.alloc = S["make_swa_allocator"](self.P, cfg["slot_space"])
+            kw = dict(tree_components=(CT.FULL, CT.SWA), sliding_window_size=cfg["swa_window"])
+        else:
+            self.alloc = S["RecordingAllocator"](self.P)
+            kw = dict(tree_components=(CT.FULL,))
         self.rtp = S["ReqToTokenPool"](size=max_reqs, max_context_len=max_ctx, device="cpu",
                                        enable_memory_saver=False)
         self.cache = S["UnifiedRadixCache"](S["CacheInitParams"](
             disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
             page_size=self.P, eviction_policy=cfg["policy"],
             eviction_policy_config=cfg.get("policy_config"), is_eagle=cfg.get("eagle", False),
-            enable_kv_cache_events=cfg.get("events", True),
-            tree_components=(S["ComponentType"].FULL,), tree_core_backend=backend))
+            enable_kv_cache_events=cfg.get("events", True), tree_core_backend=backend, **kw))
         core = type(self.cache.tree_core).__name__
         want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[backend]
         if core != want:  # a missing Rust core falls back to Python silently
@@ -298,11 +475,16 @@ class SglEngine:
     def _key(self, toks, ns, bigram=False):
         return self.S["RadixKey"](array("q", toks), ns[0], is_bigram=bigram, cache_salt=ns[1])
 
-    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False):
-        r = self.cache.insert(self.S["InsertParams"](
+    def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False,
+               cursor=0, branching=None):
+        params = self.S["InsertParams"](
             key=self._key(toks, ns, bigram),
             value=None if values is None else self.torch.tensor(values, dtype=self.torch.int64),
-            prev_prefix_len=prev, inserted_len=inserted, priority=prio, track_adopted_ranges=track))
+            prev_prefix_len=prev, inserted_len=inserted, priority=prio, track_adopted_ranges=track,
+            swa_branching_seqlen=branching)
+        if cursor:
+            params.set_evicted_seqlen(self.S["ComponentType"].SWA, cursor)
+        r = self.cache.insert(params)
         return r.prefix_len, r.last_device_node, insert_extras(r)
 
     def match(self, toks, ns, bigram=False):
@@ -311,25 +493,48 @@ class SglEngine:
         idx = self.cache.path_device_indices(m.last_device_node)[:n].tolist() if n else []
         return n, idx, m.last_device_node, match_extras(m)
 
-    def lock(self, node):
-        r = self.cache.inc_lock_ref(node)
-        return self.S["TreeLock"](node, r.to_dec_params()), r.delta
+    def lock(self, node, skip_swa=False):
+        skip = (self.S["ComponentType"].SWA,) if skip_swa else ()
+        r = self.cache.inc_lock_ref(node, skip)
+        return self.S["TreeLock"](node, r.to_dec_params()), (r.delta, dict(r.component_lock_uuids))
 
     def unlock(self, handle):
         self.cache.unlock(handle)
 
-    def evict(self, n):
-        return self.cache.evict(self.S["EvictParams"](num_tokens=n)).num_tokens_evicted
+    def release_swa(self, handle):
+        self.cache.release_swa(handle)
+
+    def evict(self, n, swa=0):
+        r = self.cache.evict(self.S["EvictParams"](num_tokens=n, swa_num_tokens=swa))
+        return r.num_tokens_evicted, r.swa_num_tokens_evicted
 
     def sizes(self):
-        return self.cache.evictable_size(), self.cache.protected_size()
+        c = self.cache
+        if self.swa:
+            return (c.evictable_size(), c.protected_size(), c.swa_evictable_size(),
+                    c.swa_protected_size())
+        return c.evictable_size(), c.protected_size()
 
     def total(self):
-        return self.cache.total_size()[0]
+        return tuple(self.cache.total_size())
 
     def take_frees(self):
-        out, self.alloc.log = self.alloc.log, []
+        side = self.alloc.full_attn_allocator if self.swa else self.alloc
+        out, side.log = side.log, []
         return out
+
+    def take_swa_frees(self):
+        side = self.alloc.swa_attn_allocator
+        out, side.log = side.log, []
+        return out
+
+    def set_swa_mapping(self, full, swa):
+        t = self.torch
+        self.alloc.set_full_to_swa_mapping(t.tensor(full, dtype=t.int64), t.tensor(swa, dtype=t.int64))
+
+    def free_swa(self, full):
+        t = self.torch
+        self.alloc.free_swa_segment(t.tensor(full, dtype=t.int64), start_pos=0)
 
     def take_events(self):
         return self.cache.take_events()
@@ -357,7 +562,7 @@ class SglEngine:
         self.reqs[rid] = req
         n = req.prefix_len
         idx = self.cache.path_device_indices(req.last_node)[:n].tolist() if n else []
-        return n, idx, req.last_node
+        return n, idx, req.last_node, self.req_swa_state(rid)
 
     def req_write(self, rid, start, slots):
         req = self.reqs[rid]
@@ -377,7 +582,23 @@ class SglEngine:
         req.extend_end = up_to
         self.S["checkpoint_kv_cache"](req, self.cache)
         row = self.rtp.req_to_token[req.kv.req_pool_idx, :up_to].tolist()
-        return req.kv.cache_protected_len, req.last_node, row
+        return req.kv.cache_protected_len, req.last_node, row, self.req_swa_state(rid)
+
+    def req_swa_state(self, rid):
+        if not self.swa:
+            return None
+        req = self.reqs[rid]
+        return req.kv.get_evicted_seqlen(self.S["ComponentType"].SWA), req.swa_branching_seqlen
+
+    def req_slide(self, rid, pre_len):
+        self.cache.evict_sliding_windows(self.reqs[rid], pre_len)
+        return self.req_swa_state(rid)
+
+    def req_release_swa(self, rid):
+        self.cache.release_swa_prefix_lock(self.reqs[rid])
+
+    def req_row(self, rid, n):
+        return self.rtp.req_to_token[self.reqs[rid].kv.req_pool_idx, :n].tolist()
 
     def req_release(self, rid, insert):
         req = self.reqs.pop(rid)
