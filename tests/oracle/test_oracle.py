@@ -1,7 +1,7 @@
 """Differential test: flatradix against SGLang 0.5.23's own ``UnifiedRadixCache``,
 with both of SGLang's tree cores (pure Python and Rust), on every configuration
 of ``tests/oracle/driver.py`` (all eight eviction policies, page sizes 1/16/64,
-EAGLE bigram keys, namespaces, KV events).
+EAGLE bigram keys, namespaces, KV events; Full-only and FULL+SWA trees).
 
 SGLang only runs in its own venv (``../shared/tools/setup_sglang_oracle.sh``,
 which ``.ci/run`` builds when missing), so the driver runs there in two
@@ -35,7 +35,10 @@ BACKENDS = ("python", "rust")
 # Mirrors driver.CONFIGS / driver.MUTANTS (the driver itself only imports in the
 # oracle venv); test_config_lists_match checks the copy.
 CONFIGS = ("p1-lru", "p16-lru", "p64-lru", "p1-lfu", "p16-fifo", "p1-mru", "p16-filo",
-           "p64-priority", "p16-slru", "p1-tlru", "p64-tlru", "p1-eagle-lru", "p16-eagle-lfu")
+           "p64-priority", "p16-slru", "p1-tlru", "p64-tlru", "p1-eagle-lru", "p16-eagle-lfu",
+           # FULL+SWA
+           "p1-swa4-lru", "p1-swa24-lfu", "p16-swa8-lru", "p16-swa16-priority", "p16-swa40-lru",
+           "p64-swa127-slru", "p1-eagle-swa7-lru", "p64-eagle-swa127-lru")
 
 
 def _env():
@@ -140,8 +143,10 @@ def test_self_test_catches_mutants(oracle_runs):
 def test_config_lists_match():
     """``CONFIGS`` above is a copy of the driver's (which imports only in the oracle venv)."""
     src = (ROOT / "tests" / "oracle" / "driver.py").read_text()
-    block = src.split("CONFIGS = {", 1)[1].split("\n}\n", 1)[0]
-    names = [ln.split('"')[1] for ln in block.splitlines() if ln.startswith('    "')]
+    names = []
+    for head in ("\nCONFIGS = {", "\nSWA_CONFIGS = {"):
+        block = src.split(head, 1)[1].split("\n}\n", 1)[0]
+        names += [ln.split('"')[1] for ln in block.splitlines() if ln.startswith('    "')]
     assert tuple(names) == CONFIGS
 
 
