@@ -131,9 +131,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                 if s == target:
                     break
                 s = nodes[s, FIRST_CHILD]
-        # SGLang counts the hit when the new leaf *as it ends up* (after the SWA
-        # splits) ends past inserted_len: prefix_len + len(leaf), not n
-        if length + nodes[target, KEY_LEN] > inserted_len:
+        if n > inserted_len:
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
     if swa_on and target != ROOT:
