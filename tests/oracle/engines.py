@@ -315,6 +315,34 @@ def sglang_env():
 _SGL = None
 
 
+def _align_python_core_leaf_hit():
+    """normalize.py point 7: SGLang's two cores disagree on one hit count, and the
+    oracle holds the Python core to the Rust core's rule (flatradix's choice).
+
+    A new leaf counts a hit when it ends past ``inserted_len``. The Rust core
+    takes its end as the inserted key's end; the Python core as ``prefix_len +
+    len(leaf)`` measured *after* the SWA component split the leaf (at the cursor,
+    or to cap it), which is short of the key's end by the split-off parts, so a
+    leaf of a key ending past ``inserted_len`` can miss its hit. Only FULL+SWA
+    trees split a new leaf, and only hit-count policies (lfu, slru) see it. The
+    replacement below is the Python core's own method with the Rust core's end."""
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    orig = UnifiedTreeCore._should_backup_after_insert
+    if getattr(orig, "_flatradix_aligned", False):
+        return
+
+    def aligned(self, state):
+        if not self.is_write_back and state.is_new_leaf:
+            leaf_end = state.total_prefix_length + len(state.key)  # the key's end
+            return (leaf_end > state.params.inserted_len
+                    and self._inc_hit_count_and_check(state.target_node))
+        return orig(self, state)
+
+    aligned._flatradix_aligned = True
+    UnifiedTreeCore._should_backup_after_insert = aligned
+
+
 def _sgl():
     """Import SGLang's pieces once (slow: ~15-30 s of imports)."""
     global _SGL
@@ -346,6 +374,7 @@ def _sgl():
 
     # release_kv_cache reads get_spec()/get_serving(): publish server args once.
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    _align_python_core_leaf_hit()
 
     class RecordingAllocator(BaseTokenToKVPoolAllocator):
         """SGLang-side stand-in for the KV allocator: every free path of the base

@@ -48,6 +48,18 @@ normalisation below says why it is a documented choice and not a bug.
    (``flatradix/_cast.py: key_units``); SGLang accepts any int64. The generator
    keeps EAGLE tokens inside that domain (plain keys use the whole 32-bit range).
 
+7. **A new leaf's hit count after an SWA split, Python core only**
+   (``engines._align_python_core_leaf_hit``). SGLang's cores disagree: a new
+   leaf counts a hit when it ends past ``inserted_len``; the Rust core (the
+   production default) measures its end at the inserted key's end, the Python
+   core at ``prefix_len + len(leaf)`` *after* the SWA component split the leaf
+   at the request's cursor or to cap it -- short of the key's end by the
+   split-off parts. flatradix follows the Rust core (the leaf's data does end at
+   the key's end), and the driver runs the Python core with that one rule
+   replaced by the Rust core's, so everything else is still compared with both.
+   Only FULL+SWA trees split a new leaf; only hit-count policies see the
+   difference (found by the campaign at seed 11: p1-swa24-lfu, p64-swa127-slru).
+
 Not compared at all (documented in docs/architecture.md "Semantics"):
 logical clock values (SGLang's float global counter vs flatradix's integer
 ticks; only the *orderings* they induce are observable, through eviction
