@@ -530,8 +530,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             bigram = params.key.is_bigram or self.is_eagle
             ok = value.shape[0] == nlog or (bigram and value.shape[0] == raw.shape[0])
             if not ok:
-                raise ValueError(f"params.value has {value.shape[0]} entries but params.key has "
-                                 f"{nlog} logical units")
+                k = value.shape[0]
+                raise ValueError(f"params.value has {k} {'entry' if k == 1 else 'entries'} but "
+                                 f"params.key has {nlog} logical {'unit' if nlog == 1 else 'units'}")
             name = "params.value"
             limit = self._vals.kv_bound()  # checked by the kernel, before anything changes
         if self.disable:

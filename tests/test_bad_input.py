@@ -200,6 +200,10 @@ CTOR = [
     (dict(token_to_kv_pool_allocator=object()), TypeError, "token_to_kv_pool_allocator"),
     (dict(req_to_token_pool=5), TypeError, "req_to_token_pool"),
     (dict(device=5), TypeError, "device"), (dict(device=None), TypeError, "device"),
+    (dict(device="banana"), ValueError, "device must be 'cpu', 'cuda' or 'cuda:N'"),
+    (dict(device="cuda:x"), ValueError, "device"),
+    (dict(page_size=-16), ValueError, r"page_size must be in \[1, "),
+    (dict(sliding_window_size=4), ValueError, "sliding_window_size given, but components has no"),
     (dict(is_eagle="no"), TypeError, "is_eagle"), (dict(is_eagle=None), TypeError, "is_eagle"),
     (dict(disable="yes"), TypeError, "disable"),
     (dict(enable_kv_cache_events=2), TypeError, "enable_kv_cache_events"),
@@ -213,6 +217,28 @@ CTOR = [
 def test_bad_constructor(kw, exc, msg):
     with pytest.raises(exc, match=msg):
         UnifiedRadixCache(**kw)
+
+
+def test_cuda_device_refused_where_torch_sees_none():
+    """device="cuda" on a machine without a CUDA device is an error, not accepted
+    silently (issue 15); where torch sees one, the cache builds."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        UnifiedRadixCache(device="cuda")
+        with pytest.raises(ValueError, match="CUDA devices"):
+            UnifiedRadixCache(device=f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            UnifiedRadixCache(device="cuda")
+
+
+def test_value_length_message_is_grammatical():
+    """"has 1 entry" / "1 logical unit", not "1 entries" (issue 15)."""
+    c = UnifiedRadixCache()
+    with pytest.raises(ValueError, match=r"params.value has 1 entry but params.key has 2 logical units"):
+        c.insert(InsertParams(key=RadixKey([1, 2]), value=np.array([5])))
+    with pytest.raises(ValueError, match=r"has 2 entries but params.key has 1 logical unit$"):
+        c.insert(InsertParams(key=RadixKey([1]), value=np.array([5, 6])))
 
 
 def test_unknown_policy_lists_valid_names():
