@@ -76,15 +76,18 @@ class Req:
     lock: Any = None
     swa_evicted_seqlen: int = 0
     swa_branching_seqlen: Optional[int] = None
+    #: attr -> (container, its length, int64 view or copy): a list is converted once
+    _np_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _to_numpy(self.origin_input_ids, "origin_input_ids")
         _to_numpy(self.output_ids, "output_ids")
         if self.fill_ids is None:
-            # a list of Python ints (``tolist``, not ``list``: an array's ``list()`` holds
-            # numpy scalars, which cost ~100 µs to cast back on a 1,300-token release)
-            ids = self.origin_input_ids
-            self.fill_ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+            # the prompt's own container, not a copy: the cache reads array('q'),
+            # numpy and torch prompts without converting them (a list once per
+            # request, see _req_tokens); the scheduler replaces fill_ids, never
+            # extends it in place
+            self.fill_ids = self.origin_input_ids
         else:
             _to_numpy(self.fill_ids, "fill_ids")
         if self.prefix_indices is None:
@@ -114,6 +117,24 @@ class Req:
 
 def _tokens(x, name):
     return as_int64(x, name)
+
+
+def _req_tokens(req, attr):
+    """``req.<attr>`` as int64 (``TypeError`` / ``ValueError`` naming it). Buffer
+    containers (``array('q')``, numpy, CPU torch) are viewed without a copy; a
+    Python list is converted once per ``flatradix.Req`` and kept while the field
+    holds the same list with the same length (containers are replaced or extended,
+    never edited in place)."""
+    x = getattr(req, attr)
+    cache = getattr(req, "_np_cache", None)
+    if cache is None or type(x) is not list:
+        return as_int64(x, f"req.{attr}")
+    hit = cache.get(attr)
+    if hit is not None and hit[0] is x and hit[1] == len(x):
+        return hit[2]
+    a = as_int64(x, f"req.{attr}")
+    cache[attr] = (x, len(x), a)
+    return a
 
 
 _SEQ_TYPES = frozenset((list, tuple, np.ndarray, array))
@@ -303,11 +324,11 @@ class RequestCachingMixin:
         # fill_ids may be stale (shorter), then the full list is used.
         n_prompt = _seq_len(req, "origin_input_ids")
         if req.fill_ids is not None and _seq_len(req, "fill_ids") >= up_to:
-            all_ids = _tokens(req.fill_ids, "req.fill_ids")
+            all_ids = _req_tokens(req, "fill_ids")
         else:
             _seq_len(req, "output_ids")
-            all_ids = np.concatenate([_tokens(req.origin_input_ids, "req.origin_input_ids"),
-                                      _tokens(req.output_ids, "req.output_ids")])
+            all_ids = np.concatenate([_req_tokens(req, "origin_input_ids"),
+                                      _req_tokens(req, "output_ids")])
         if up_to > all_ids.size:
             raise ValueError(f"up_to={up_to} exceeds the request's {all_ids.size} tokens")
         protected = self._protected_len(req)

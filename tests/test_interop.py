@@ -77,9 +77,30 @@ def test_first_process_compiles_later_processes_load_from_cache(tmp_path):
 @pytest.mark.parametrize("ids", [[5, 6, 7], np.array([5, 6, 7]), torch.tensor([5, 6, 7]),
                                  array("q", [5, 6, 7]), (5, 6, 7)],
                          ids=["list", "numpy", "torch", "array", "tuple"])
-def test_req_default_fill_ids_are_python_ints(ids):
-    """``Req.fill_ids`` defaults to the prompt as a list of Python ints, whatever the
-    prompt's container (a numpy array's ``list()`` would hold numpy scalars)."""
+def test_req_default_fill_ids_is_the_prompt_container(ids):
+    """``Req.fill_ids`` defaults to the prompt's own container (no copy, no list round
+    trip), whatever it is (issue 14)."""
     r = Req(origin_input_ids=ids)
-    assert r.fill_ids == [5, 6, 7]
-    assert all(type(t) is int for t in r.fill_ids)
+    assert r.fill_ids is ids
+
+
+def test_request_tokens_are_converted_at_most_once():
+    """The request path reads buffer containers without a copy and converts a list
+    once per request, again only when the field holds another list or a longer one."""
+    from flatradix.requests import _req_tokens
+
+    buf = array("q", range(10, 30))
+    r = Req(origin_input_ids=buf)
+    a = _req_tokens(r, "fill_ids")
+    assert np.shares_memory(a, np.frombuffer(buf, dtype=np.int64))
+    t = torch.arange(5, dtype=torch.int64)
+    assert np.shares_memory(_req_tokens(Req(origin_input_ids=t), "fill_ids"), t.numpy())
+    lst = list(range(40, 60))
+    r = Req(origin_input_ids=lst)
+    first = _req_tokens(r, "fill_ids")
+    assert first.tolist() == lst and _req_tokens(r, "fill_ids") is first
+    lst.append(99)  # extended in place: converted again
+    again = _req_tokens(r, "fill_ids")
+    assert again is not first and again.tolist() == lst
+    r.fill_ids = lst[:5]  # replaced
+    assert _req_tokens(r, "fill_ids").tolist() == lst[:5]
