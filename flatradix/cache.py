@@ -29,9 +29,12 @@ from .kernels.evict import evict_start as _k_evict_start
 from .kernels.insert import insert as _k_insert
 from .kernels.lock import check_dec as _k_check_dec
 from .kernels.lock import dec_lock_ref as _k_dec
+from .kernels.lock import dec_lock_ref_batch as _k_dec_batch
+from .kernels.lock import inc_lock_ref_batch as _k_inc_batch
 from .kernels.lock import inc_lock_ref as _k_inc
 from .kernels.lock import release_window as _k_release_window
 from .kernels.match import match_prefix as _k_match
+from .kernels.match import match_prefix_batch as _k_match_batch
 from .kernels.query import path_device_indices as _k_path
 from .kernels.query import resolve_slot as _k_resolve
 from .requests import RequestCachingMixin
@@ -901,6 +904,150 @@ class UnifiedRadixCache(RequestCachingMixin):
                     self._raise_underflow(int(x), nid, "window release")
                 execute(eng.actions(), eng.out, None, self._vals, self._sink)
         lock.swa_released = True
+
+    # ------------------------------------------------------------------ batches
+    def match_prefix_batch(self, params):
+        """``match_prefix`` of many keys in one kernel call (flatradix extension):
+        e.g. scoring a whole waiting queue for a longest-prefix-match policy.
+
+        ``params``: a list (or tuple) of ``MatchPrefixParams`` / ``RadixKey``.
+        Returns the list of ``MatchResult`` that ``[match_prefix(p) for p in
+        params]`` returns, with the same effects on the tree (splits, recency), in
+        order. Each result's ``device_indices`` is a view of one array shared by
+        the batch. Every key is validated before anything changes (errors name
+        ``params[i].key``). O(total key length).
+        """
+        if not isinstance(params, (list, tuple)):
+            raise TypeError(f"params must be a list of MatchPrefixParams / RadixKey, got "
+                            f"{type(params).__name__}")
+        k = len(params)
+        eng = self._engine
+        get = eng.ns.get
+        parts, lens, nss = [], np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+        for i, p in enumerate(params):
+            key = p.key if type(p) is MatchPrefixParams else p
+            units, n, nk, _ = self._key(key, f"params[{i}].key")
+            ns = get(nk)
+            if ns is None or n == 0:
+                ns, n = -1, 0
+            lens[i] = n
+            nss[i] = ns
+            parts.append(units[:n])
+        if self.disable or k == 0:
+            return [self._empty_match() for _ in range(k)]
+        keys = np.concatenate(parts) if k > 1 else np.ascontiguousarray(parts[0])
+        offs = np.zeros(k, dtype=np.int64)
+        np.cumsum(lens[:-1], out=offs[1:])
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        res = np.empty((k, 4), dtype=np.int64)
+        with self._mutex:
+            eng.call_tree(_k_match_batch, keys, offs, lens, nss, out, res)
+        torch_kind = self._vals.kind == "torch"
+        if torch_kind:
+            out = self._vals.out(out)
+        swa = self._swa
+        results = []
+        for (plen, best, vis, full_hit), o in zip(res.tolist(), offs.tolist()):
+            if full_hit == 0 and plen == 0 and vis < 0:
+                results.append(_tuple_new(MatchResult, (
+                    out[o:o], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
+                continue
+            branch = full_hit if swa and full_hit > plen else None
+            results.append(_tuple_new(MatchResult, (
+                out[o:o + plen], best, best, best, 0, plen, full_hit, None if vis < 0 else vis,
+                0, branch, 0, None, None, None)))
+        return results
+
+    def inc_lock_ref_batch(self, nodes, skip_lock_components=()):
+        """``inc_lock_ref`` of each node of ``nodes`` (a list of NodeIds) in one kernel
+        call (flatradix extension, for a batch admission); returns the receipts in
+        order. Every id is checked first: a stale one raises ``NodeAccessError``
+        naming ``nodes[i]`` and nothing is locked."""
+        nids = self._node_ids(nodes)
+        skip = skip_lock_components
+        if not (type(skip) is tuple and not skip):
+            skip = self._skip_components(skip)
+        if self.disable:
+            return [IncLockRefResult(0, int(x), skip) for x in nids]
+        skip_mask = L.C_SWA if ComponentType.SWA in skip else 0
+        out = np.empty((nids.shape[0], 2), dtype=np.int64)
+        st_ = self._engine.st
+        with self._mutex:
+            st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, skip_mask, out)
+        if st == L.E_STALE:
+            raise self._stale(int(nids[bad]), f"nodes[{bad}]")
+        swa = self._swa and not skip_mask
+        return [IncLockRefResult(d, nid, skip, {ComponentType.SWA: b or None})
+                if swa else IncLockRefResult(d, nid, skip)
+                for nid, (d, b) in zip(nids.tolist(), out.tolist())]
+
+    def dec_lock_ref_batch(self, nodes, receipts=None, skip_swa=False):
+        """``dec_lock_ref`` of each node of ``nodes`` with its receipt (``receipts[i]``;
+        optional for Full-only caches) in one kernel call (flatradix extension).
+        ``skip_swa``: one bool for all, or one per node. All or nothing: every
+        receipt is checked first, and a release that would fail (stale, unlock
+        without lock, released twice in the batch) raises as ``dec_lock_ref``
+        naming ``nodes[i]``, with the tree unchanged."""
+        nids = self._node_ids(nodes)
+        k = nids.shape[0]
+        if receipts is not None and (not isinstance(receipts, (list, tuple)) or len(receipts) != k):
+            raise TypeError(f"receipts must be a list of {k} receipts (one per node) or None")
+        if isinstance(skip_swa, (list, tuple)):
+            if len(skip_swa) != k:
+                raise TypeError(f"skip_swa must be a bool or a list of {k} bools")
+            flags = [as_flag(x, f"skip_swa[{i}]") for i, x in enumerate(skip_swa)]
+        else:
+            flags = [as_flag(skip_swa, "skip_swa")] * k
+        skips = np.zeros(k, dtype=np.int64)
+        bounds = np.zeros(k, dtype=np.int64)
+        for i, nid in enumerate(nids.tolist()):
+            r = None if receipts is None else receipts[i]
+            if r is not None or self._swa:
+                skips[i], bounds[i] = self._receipt(nid, r, f"receipts[{i}]")
+            if flags[i]:
+                skips[i] |= L.C_SWA
+        if self.disable:
+            return [DecLockRefResult() for _ in range(k)]
+        st_ = self._engine.st
+        with self._mutex:
+            st, i, x = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
+            if st == L.E_NOT_ANCHORED:
+                raise LockRefError(f"nodes[{i}]: no lock is anchored at node {int(nids[i])} "
+                                   "(its lock_ref is held by locks on its descendants, or the batch "
+                                   "released it already)")
+            if st == L.E_LOCK_UNDERFLOW:
+                self._raise_underflow(int(x), int(nids[i]))
+        if st == L.E_STALE:
+            raise self._stale(int(nids[i]), f"nodes[{i}]")
+        return [DecLockRefResult() for _ in range(k)]
+
+    def lock_batch(self, nodes, skip_lock_components=()):
+        """``lock`` of each node in one call: a list of ``TreeLock``."""
+        nids = self._node_ids(nodes)
+        return [TreeLock(nid, r.to_dec_params())
+                for nid, r in zip(nids.tolist(), self.inc_lock_ref_batch(nids, skip_lock_components))]
+
+    def unlock_batch(self, locks):
+        """``unlock`` of each ``TreeLock`` in one call, all or nothing (``None``
+        entries skipped); a lock released early (``release_swa``) skips its window."""
+        if not isinstance(locks, (list, tuple)):
+            raise TypeError(f"locks must be a list of TreeLock, got {type(locks).__name__}")
+        held = [lk for lk in locks if lk is not None]
+        for lk in held:
+            if not isinstance(lk, TreeLock):
+                raise TypeError(f"locks must hold flatradix.TreeLock, got {type(lk).__name__}")
+        if held:
+            self.dec_lock_ref_batch([lk.node for lk in held], [lk.receipt for lk in held],
+                                    skip_swa=[lk.swa_released for lk in held])
+
+    def _node_ids(self, nodes):
+        """``nodes`` (a list / array of NodeIds) as an int64 array (``TypeError``)."""
+        if isinstance(nodes, np.ndarray) and nodes.dtype == np.int64 and nodes.ndim == 1:
+            return np.ascontiguousarray(nodes)
+        if not isinstance(nodes, (list, tuple, np.ndarray)):
+            raise TypeError(f"nodes must be a list of NodeIds, got {type(nodes).__name__}")
+        return np.array([as_node_id(x, f"nodes[{i}]") for i, x in enumerate(nodes)],
+                        dtype=np.int64).reshape(-1)
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self):

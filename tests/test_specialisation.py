@@ -35,6 +35,8 @@ WORKLOAD = textwrap.dedent("""
             r = c.inc_lock_ref(m.last_device_node)
             c.dec_lock_ref(m.last_device_node, r)
             c.path_device_indices(m.last_device_node)
+            ms = c.match_prefix_batch([F.RadixKey(make(toks)), F.RadixKey(make(toks[:5]))])
+            c.unlock_batch(c.lock_batch([x.last_device_node for x in ms]))
         row = rtp.alloc(1)[0]
         prompt = array("q", [7, 8, 9] * (6 * page))
         n = len(prompt)
@@ -65,6 +67,8 @@ WORKLOAD = textwrap.dedent("""
         lk = c.lock(m.last_device_node)
         c.release_swa(lk)
         c.unlock(lk)
+        c.unlock_batch(c.lock_batch([m.last_device_node]))
+        c.match_prefix_batch([F.RadixKey(toks)])
         row = rtp.alloc(1)[0]
         prompt = list(range(500, 500 + 6 * page + 30))
         n = len(prompt)

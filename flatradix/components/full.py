@@ -92,3 +92,15 @@ def release_component_lock(nodes, heap, meta, s):
         a = nodes[a, PARENT]
         nodes[a, CHILD_LOCK] -= 1
     return delta
+
+
+@helper
+def shift_counts(nodes, s, d):
+    """Add ``d`` to the Full lock_ref of the path of ``s`` (and to each parent's
+    ``CHILD_LOCK``) without ledger or heap changes: a batch release's dry run,
+    undone exactly by the opposite shift."""
+    a = s
+    while a != ROOT:
+        nodes[a, FULL_LOCK] += d
+        a = nodes[a, PARENT]
+        nodes[a, CHILD_LOCK] += d

@@ -323,3 +323,15 @@ def release_window_lock(nodes, pool, heap, meta, s, boundary, out, acts):
             break
         a = nodes[a, PARENT]
     return freed
+
+
+@helper
+def shift_counts(nodes, s, boundary, d):
+    """Add ``d`` to the SWA lock_ref of the window segment ``[s, boundary]`` without
+    ledger or heap changes (a batch release's dry run; see ``full.shift_counts``)."""
+    a = s
+    while a != ROOT:
+        nodes[a, SWA_LOCK] += d
+        if boundary != 0 and nodes[a, SWA_UUID] == boundary:
+            break
+        a = nodes[a, PARENT]

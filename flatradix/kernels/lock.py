@@ -96,3 +96,65 @@ def check_dec(nodes, meta, nid, skip, boundary):
         if st != OK:
             return st, bad
     return OK, -1
+
+
+@kernel
+def inc_lock_ref_batch(nodes, heap, meta, nids, skip, out):
+    """``inc_lock_ref`` of every node of ``nids`` in order (one ``skip`` for all);
+    ``out[i] = (delta, boundary)``. Every id is checked first: ``(E_STALE, i)`` for
+    the first stale one, nothing locked; else ``(OK, -1)``."""
+    k = nids.shape[0]
+    for i in range(k):
+        if resolve(nodes, meta, nids[i]) < 0:
+            return E_STALE, i
+    with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
+    for i in range(k):
+        s = resolve(nodes, meta, nids[i])
+        out[i, 0] = full.acquire_component_lock(nodes, heap, meta, s)
+        out[i, 1] = swa.acquire_component_lock(nodes, meta, s) if with_swa else 0
+    return OK, -1
+
+
+@kernel
+def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
+    """``dec_lock_ref`` of every node of ``nids`` in order (``skips[i]`` /
+    ``boundaries[i]`` as the single call's). All or nothing: a dry run first
+    checks each release against the counts the earlier ones leave (moving lock
+    counts only, then moving them back: the state is exactly as before), so
+    ``(status, i, slot)`` names the first release that would fail (stale id,
+    underflow, not anchored -- also when an earlier release of the batch took
+    what it needed) with nothing changed; else the releases run and
+    ``(OK, -1, -1)``."""
+    k = nids.shape[0]
+    for i in range(k):
+        if resolve(nodes, meta, nids[i]) < 0:
+            return E_STALE, i, -1
+    swa_on = meta[M_COMPONENTS] & C_SWA
+    st = OK
+    bad = -1
+    fail = k
+    for i in range(k):
+        s = resolve(nodes, meta, nids[i])
+        with_swa = swa_on and not skips[i] & C_SWA
+        st, bad = full.check_release(nodes, s)
+        if st == OK and with_swa:
+            st, bad, _ = swa.check_release(nodes, s, boundaries[i])
+        if st != OK:
+            fail = i
+            break
+        full.shift_counts(nodes, s, -1)
+        if with_swa:
+            swa.shift_counts(nodes, s, boundaries[i], -1)
+    for j in range(fail - 1, -1, -1):  # move the counts back, exactly
+        sj = resolve(nodes, meta, nids[j])
+        if swa_on and not skips[j] & C_SWA:
+            swa.shift_counts(nodes, sj, boundaries[j], 1)
+        full.shift_counts(nodes, sj, 1)
+    if fail < k:
+        return st, fail, bad
+    for i in range(k):
+        s = resolve(nodes, meta, nids[i])
+        if swa_on and not skips[i] & C_SWA:
+            swa.release_component_lock(nodes, heap, meta, s, boundaries[i])
+        full.release_component_lock(nodes, heap, meta, s)
+    return OK, -1, -1

@@ -1,7 +1,7 @@
 """``match_prefix``: the longest cached page-aligned prefix of a key (may split a node)."""
 
 from ..components import full, swa
-from ._jit import kernel
+from ._jit import helper, kernel
 from .children import find_child
 from .layout import (
     C_SWA, E_CAPACITY, KEY_LEN, KEY_OFF, LAST_ACCESS, M_COMPONENTS, M_PAGE, PARENT, ROOT,
@@ -11,28 +11,10 @@ from .state import has_room, node_id, tick
 from .tree import copy_values, edge_match_len, split_node
 
 
-@kernel
-def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
-    """Walk ``key[:n]`` (n page-aligned, > 0) in namespace ``ns``.
-
-    Writes the walked nodes' KV indices to ``out``; the usable prefix is
-    ``out[:prefix_len]``. A match ending inside an edge splits that node so the
-    walk ends on a node boundary (SGLang §5.1). Every walked node is evaluated
-    by each configured component's validator (Full: a device value; SWA: a
-    window of contiguous SWA data, ``components/swa.py``); the deepest node
-    valid for all is the best node, and ``prefix_len`` the units up to it. The
-    best node and its ancestors within the SWA window move to the SWA LRU's MRU
-    end; the best node is stamped with a fresh tick ``t`` and each ancestor
-    ``k`` levels up, root included, with ``t - k`` (SGLang §2.4).
-
-    Returns ``(status, prefix_len, best_node_id, last_visited_node_id,
-    full_kv_hit_length)``; ``last_visited_node_id`` is -1 when no child was
-    walked; ``full_kv_hit_length`` counts every walked unit (valid or not).
-    Requires room for one split (a slot and a child-table entry); E_CAPACITY
-    otherwise, nothing changed.
-    """
-    if not has_room(nodes, ctab, pool, meta, 1, 0):
-        return E_CAPACITY, 0, -1, -1, 0
+@helper
+def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
+    """One match (the body of ``match_prefix``); the caller checked room for a split.
+    Returns ``(prefix_len, best_slot, last_visited_slot, full_kv_hit_length)``."""
     page = meta[M_PAGE]
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
     acc = swa.NO_HOLE
@@ -74,5 +56,63 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
             break
         a = nodes[a, PARENT]
         k += 1
+    return best_len, best, visited, length
+
+
+@kernel
+def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
+    """Walk ``key[:n]`` (n page-aligned, > 0) in namespace ``ns``.
+
+    Writes the walked nodes' KV indices to ``out``; the usable prefix is
+    ``out[:prefix_len]``. A match ending inside an edge splits that node so the
+    walk ends on a node boundary (SGLang §5.1). Every walked node is evaluated
+    by each configured component's validator (Full: a device value; SWA: a
+    window of contiguous SWA data, ``components/swa.py``); the deepest node
+    valid for all is the best node, and ``prefix_len`` the units up to it. The
+    best node and its ancestors within the SWA window move to the SWA LRU's MRU
+    end; the best node is stamped with a fresh tick ``t`` and each ancestor
+    ``k`` levels up, root included, with ``t - k`` (SGLang §2.4).
+
+    Returns ``(status, prefix_len, best_node_id, last_visited_node_id,
+    full_kv_hit_length)``; ``last_visited_node_id`` is -1 when no child was
+    walked; ``full_kv_hit_length`` counts every walked unit (valid or not).
+    Requires room for one split (a slot and a child-table entry); E_CAPACITY
+    otherwise, nothing changed.
+    """
+    if not has_room(nodes, ctab, pool, meta, 1, 0):
+        return E_CAPACITY, 0, -1, -1, 0
+    plen, best, visited, full_hit = match_one(nodes, ctab, pool, heap, meta, key, n, ns, out)
     vid = node_id(nodes, visited) if visited >= 0 else -1
-    return 0, best_len, node_id(nodes, best), vid, length
+    return 0, plen, node_id(nodes, best), vid, full_hit
+
+
+@kernel
+def match_prefix_batch(nodes, ctab, pool, heap, meta, keys, offs, lens, nss, out, res):
+    """``match_prefix`` of ``k`` keys in order, as ``k`` single calls would do them.
+
+    Key ``i`` is ``keys[offs[i] : offs[i] + lens[i]]`` (page-aligned length) in
+    namespace ``nss[i]``; a key with length 0 or namespace -1 matches nothing and
+    touches nothing. Its matched indices go to ``out[offs[i]:]`` and its result to
+    ``res[i] = (prefix_len, best_node_id, last_visited_node_id, full_kv_hit_length)``.
+    Requires room for ``k`` splits; E_CAPACITY otherwise, nothing changed.
+    Returns ``(status, k)``.
+    """
+    k = lens.shape[0]
+    if not has_room(nodes, ctab, pool, meta, k, 0):
+        return E_CAPACITY, 0
+    for i in range(k):
+        n = lens[i]
+        if n == 0 or nss[i] < 0:
+            res[i, 0] = 0
+            res[i, 1] = node_id(nodes, ROOT)
+            res[i, 2] = -1
+            res[i, 3] = 0
+            continue
+        o = offs[i]
+        plen, best, visited, full_hit = match_one(nodes, ctab, pool, heap, meta, keys[o:o + n],
+                                                  n, nss[i], out[o:o + n])
+        res[i, 0] = plen
+        res[i, 1] = node_id(nodes, best)
+        res[i, 2] = node_id(nodes, visited) if visited >= 0 else -1
+        res[i, 3] = full_hit
+    return 0, k
