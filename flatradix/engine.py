@@ -245,9 +245,12 @@ class Engine:
             new_cap = pcap
             while live + units > new_cap // 2 and live + units > new_cap - new_cap // 4:
                 new_cap *= 2
-            new_pool = np.zeros((new_cap, self.pool_ncol), dtype=np.int64)
-            _k_compact(nodes, pool, new_pool, meta)
-            pool = new_pool
+            if new_cap == pcap:  # enough dead rows: compact in place (no allocation)
+                _k_compact(nodes, pool, pool, meta)
+            else:
+                new_pool = np.zeros((new_cap, self.pool_ncol), dtype=np.int64)
+                _k_compact(nodes, pool, new_pool, meta)
+                pool = new_pool
         self.st = TreeArrays(nodes, ctab, pool, heap, meta)
 
     def ensure_out(self, n):

@@ -6,6 +6,8 @@ Owns ``nodes[:, GEN]``, ``FLAGS & F_ALIVE``, the free-slot list (linked through
 and the pool counters.
 """
 
+import numpy as np
+
 from ._jit import helper, kernel
 from .layout import (
     CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD,
@@ -220,21 +222,43 @@ def reset_tree(nodes, ctab, meta):
 
 @kernel
 def compact_pool(nodes, pool, new_pool, meta):
-    """Copy every live edge span into ``new_pool`` back to back and repoint KEY_OFF.
+    """Move every live edge span to the front, back to back, in pool order, and
+    repoint KEY_OFF; rows past the new top are free again. ``new_pool`` is
+    ``pool`` itself (in place: no allocation, no page faults) or a larger array
+    (growth: the rows land there, the old array is dropped by the caller).
 
-    Reclaims the rows of removed nodes (``meta[M_POOL_DEAD]``). O(live units).
+    In place is safe because spans are visited in increasing offset order and a
+    span only ever moves to a lower offset (a forward copy never overwrites a
+    row it has yet to read). Reclaims the rows of removed nodes
+    (``meta[M_POOL_DEAD]``). O(live units + live nodes log live nodes).
     Returns the new pool top.
     """
+    hwm = meta[M_HWM]
+    nlive = 0
+    for s in range(hwm):
+        if nodes[s, FLAGS] & F_ALIVE and nodes[s, KEY_LEN] > 0:
+            nlive += 1
+    slots = np.empty(nlive, dtype=np.int64)
+    offs = np.empty(nlive, dtype=np.int64)
+    j = 0
+    for s in range(hwm):
+        if nodes[s, FLAGS] & F_ALIVE and nodes[s, KEY_LEN] > 0:
+            slots[j] = s
+            offs[j] = nodes[s, KEY_OFF]
+            j += 1
+    order = np.argsort(offs, kind="mergesort")
     top = 0
     ncol = pool.shape[1]
-    for s in range(meta[M_HWM]):
-        if not (nodes[s, FLAGS] & F_ALIVE):
-            continue
+    for j in range(nlive):
+        s = slots[order[j]]
         n = nodes[s, KEY_LEN]
         off = nodes[s, KEY_OFF]
-        for i in range(n):
+        if off != top or new_pool is not pool:
             for c in range(ncol):
-                new_pool[top + i, c] = pool[off + i, c]
+                src = pool[off:off + n, c]
+                dst = new_pool[top:top + n, c]
+                for i in range(n):
+                    dst[i] = src[i]
         nodes[s, KEY_OFF] = top
         top += n
     meta[M_POOL_TOP] = top
