@@ -750,3 +750,76 @@ def test_available_and_evictable_str_swa_line():
     lines = e.cache.available_and_evictable_str().splitlines()
     assert lines[0].startswith("Available full tokens: 32 ")
     assert lines[1].startswith("Available swa: 32 ")
+
+
+def test_last_visited_node_id_counts_rejected_nodes():
+    """§3.2: the deepest non-root node walked, even if the validator rejected it."""
+    e = SWAEnv(W=4, P=2)
+    e.insert(toks(8), cursor=4)
+    m = e.match(toks(6))
+    assert m.device_prefix_len == 0
+    assert m.last_visited_node_id == find(e.cache, toks(6))["node_id"]
+    m = e.match(toks(8))
+    assert m.last_visited_node_id == m.best_match_node == find(e.cache, toks(8))["node_id"]
+    assert e.match([99, 99]).last_visited_node_id is None
+
+
+@pytest.mark.parametrize("cursor,want", [
+    (0, {FULL: [(0, 8)], SWA: [(0, 8)]}),
+    (4, {FULL: [(0, 8)], SWA: [(4, 8)]}),
+    (8, {FULL: [(0, 8)]}),
+])
+def test_adopted_ranges_of_a_new_leaf(cursor, want):
+    """W 4, P 2: the new leaf is adopted for Full; SWA only from the cursor on (none
+    when the leaf is wholly before it)."""
+    e = SWAEnv(W=4, P=2)
+    r = e.insert(toks(8), cursor=cursor, track_adopted_ranges=True)
+    assert r.adopted_ranges == want
+    e.check()
+
+
+def test_adopted_ranges_recovery_plus_new_leaf_coalesce():
+    """Tomb [0,4) recovered (Full and SWA adopted) and a new leaf [4,8): both
+    components report one coalesced range [(0, 8)]."""
+    e = SWAEnv(W=4, P=2)
+    e.insert(toks(4), cursor=4)
+    r = e.insert(toks(8), track_adopted_ranges=True)
+    assert r.prefix_len == 4
+    assert r.adopted_ranges == {FULL: [(0, 8)], SWA: [(0, 8)]}
+    assert shape(e.cache) == [(4, 4, True), (8, 4, True)]
+    e.check()
+
+
+def test_adopted_ranges_locked_recovery_is_swa_only():
+    """Recovery under a Full lock keeps the tree's Full slots: only SWA is adopted."""
+    e = SWAEnv(W=4, P=1, size=32)
+    e.insert(toks(4))
+    n = find(e.cache, toks(4))["node_id"]
+    lk = e.cache.lock(n, skip_lock_components=(SWA,))
+    assert e.cache.evict(EvictParams(swa_num_tokens=4)).swa_num_tokens_evicted == 4
+    r = e.insert(toks(4), track_adopted_ranges=True)
+    assert r.adopted_ranges == {SWA: [(0, 4)]}
+    e.cache.unlock(lk)
+    e.check()
+
+
+def test_recovered_ancestor_outside_the_refresh_window_stays_at_mru():
+    """W 2, P 1 (refresh window 3): Z = [50,51] first; then 8 tokens with cursor 4:
+    [0,4) tomb, live [4,8) capped to [4,6) + [6,8). LRU: [[6,8), [4,6), Z]. Re-insert
+    the 8 tokens fresh: [0,4) is recovered and published at MRU; the insert-end
+    refresh from [6,8) moves [6,8) and [4,6) (acc 0 -> 2 -> 4 >= 3) ahead of it:
+    [[6,8), [4,6), [0,4), Z]. SWA victims: Z (a leaf: deleted whole), then [0,4)."""
+    e = SWAEnv(W=2, P=1, size=32)
+    e.insert([50, 51])
+    e.insert(toks(8), cursor=4)
+    assert sorted(shape(e.cache)) == [(2, 2, True), (4, 4, False), (6, 2, True), (8, 2, True)]
+    e.insert(toks(8))
+    assert find(e.cache, toks(4))["has_swa"]
+    r = e.cache.evict(EvictParams(swa_num_tokens=1))
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (2, 2)
+    assert [50, 51] not in [n["path"] for n in nodes(e.cache)]
+    r = e.cache.evict(EvictParams(swa_num_tokens=1))
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (0, 4)
+    assert not find(e.cache, toks(4))["has_swa"]
+    assert find(e.cache, toks(6))["has_swa"] and find(e.cache, toks(8))["has_swa"]
+    e.check()

@@ -412,3 +412,32 @@ def test_release_without_checkpoint_frees_everything_owned():
     assert shape(e.cache) == [(2, 2, True), (6, 4, True)]
     assert (e.alloc.full_available_size(), e.alloc.swa_available_size()) == (18, 18)
     e.check()
+
+
+def test_evict_sliding_windows_interval():
+    """eviction_interval k: nothing until pre_len - W >= cursor + k."""
+    e = SWAEnv(W=4, P=1, size=32)
+    req, _ = e.admit(toks(12))
+    e.cache.evict_sliding_windows(req, 11, eviction_interval=8)   # 7 < 0 + 8
+    assert req.swa_evicted_seqlen == 0
+    e.cache.evict_sliding_windows(req, 11, eviction_interval=7)   # 7 >= 7 -> 11 - 4 = 7
+    assert req.swa_evicted_seqlen == 7
+    e.check()
+    e.release(req)
+    e.check()
+
+
+@pytest.mark.xfail(strict=True, reason="spec §5.8 step 5 + §6.2: on the request path the "
+                   "insert key is page-aligned first, so swa_branch_inserted = aligned_len >= "
+                   "branching; flatradix compares the unaligned key length and clears "
+                   "req.swa_branching_seqlen although the branch point was not inserted")
+def test_unaligned_branching_is_not_inserted_by_an_aligned_key():
+    """P 2, req.swa_branching_seqlen 5 (> protected 0, <= 10 tokens): the checkpoint's key
+    is tokens[:5], page-aligned to 4 < 5: the branch is not inserted, so the
+    request keeps swa_branching_seqlen 5."""
+    e = SWAEnv(W=4, P=2, size=32)
+    req, _ = e.admit(toks(10))
+    req.swa_branching_seqlen = 5
+    assert e.cache.checkpoint(req, 10) == 4
+    assert req.cache_protected_len == 4
+    assert req.swa_branching_seqlen == 5
