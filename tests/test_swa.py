@@ -823,3 +823,47 @@ def test_recovered_ancestor_outside_the_refresh_window_stays_at_mru():
     assert not find(e.cache, toks(4))["has_swa"]
     assert find(e.cache, toks(6))["has_swa"] and find(e.cache, toks(8))["has_swa"]
     e.check()
+
+
+@pytest.mark.xfail(strict=True, reason="spec §5.4: the SWA walk keeps a cursor (advanced to the "
+                   "next more recent unlocked entry after each step); flatradix re-takes the "
+                   "LRU tail every step, so an LRU refresh between steps changes the victim")
+def test_stepwise_swa_cursor_survives_a_refresh_between_steps():
+    """W 4, P 1: chain A [0,4), B [4,8), C [8,12) (one insert each): LRU [C, B, A].
+    Step 1 tombstones A and moves the cursor to B. A match of the first 8 tokens
+    between the steps (A hole, B 4 >= 4: best B) refreshes B to MRU: [B, C]. Step 2
+    takes the cursor, B (internal: tombstoned), not the new tail C (a leaf)."""
+    e = SWAEnv(W=4, P=1)
+    for n in (4, 8, 12):
+        e.insert(toks(n))
+    c = e.cache
+    c.evict_device_start(SWA, 100)
+    s1 = c.evict_device_next_node(SWA)
+    assert (s1.node_id, s1.swa_num_tokens) == (None, 4)
+    e.alloc.free_swa_segment(s1.swa_freed_indices)
+    assert e.match(toks(8)).device_prefix_len == 8
+    s2 = c.evict_device_next_node(SWA)
+    for s in (s2,):
+        if len(s.swa_freed_indices):
+            e.alloc.free_swa_segment(s.swa_freed_indices)
+        if len(s.freed_indices):
+            e.alloc.free_full_segment(s.freed_indices)
+    c.evict_device_end(SWA)
+    assert (s2.node_id, s2.num_tokens, s2.swa_num_tokens) == (None, 0, 4)
+    assert shape(e.cache) == [(4, 4, False), (8, 4, False), (12, 4, True)]
+    e.check()
+
+
+@pytest.mark.xfail(strict=True, reason="spec §4 / SGLang: a disabled cache's lock calls return "
+                   "empty receipts and dec_lock_ref / unlock return at once; flatradix's SWA "
+                   "receipt check runs first and raises ReceiptError (KeyError)")
+def test_disabled_swa_cache_lock_unlock_is_a_noop():
+    from flatradix import SWATokenToKVPoolAllocator, UnifiedRadixCache
+    c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4, disable=True,
+                          token_to_kv_pool_allocator=SWATokenToKVPoolAllocator(16, 16))
+    root = c.root_node_handle()
+    lk = c.lock(root)
+    c.release_swa(lk)
+    c.unlock(lk)
+    c.dec_lock_ref(root, c.inc_lock_ref(root))
+    assert c.total_size() == (0, 0)
