@@ -20,6 +20,7 @@ after each operation:
 """
 
 import numpy as np
+import torch
 
 from flatradix import (
     ComponentType, InsertParams, MatchPrefixParams, RadixKey, Req, ReqToTokenPool,
@@ -65,18 +66,147 @@ def shape(cache):
     return [(len(n["path"]), len(n["key"]), n["has_swa"]) for n in nodes(cache)]
 
 
-class SWAEnv:
-    """An SWA cache (window ``W``, page ``P``) with flatradix's SWA allocator and a
-    request pool; ``reqs`` are the running requests the partition counts."""
+class _Side:
+    """One pool of ``StrictSWAAllocator``: slots ``1..size``, a free set."""
 
-    def __init__(self, W, P=1, size=64, size_swa=None, rows=4, ctx=64, eagle=False):
+    def __init__(self, size):
+        self.size = size
+        self.free_mark = np.ones(size + 1, dtype=bool)
+        self.free_mark[0] = False
+
+    def available_size(self):
+        return int(self.free_mark.sum())
+
+    def alloc(self, n):
+        free = np.nonzero(self.free_mark)[0]
+        if n > len(free):
+            return None
+        got = free[:n]
+        self.free_mark[got] = False
+        return torch.from_numpy(got.astype(np.int64))
+
+    def free(self, idx):
+        idx = np.asarray(idx, dtype=np.int64)
+        assert len(np.unique(idx)) == len(idx), "slot freed twice in one call"
+        assert not self.free_mark[idx].any(), f"double free of {idx[self.free_mark[idx]]}"
+        self.free_mark[idx] = True
+
+    def is_free(self, idx):
+        return self.free_mark[np.asarray(idx, dtype=np.int64)]
+
+
+class StrictSWAAllocator:
+    """A duck-typed stand-in for SGLang's ``SWATokenToKVPoolAllocator`` (torch
+    indices, keyword-only ``start_pos``) that enforces its peer contract as hard
+    errors: ``free`` / ``free_segment`` / ``free_swa*`` need every slot mapped to an
+    SWA peer ("caller wants free_full"), ``free_full*`` needs none mapped
+    ("caller wants free_segment"). Written for these tests from the contract in
+    hybrid_api.md and the spec's action table (§3.8)."""
+
+    def __init__(self, size, size_swa, page_size=1):
+        self.page_size = page_size
+        self.size_full, self.size_swa = size, size_swa
+        self.full_attn_allocator = _Side(size)
+        self.swa_attn_allocator = _Side(size_swa)
+        self.full_to_swa_index_mapping = np.zeros(size + page_size + 1, dtype=np.int64)
+        self.calls = []
+
+    @property
+    def size(self):
+        return min(self.size_full, self.size_swa)
+
+    def clear(self):
+        self.full_attn_allocator = _Side(self.size_full)
+        self.swa_attn_allocator = _Side(self.size_swa)
+        self.full_to_swa_index_mapping[:] = 0
+
+    def available_size(self):
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self):
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self):
+        return self.swa_attn_allocator.available_size()
+
+    def alloc(self, n):
+        if n > self.full_available_size() or n > self.swa_available_size():
+            return None
+        full = self.full_attn_allocator.alloc(n)
+        swa = self.swa_attn_allocator.alloc(n)
+        self.full_to_swa_index_mapping[full.numpy()] = swa.numpy()
+        return full
+
+    @staticmethod
+    def _np(x):
+        assert isinstance(x, torch.Tensor), f"SGLang's allocator takes torch tensors, got {type(x)}"
+        return x.numpy().astype(np.int64)
+
+    def translate_swa_indices_for_transfer(self, kv_indices):
+        return torch.from_numpy(self.full_to_swa_index_mapping[self._np(kv_indices)].copy())
+
+    translate_loc_from_full_to_swa = translate_swa_indices_for_transfer
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices):
+        f, w = self._np(full_indices), self._np(swa_indices)
+        assert f.shape == w.shape
+        self.full_to_swa_index_mapping[f] = w
+
+    def clear_full_to_swa_mapping(self, full_indices):
+        self.full_to_swa_index_mapping[self._np(full_indices)] = 0
+
+    def free_swa(self, free_index):
+        f = self._np(free_index)
+        if not f.size:
+            return
+        swa = self.full_to_swa_index_mapping[f]
+        assert (swa > 0).all(), f"swa.peer_mapped: Full slots {f[swa <= 0]} have no SWA peer " \
+                                "(caller wants free_full)"
+        self.swa_attn_allocator.free(swa)
+        self.full_to_swa_index_mapping[f] = 0
+
+    def free_swa_segment(self, free_index, *, start_pos):
+        assert start_pos % self.page_size == 0
+        self.calls.append(("free_swa_segment", len(free_index)))
+        self.free_swa(free_index)
+
+    def free_full(self, free_index):
+        f = self._np(free_index)
+        if not f.size:
+            return
+        assert (self.full_to_swa_index_mapping[f] == 0).all(), \
+            f"swa.peer_released: Full slots {f} still map to SWA slots (caller wants free)"
+        self.full_attn_allocator.free(f)
+
+    def free_full_segment(self, free_index, *, start_pos):
+        assert start_pos % self.page_size == 0
+        self.calls.append(("free_full_segment", len(free_index)))
+        self.free_full(free_index)
+
+    def free(self, free_index):
+        self.calls.append(("free", len(free_index)))
+        self.free_swa(free_index)
+        self.free_full(free_index)
+
+    def free_segment(self, free_index, *, start_pos):
+        assert start_pos % self.page_size == 0
+        self.free(free_index)
+
+
+class SWAEnv:
+    """An SWA cache (window ``W``, page ``P``) with flatradix's SWA allocator (or, with
+    ``strict``, the SGLang-contract double above) and a request pool; ``reqs`` are
+    the running requests the partition counts."""
+
+    def __init__(self, W, P=1, size=64, size_swa=None, rows=4, ctx=64, eagle=False,
+                 strict=False, disable=False):
         self.W, self.P = W, P
-        self.alloc = SWATokenToKVPoolAllocator(size, size if size_swa is None else size_swa,
-                                               page_size=P)
+        kind = StrictSWAAllocator if strict else SWATokenToKVPoolAllocator
+        self.alloc = kind(size, size if size_swa is None else size_swa, page_size=P)
         self.rtp = ReqToTokenPool(rows, ctx)
         self.cache = UnifiedRadixCache(
             page_size=P, tree_components=FS, sliding_window_size=W, is_eagle=eagle,
-            token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.rtp)
+            token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.rtp, disable=disable)
         self.reqs = []
 
     # ---------------------------------------------------------------- plain API

@@ -16,6 +16,13 @@ from flatradix import EvictParams, LockRefError
 
 from .swa_support import FULL, SWA, SWAEnv, find, nodes, shape
 
+
+@pytest.fixture(params=[False, True], ids=["flatradix-alloc", "sglang-contract-alloc"])
+def strict(request):
+    """Run the scenario with flatradix's SWA allocator and with a double that holds the
+    cache to SGLang's allocator contract (torch indices, peer checks)."""
+    return request.param
+
 T1 = list(range(1, 41))  # token ids: position i holds token i + 1
 
 
@@ -24,11 +31,11 @@ def toks(n, base=T1):
 
 
 # ----------------------------------------------------------------------------- §6.2 validator
-def test_validator_worked_example_w4_p2():
+def test_validator_worked_example_w4_p2(strict):
     """W 4, P 2: insert 8 tokens with cursor 4 -> [0,4) tomb, [4,8) live; matching 8
     -> 8; matching 6 -> 0 (2 live tokens after the hole < W) with full hit 6 and
     branching 6 (aligned 6 > boundary 0)."""
-    e = SWAEnv(W=4, P=2)
+    e = SWAEnv(strict=strict, W=4, P=2)
     r = e.insert(toks(8), cursor=4)
     assert r.prefix_len == 0
     assert shape(e.cache) == [(4, 4, False), (8, 4, True)]
@@ -51,11 +58,11 @@ def test_validator_worked_example_w4_p2():
     e.check()
 
 
-def test_validator_after_hole_needs_w_contiguous():
+def test_validator_after_hole_needs_w_contiguous(strict):
     """W 4, P 1: cursor 2 on 9 tokens -> [0,2) tomb, live [2,9) = 7 > T 4 so capped:
     [2,5) + [5,9). Match 5 -> 0 (3 live after the hole), match 9 -> 9 (7 >= 4),
     match 6 -> splits [5,9) at 6: acc 3 + 1 = 4 >= 4 -> 6."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert(toks(9), cursor=2)
     assert shape(e.cache) == [(2, 2, False), (5, 3, True), (9, 4, True)]
     assert e.match(toks(5)).device_prefix_len == 0
@@ -66,9 +73,9 @@ def test_validator_after_hole_needs_w_contiguous():
     e.check()
 
 
-def test_from_root_live_nodes_need_no_window():
+def test_from_root_live_nodes_need_no_window(strict):
     """A short prefix with SWA data and no hole is accepted at once (acc = +inf)."""
-    e = SWAEnv(W=8, P=1)
+    e = SWAEnv(strict=strict, W=8, P=1)
     e.insert(toks(3))
     m = e.match(toks(3))
     assert (m.device_prefix_len, m.swa_branching_seqlen) == (3, None)
@@ -77,12 +84,12 @@ def test_from_root_live_nodes_need_no_window():
 
 # ----------------------------------------------------------------------------- leaf cap
 @pytest.mark.parametrize("W,P", [(4, 2), (5, 2), (3, 1), (7, 4), (4, 4)])
-def test_leaf_cap(W, P):
+def test_leaf_cap(W, P, strict):
     """T = ceil(W/P)*P. T/P + 2 pages -> parent [0, 2P) live, leaf [2P, T+2P) live of
     length T, parent != root (older part published first, so an SWA eviction of
     one unit takes the parent). T/P pages -> one node under the root."""
     T = -(-W // P) * P
-    e = SWAEnv(W=W, P=P)
+    e = SWAEnv(strict=strict, W=W, P=P)
     e.insert(toks(T + 2 * P))
     assert shape(e.cache) == [(2 * P, 2 * P, True), (T + 2 * P, T, True)]
     leaf = find(e.cache, toks(T + 2 * P))
@@ -95,16 +102,16 @@ def test_leaf_cap(W, P):
     assert shape(e.cache) == [(2 * P, 2 * P, False), (T + 2 * P, T, True)]
     e.check()
 
-    e2 = SWAEnv(W=W, P=P)
+    e2 = SWAEnv(strict=strict, W=W, P=P)
     e2.insert(toks(T))
     assert shape(e2.cache) == [(T, T, True)]
     assert find(e2.cache, toks(T))["parent"] == e2.cache.root_node_handle()
     e2.check()
 
 
-def test_leaf_cap_applies_to_the_live_part_only():
+def test_leaf_cap_applies_to_the_live_part_only(strict):
     """W 4, P 1, cursor 3 on 10 tokens: [0,3) tomb, live [3,10) = 7 > 4 -> [3,6) + [6,10)."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert(toks(10), cursor=3)
     assert shape(e.cache) == [(3, 3, False), (6, 3, True), (10, 4, True)]
     assert e.cache.total_size() == (10, 7)
@@ -112,13 +119,13 @@ def test_leaf_cap_applies_to_the_live_part_only():
 
 
 # ----------------------------------------------------------------------------- recovery
-def test_recovery_w8_reinsert_then_evict_tombstones_the_recovered_part_first():
+def test_recovery_w8_reinsert_then_evict_tombstones_the_recovered_part_first(strict):
     """W 8, P 2 (T 8): insert 16 with cursor 8 -> [0,8) tomb, [8,16) live. Re-insert 16
     with fresh slots (cursor 0): [0,8) recovered (its Full value becomes the new
     slots, the old ones freed Full-only), [8,16)'s duplicates freed with their
     SWA peers. The insert-end refresh puts [8,16) at MRU with [0,8) right behind,
     so evict(swa_num_tokens=8) tombstones [0,8) again and keeps [8,16)."""
-    e = SWAEnv(W=8, P=2, size=64)
+    e = SWAEnv(strict=strict, W=8, P=2, size=64)
     v1 = e.fresh(16, swa_dead=8)
     e.insert(toks(16), value=v1, cursor=8)
     assert shape(e.cache) == [(8, 8, False), (16, 8, True)]
@@ -142,9 +149,9 @@ def test_recovery_w8_reinsert_then_evict_tombstones_the_recovered_part_first():
     e.check()
 
 
-def test_recovery_skipped_when_request_owns_the_span():
+def test_recovery_skipped_when_request_owns_the_span(strict):
     """prev_prefix_len >= the node's end: no recovery, nothing adopted or freed there."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert(toks(4), cursor=4)                      # [0,4) tomb leaf
     tomb = np.asarray(e.cache.path_device_indices(find(e.cache, toks(4))["node_id"]))
     v = np.r_[tomb, e.fresh(2)]
@@ -155,10 +162,10 @@ def test_recovery_skipped_when_request_owns_the_span():
     e.check()
 
 
-def test_recovery_splits_at_the_cursor():
+def test_recovery_splits_at_the_cursor(strict):
     """W 4, P 2: tomb [0,8) (cursor 8); re-insert with cursor 4: [0,4) stays tomb
     (its duplicates freed Full-only), [4,8) recovered."""
-    e = SWAEnv(W=4, P=2)
+    e = SWAEnv(strict=strict, W=4, P=2)
     e.insert(toks(8), cursor=8)
     assert shape(e.cache) == [(8, 8, False)]
     v = e.fresh(8, swa_dead=4)
@@ -184,13 +191,13 @@ def _chain(e, lens, base=T1):
     return paths
 
 
-def test_lru_refresh_window_w_plus_p():
+def test_lru_refresh_window_w_plus_p(strict):
     """Spec example 1 (window argument W + P = 5, W 4, P 1): chain a,b,c,d of key
     length 3. Building it leaves the LRU (MRU first) [d,c,b,a]; matching abc, ab, a
     makes it [a,b,c,d]; matching abcd refreshes d (acc 0) and c (acc 3) only ->
     [d,c,a,b]. SWA victims from the tail: b, a, c (internal: tombstones), then d
     (a leaf: deleted whole, Full too)."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     a, b, c, d = _chain(e, [3, 3, 3, 3])
     for p in (c, b, a, d):
         e.match(p)
@@ -207,7 +214,7 @@ def test_lru_refresh_window_w_plus_p():
     e.check()
 
 
-def test_lru_refresh_stops_at_window_counting_tombstones():
+def test_lru_refresh_stops_at_window_counting_tombstones(strict):
     """Spec example 2 (window 5, key length 2, b absent from the list): the refresh
     from d moves d (acc 0 -> 2) and c (2 -> 4), passes b (no data, 4 -> 6) and stops:
     a is not moved. Setup: chain a,b,c built by inserts ([c,b,a]); match a
@@ -215,7 +222,7 @@ def test_lru_refresh_stops_at_window_counting_tombstones():
     prefix owned (prev 6: b is not recovered) -> [d,c,a]; insert e (own branch) ->
     [e,d,c,a]; match abcd (a ok, b hole, c 2, d 4 >= 4: best d) -> [d,c,e,a].
     The next SWA victim is a (tombstoned); had a been moved it would be e."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     a, b, c = _chain(e, [2, 2, 2])
     e.match(a)
     r = e.cache.evict(EvictParams(swa_num_tokens=2))
@@ -239,10 +246,10 @@ def test_lru_refresh_stops_at_window_counting_tombstones():
     e.check()
 
 
-def test_lru_window_larger_than_path_refreshes_whole_path():
+def test_lru_window_larger_than_path_refreshes_whole_path(strict):
     """W 64: chain x,y (2 each) and a sibling leaf z built after; matching xy refreshes
     y and x (the whole path) -> [y,x,z]: the first SWA victim is the leaf z."""
-    e = SWAEnv(W=64, P=1)
+    e = SWAEnv(strict=strict, W=64, P=1)
     x, y = _chain(e, [2, 2])
     z = [70, 71]
     e.insert(z)
@@ -255,10 +262,10 @@ def test_lru_window_larger_than_path_refreshes_whole_path():
 
 
 # ----------------------------------------------------------------------------- B13
-def test_b13a_leaf_wholly_outside_the_window_keeps_full_kv():
+def test_b13a_leaf_wholly_outside_the_window_keeps_full_kv(strict):
     """W 4, P 1: insert 8 with cursor 8 -> one Full-only leaf of 8; no error, SWA 0.
     A match gets 0 (no live SWA) with full hit 8 and branching 8."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     r = e.insert(toks(8), cursor=8)
     assert r.prefix_len == 0
     assert shape(e.cache) == [(8, 8, False)]
@@ -270,12 +277,12 @@ def test_b13a_leaf_wholly_outside_the_window_keeps_full_kv():
     e.check()
 
 
-def test_b13b_recovery_under_a_full_lock_keeps_the_locked_slots():
+def test_b13b_recovery_under_a_full_lock_keeps_the_locked_slots(strict):
     """W 4, P 1: insert 8 (v) -> [0,4) + [4,8) live. Lock the leaf skipping SWA (Full
     path locked), evict 8 SWA -> both tombstoned (the leaf is Full-locked). Insert
     8 with fresh w: returns 8; the nodes keep v (locked) and take over w's SWA
     peers; w's Full slots are freed; both components' ledgers add up."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     v = e.fresh(8)
     e.insert(toks(8), value=v)
     leaf = find(e.cache, toks(8))["node_id"]
@@ -303,13 +310,13 @@ def test_b13b_recovery_under_a_full_lock_keeps_the_locked_slots():
     e.check()
 
 
-def test_recovery_under_window_lock_credits_protected():
+def test_recovery_under_window_lock_credits_protected(strict):
     """A tombstone inside a live window lock (Full and SWA locked, SWA data gone)
     that is recovered counts as SWA-protected. W 4, P 1: 4 tokens live, lock it
     (window = the node), release the window early and evict its SWA (Full-locked:
     tombstone), lock again (window on a tombstone: lock counted, 0 units moved),
     then recover it with fresh slots: the 4 units land on the protected side."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert(toks(4))
     n = find(e.cache, toks(4))["node_id"]
     l1 = e.cache.lock(n)
@@ -329,9 +336,9 @@ def test_recovery_under_window_lock_credits_protected():
 
 
 # ----------------------------------------------------------------------------- branching
-def test_swa_branch_inserted():
+def test_swa_branch_inserted(strict):
     """swa_branch_inserted = len(key) >= params.swa_branching_seqlen."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     assert e.insert(toks(8), swa_branching_seqlen=6).swa_branch_inserted is True
     assert e.insert(toks(6), swa_branching_seqlen=6).swa_branch_inserted is True
     assert e.insert(toks(4), swa_branching_seqlen=6).swa_branch_inserted is False
@@ -389,10 +396,10 @@ def test_window_lock_boundary_on_an_ancestor_and_at_root():
         e.check()
 
 
-def test_window_lock_counts_tombstones():
+def test_window_lock_counts_tombstones(strict):
     """W 4, P 1: [0,2) tomb + [2,4) live (cursor 2); locking the leaf covers 2 (live)
     then 4 at the tombstone: both counted (swa_lock_ref 1), only 2 units move."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert(toks(4), cursor=2)
     leaf, tomb = find(e.cache, toks(4))["node_id"], find(e.cache, toks(2))["node_id"]
     r = e.cache.inc_lock_ref(leaf)
@@ -405,12 +412,12 @@ def test_window_lock_counts_tombstones():
     e.check()
 
 
-def test_split_of_locked_node_keeps_both_halves_locked_and_release_is_exact():
+def test_split_of_locked_node_keeps_both_halves_locked_and_release_is_exact(strict):
     """W 4, P 1: node X = [1,2,3,4] (boundary at itself). Insert [1,2,5,6] splits X at
     2: U = [1,2] gets lock counts and the stamp, X keeps its counts; SWA protected
     stays 4, the new leaf [5,6] is evictable 2. The release walks X, U (stamp) and
     returns exactly to 0."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert([1, 2, 3, 4])
     x = find(e.cache, [1, 2, 3, 4])["node_id"]
     lk = e.cache.lock(x)
@@ -427,11 +434,11 @@ def test_split_of_locked_node_keeps_both_halves_locked_and_release_is_exact():
     e.check()
 
 
-def test_split_below_the_boundary_release_is_exact():
+def test_split_below_the_boundary_release_is_exact(strict):
     """W 6, P 1: A = [1,2] then B = [3,4,5,6]; lock B: B 4, A 6 -> boundary A. A
     split of B at [3,4] (insert [1,2,3,4,9,9]) copies the counts to the new middle
     node; the release walks B, its upper half and A, all back to 0."""
-    e = SWAEnv(W=6, P=1)
+    e = SWAEnv(strict=strict, W=6, P=1)
     e.insert([1, 2])
     e.insert([1, 2, 3, 4, 5, 6])
     b = find(e.cache, [1, 2, 3, 4, 5, 6])["node_id"]
@@ -447,11 +454,11 @@ def test_split_below_the_boundary_release_is_exact():
     e.check()
 
 
-def test_two_windows_different_boundaries():
+def test_two_windows_different_boundaries(strict):
     """W 4, P 1: Y = [1,2] with children B1 = [3,4] and B2 = [5] (page 1), P = parent
     of Y... built as: [1,2], [1,2,3,4], [1,2,5]: B1's window ends at Y (2 + 2),
     B2's (1 + 2 = 3 < 4) reaches the root -> None. Releases are independent."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     for t in ([1, 2], [1, 2, 3, 4], [1, 2, 5]):
         e.insert(t)
     b1, b2 = find(e.cache, [1, 2, 3, 4])["node_id"], find(e.cache, [1, 2, 5])["node_id"]
@@ -513,10 +520,10 @@ def test_release_swa_then_unlock():
     e.check()
 
 
-def test_release_swa_prefix_lock_releases_only_with_a_boundary():
+def test_release_swa_prefix_lock_releases_only_with_a_boundary(strict):
     """Request-level: a lock whose window reached the root (boundary None) is kept."""
     from flatradix import Req
-    e = SWAEnv(W=10, P=2)
+    e = SWAEnv(strict=strict, W=10, P=2)
     e.insert(toks(8))
     leaf = find(e.cache, toks(8))["node_id"]
     req = Req(origin_input_ids=toks(8), lock=e.cache.lock(leaf))
@@ -571,9 +578,9 @@ def test_bad_releases_change_nothing():
 
 
 # ----------------------------------------------------------------------------- eviction
-def test_evict_leaf_whole_node_counts_full_too():
+def test_evict_leaf_whole_node_counts_full_too(strict):
     """A live SWA leaf is deleted whole by the SWA walk: Full and SWA both freed."""
-    e = SWAEnv(W=4, P=1, size=16)
+    e = SWAEnv(strict=strict, W=4, P=1, size=16)
     e.insert([1, 2, 3])
     r = e.cache.evict(EvictParams(swa_num_tokens=1))
     assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (3, 3)
@@ -582,10 +589,10 @@ def test_evict_leaf_whole_node_counts_full_too():
     e.check()
 
 
-def test_evict_full_locked_leaf_is_tombstoned():
+def test_evict_full_locked_leaf_is_tombstoned(strict):
     """Leaf Full-locked, SWA unlocked (skip): the SWA walk tombstones it; the Full walk
     cannot touch it; after the unlock the Full walk deletes the tombstone (SWA 0)."""
-    e = SWAEnv(W=4, P=1, size=16)
+    e = SWAEnv(strict=strict, W=4, P=1, size=16)
     e.insert([1, 2, 3])
     n = find(e.cache, [1, 2, 3])["node_id"]
     lk = e.cache.lock(n, skip_lock_components=(SWA,))
@@ -601,11 +608,11 @@ def test_evict_full_locked_leaf_is_tombstoned():
     e.check()
 
 
-def test_evict_skips_locked_windows():
+def test_evict_skips_locked_windows(strict):
     """W 4, P 1: [0,4) + [4,8); the leaf's window lock covers only the leaf. SWA walk:
     [0,4) tombstoned (internal), leaf skipped. After the unlock the leaf is deleted
     whole and the tombstone parent stays (it has Full)."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     e.insert(toks(8))
     lk = e.cache.lock(find(e.cache, toks(8))["node_id"])
     r = e.cache.evict(EvictParams(swa_num_tokens=100))
@@ -629,11 +636,11 @@ def _mixed_tree(e):
     assert not find(e.cache, [20, 21, 22, 23])["has_swa"]
 
 
-def test_evict_num_tokens_and_swa_num_tokens_interplay():
+def test_evict_num_tokens_and_swa_num_tokens_interplay(strict):
     """evict(num 4, swa 8): the Full walk deletes the oldest leaf Z (Full 4, SWA 0);
     the SWA walk then tombstones [0,4) (4) and deletes the leaf [4,8) whole (Full 4,
     SWA 4): result (8, 8)."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     _mixed_tree(e)
     r = e.cache.evict(EvictParams(num_tokens=4, swa_num_tokens=8))
     assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (8, 8)
@@ -641,10 +648,10 @@ def test_evict_num_tokens_and_swa_num_tokens_interplay():
     e.check()
 
 
-def test_evict_full_walk_frees_enough_swa():
+def test_evict_full_walk_frees_enough_swa(strict):
     """Two live leaves of 4; evict(num 4, swa 4): the Full walk's leaf deletion frees 4
     SWA too, so the SWA walk is skipped: (4, 4), one leaf left live."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     e.insert([1, 2, 3, 4])
     e.insert([9, 9, 9, 9])
     r = e.cache.evict(EvictParams(num_tokens=4, swa_num_tokens=4))
@@ -654,10 +661,10 @@ def test_evict_full_walk_frees_enough_swa():
     e.check()
 
 
-def test_evict_for_alloc_swa_shortfall_stops_after_one_tombstone():
+def test_evict_for_alloc_swa_shortfall_stops_after_one_tombstone(strict):
     """evict_for_alloc(swa 1): the first SWA victim, the internal [0,4), is tombstoned
     (4 SWA slots back) and that meets the target: (0, 4)."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     _mixed_tree(e)
     avail = e.alloc.swa_available_size()
     r = e.cache.evict_for_alloc(EvictParams(swa_num_tokens=1))
@@ -670,12 +677,12 @@ def test_evict_for_alloc_swa_shortfall_stops_after_one_tombstone():
     e.check()
 
 
-def test_stepwise_swa_round():
+def test_stepwise_swa_round(strict):
     """evict_device_start(SWA, 8) on the mixed tree: step 1 tombstones [0,4) (node
     None, progress, swa 4, Full 0), step 2 deletes the leaf [4,8) (its id, Full 4,
     SWA 4), step 3 ends the round; the controller frees the SWA peers of
     swa_freed_indices and then the Full slots of freed_indices; end returns 8."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     _mixed_tree(e)
     leaf = find(e.cache, toks(8))
     up_val = find(e.cache, toks(4))["value"]
@@ -685,15 +692,15 @@ def test_stepwise_swa_round():
     assert (s1.node_id, s1.made_progress, s1.num_tokens, s1.swa_num_tokens) == (None, True, 0, 4)
     np.testing.assert_array_equal(np.asarray(s1.swa_freed_indices), up_val)
     assert len(s1.freed_indices) == 0
-    e.alloc.free_swa_segment(s1.swa_freed_indices)
+    e.alloc.free_swa_segment(s1.swa_freed_indices, start_pos=0)
     e.check()
     s2 = c.evict_device_next_node(SWA)
     assert (s2.node_id, s2.made_progress, s2.num_tokens, s2.swa_num_tokens) == (
         leaf["node_id"], True, 4, 4)
     np.testing.assert_array_equal(np.asarray(s2.freed_indices), leaf["value"])
     np.testing.assert_array_equal(np.asarray(s2.swa_freed_indices), leaf["value"])
-    e.alloc.free_swa_segment(s2.swa_freed_indices)
-    e.alloc.free_full_segment(s2.freed_indices)
+    e.alloc.free_swa_segment(s2.swa_freed_indices, start_pos=0)
+    e.alloc.free_full_segment(s2.freed_indices, start_pos=0)
     e.check()
     s3 = c.evict_device_next_node(SWA)
     assert (s3.node_id, s3.made_progress) == (None, False)
@@ -701,9 +708,9 @@ def test_stepwise_swa_round():
     e.check()
 
 
-def test_stepwise_full_round_reports_swa_of_deleted_leaf():
+def test_stepwise_full_round_reports_swa_of_deleted_leaf(strict):
     """A Full step deleting a live leaf reports its SWA count and indices too."""
-    e = SWAEnv(W=4, P=1, size=16)
+    e = SWAEnv(strict=strict, W=4, P=1, size=16)
     e.insert([1, 2, 3])
     val = find(e.cache, [1, 2, 3])["value"]
     c = e.cache
@@ -711,21 +718,21 @@ def test_stepwise_full_round_reports_swa_of_deleted_leaf():
     s = c.evict_device_next_node(FULL)
     assert (s.num_tokens, s.swa_num_tokens, s.made_progress) == (3, 3, True)
     np.testing.assert_array_equal(np.asarray(s.swa_freed_indices), val)
-    e.alloc.free_swa_segment(s.swa_freed_indices)
-    e.alloc.free_full_segment(s.freed_indices)
+    e.alloc.free_swa_segment(s.swa_freed_indices, start_pos=0)
+    e.alloc.free_full_segment(s.freed_indices, start_pos=0)
     assert c.evict_device_next_node(FULL).made_progress is False
     assert c.evict_device_end(FULL) == 3
     e.check()
 
 
-def test_split_places_upper_part_right_behind_the_child_in_the_lru():
+def test_split_places_upper_part_right_behind_the_child_in_the_lru(strict):
     """W 4, P 1: H = [0,2) tomb (cursor 2), X = [2,6) live leaf, then a sibling leaf Y
     (LRU: [Y, X]). Matching the first 4 tokens splits X at 4: U = [2,4) joins the
     LRU right behind X ([Y, X, U]); the validator rejects U (2 live after the hole)
     and H, so the best node is the root and nothing is refreshed. The next SWA
     victim is U (tombstoned); had U been put at the MRU end it would be X (a leaf,
     deleted whole)."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     e.insert(toks(2), cursor=2)
     own = np.asarray(e.cache.path_device_indices(find(e.cache, toks(2))["node_id"]))
     e.insert(toks(6), value=np.r_[own, e.fresh(4)], prev=2)
@@ -743,18 +750,18 @@ def test_split_places_upper_part_right_behind_the_child_in_the_lru():
 @pytest.mark.xfail(strict=True, reason="spec §5.10 / SGLang: the SWA line of "
                    "available_and_evictable_str starts with 'Available swa: '; flatradix "
                    "writes 'Available swa tokens: '")
-def test_available_and_evictable_str_swa_line():
+def test_available_and_evictable_str_swa_line(strict):
     """One line per aux component: 'Available swa: <available + evictable> (...)'."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     e.insert(toks(6))                       # [0,2) + [2,6) live: SWA evictable 6
     lines = e.cache.available_and_evictable_str().splitlines()
     assert lines[0].startswith("Available full tokens: 32 ")
     assert lines[1].startswith("Available swa: 32 ")
 
 
-def test_last_visited_node_id_counts_rejected_nodes():
+def test_last_visited_node_id_counts_rejected_nodes(strict):
     """§3.2: the deepest non-root node walked, even if the validator rejected it."""
-    e = SWAEnv(W=4, P=2)
+    e = SWAEnv(strict=strict, W=4, P=2)
     e.insert(toks(8), cursor=4)
     m = e.match(toks(6))
     assert m.device_prefix_len == 0
@@ -769,19 +776,19 @@ def test_last_visited_node_id_counts_rejected_nodes():
     (4, {FULL: [(0, 8)], SWA: [(4, 8)]}),
     (8, {FULL: [(0, 8)]}),
 ])
-def test_adopted_ranges_of_a_new_leaf(cursor, want):
+def test_adopted_ranges_of_a_new_leaf(cursor, want, strict):
     """W 4, P 2: the new leaf is adopted for Full; SWA only from the cursor on (none
     when the leaf is wholly before it)."""
-    e = SWAEnv(W=4, P=2)
+    e = SWAEnv(strict=strict, W=4, P=2)
     r = e.insert(toks(8), cursor=cursor, track_adopted_ranges=True)
     assert r.adopted_ranges == want
     e.check()
 
 
-def test_adopted_ranges_recovery_plus_new_leaf_coalesce():
+def test_adopted_ranges_recovery_plus_new_leaf_coalesce(strict):
     """Tomb [0,4) recovered (Full and SWA adopted) and a new leaf [4,8): both
     components report one coalesced range [(0, 8)]."""
-    e = SWAEnv(W=4, P=2)
+    e = SWAEnv(strict=strict, W=4, P=2)
     e.insert(toks(4), cursor=4)
     r = e.insert(toks(8), track_adopted_ranges=True)
     assert r.prefix_len == 4
@@ -790,9 +797,9 @@ def test_adopted_ranges_recovery_plus_new_leaf_coalesce():
     e.check()
 
 
-def test_adopted_ranges_locked_recovery_is_swa_only():
+def test_adopted_ranges_locked_recovery_is_swa_only(strict):
     """Recovery under a Full lock keeps the tree's Full slots: only SWA is adopted."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     e.insert(toks(4))
     n = find(e.cache, toks(4))["node_id"]
     lk = e.cache.lock(n, skip_lock_components=(SWA,))
@@ -803,13 +810,13 @@ def test_adopted_ranges_locked_recovery_is_swa_only():
     e.check()
 
 
-def test_recovered_ancestor_outside_the_refresh_window_stays_at_mru():
+def test_recovered_ancestor_outside_the_refresh_window_stays_at_mru(strict):
     """W 2, P 1 (refresh window 3): Z = [50,51] first; then 8 tokens with cursor 4:
     [0,4) tomb, live [4,8) capped to [4,6) + [6,8). LRU: [[6,8), [4,6), Z]. Re-insert
     the 8 tokens fresh: [0,4) is recovered and published at MRU; the insert-end
     refresh from [6,8) moves [6,8) and [4,6) (acc 0 -> 2 -> 4 >= 3) ahead of it:
     [[6,8), [4,6), [0,4), Z]. SWA victims: Z (a leaf: deleted whole), then [0,4)."""
-    e = SWAEnv(W=2, P=1, size=32)
+    e = SWAEnv(strict=strict, W=2, P=1, size=32)
     e.insert([50, 51])
     e.insert(toks(8), cursor=4)
     assert sorted(shape(e.cache)) == [(2, 2, True), (4, 4, False), (6, 2, True), (8, 2, True)]
@@ -828,26 +835,26 @@ def test_recovered_ancestor_outside_the_refresh_window_stays_at_mru():
 @pytest.mark.xfail(strict=True, reason="spec §5.4: the SWA walk keeps a cursor (advanced to the "
                    "next more recent unlocked entry after each step); flatradix re-takes the "
                    "LRU tail every step, so an LRU refresh between steps changes the victim")
-def test_stepwise_swa_cursor_survives_a_refresh_between_steps():
+def test_stepwise_swa_cursor_survives_a_refresh_between_steps(strict):
     """W 4, P 1: chain A [0,4), B [4,8), C [8,12) (one insert each): LRU [C, B, A].
     Step 1 tombstones A and moves the cursor to B. A match of the first 8 tokens
     between the steps (A hole, B 4 >= 4: best B) refreshes B to MRU: [B, C]. Step 2
     takes the cursor, B (internal: tombstoned), not the new tail C (a leaf)."""
-    e = SWAEnv(W=4, P=1)
+    e = SWAEnv(strict=strict, W=4, P=1)
     for n in (4, 8, 12):
         e.insert(toks(n))
     c = e.cache
     c.evict_device_start(SWA, 100)
     s1 = c.evict_device_next_node(SWA)
     assert (s1.node_id, s1.swa_num_tokens) == (None, 4)
-    e.alloc.free_swa_segment(s1.swa_freed_indices)
+    e.alloc.free_swa_segment(s1.swa_freed_indices, start_pos=0)
     assert e.match(toks(8)).device_prefix_len == 8
     s2 = c.evict_device_next_node(SWA)
     for s in (s2,):
         if len(s.swa_freed_indices):
-            e.alloc.free_swa_segment(s.swa_freed_indices)
+            e.alloc.free_swa_segment(s.swa_freed_indices, start_pos=0)
         if len(s.freed_indices):
-            e.alloc.free_full_segment(s.freed_indices)
+            e.alloc.free_full_segment(s.freed_indices, start_pos=0)
     c.evict_device_end(SWA)
     assert (s2.node_id, s2.num_tokens, s2.swa_num_tokens) == (None, 0, 4)
     assert shape(e.cache) == [(4, 4, False), (8, 4, False), (12, 4, True)]

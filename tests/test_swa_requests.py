@@ -17,6 +17,13 @@ from flatradix import EvictParams, Req
 
 from .swa_support import SWA, SWAEnv, check_partition, find, nodes, shape
 
+
+@pytest.fixture(params=[False, True], ids=["flatradix-alloc", "sglang-contract-alloc"])
+def strict(request):
+    """Run the scenario with flatradix's SWA allocator and with a double that holds the
+    cache to SGLang's allocator contract (torch indices, peer checks)."""
+    return request.param
+
 T1 = list(range(1, 2000))
 
 
@@ -101,9 +108,9 @@ def test_partition_helper_catches_ledger_drift():
 
 
 # ----------------------------------------------------------------------------- worked numbers
-def test_out_of_window_p1_w4_20_tokens_via_evict_sliding_windows():
+def test_out_of_window_p1_w4_20_tokens_via_evict_sliding_windows(strict):
     """20 tokens, scheduler pre_len 19 -> cursor 15; the row's SWA slots [0,15) go back."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     req, m = e.admit(toks(20))
     assert m.device_prefix_len == 0
     row = e.row(req)[:20].copy()
@@ -118,11 +125,11 @@ def test_out_of_window_p1_w4_20_tokens_via_evict_sliding_windows():
     e.check()
 
 
-def test_out_of_window_p1_w4_20_tokens_via_checkpoint():
+def test_out_of_window_p1_w4_20_tokens_via_checkpoint(strict):
     """checkpoint(20): pre_len = len(key) - 1 = 19 -> cursor 15; the insert makes [0,15)
     a tombstone and the live 5 are capped (T 4): [15,16) + [16,20); the leaf is
     matchable (4 contiguous live tokens at its end)."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     req, _ = e.admit(toks(20))
     assert e.cache.checkpoint(req, 20) == 20
     assert req.swa_evicted_seqlen == 15
@@ -139,8 +146,8 @@ def test_out_of_window_p1_w4_20_tokens_via_checkpoint():
     e.check()
 
 
-def test_out_of_window_p1_w4_5_tokens_stays_0():
-    e = SWAEnv(W=4, P=1, size=16)
+def test_out_of_window_p1_w4_5_tokens_stays_0(strict):
+    e = SWAEnv(strict=strict, W=4, P=1, size=16)
     req, _ = e.admit(toks(5))
     e.cache.evict_sliding_windows(req, 4)
     assert req.swa_evicted_seqlen == 0
@@ -152,11 +159,11 @@ def test_out_of_window_p1_w4_5_tokens_stays_0():
     e.check()
 
 
-def test_out_of_window_bigram_p4_w7_16_tokens():
+def test_out_of_window_bigram_p4_w7_16_tokens(strict):
     """EAGLE tree, P 4, W 7 (T 8): 16 raw tokens = 15 bigram units, aligned 12;
     pre_len 14 -> 14 - 8 = 6 -> cursor 4. [0,4) tomb, [4,12) live (8 >= 7): the
     leaf ends at 12 and a match of the 16 raw tokens gets 12."""
-    e = SWAEnv(W=7, P=4, size=32, eagle=True)
+    e = SWAEnv(strict=strict, W=7, P=4, size=32, eagle=True)
     req, m = e.admit(toks(16))
     assert m.device_prefix_len == 0
     assert e.cache.checkpoint(req, 16) == 12
@@ -169,7 +176,7 @@ def test_out_of_window_bigram_p4_w7_16_tokens():
 
 
 # ----------------------------------------------------------------------------- branching
-def test_branching_checkpoint_inserts_up_to_the_branch_first():
+def test_branching_checkpoint_inserts_up_to_the_branch_first(strict):
     """W 4, P 2: tree [0,8) is a Full-only tombstone (cursor 8). A request for 12 tokens
     sharing those 8 matches 0 with branching 8. Its first checkpoint inserts only
     the key [0,8): out-of-window first with pre_len = 8 - 1 = 7 (7 - 4 >= 1;
@@ -179,7 +186,7 @@ def test_branching_checkpoint_inserts_up_to_the_branch_first():
     Then req.swa_branching_seqlen is cleared and the out-of-window slots are
     freed again with pre_len = 12 - 1 = 11: cursor max(2, 8) = 8. The next
     checkpoint inserts the rest."""
-    e = SWAEnv(W=4, P=2, size=48)
+    e = SWAEnv(strict=strict, W=4, P=2, size=48)
     e.insert(toks(8), cursor=8)
     old = find(e.cache, toks(8))["value"].copy()
     req, m = e.admit(toks(12))
@@ -205,7 +212,7 @@ def test_branching_checkpoint_inserts_up_to_the_branch_first():
 
 
 # ----------------------------------------------------------------------------- peer bugs
-def test_peer_stale_mapping_of_a_recovered_tombstone_never_frees_a_live_slot():
+def test_peer_stale_mapping_of_a_recovered_tombstone_never_frees_a_live_slot(strict):
     """A tombstone's Full slots have no SWA peer; their former SWA slots are recycled
     to another request. Recovering the tombstone must free its old Full slots
     Full-only (a stale mapping would free the other request's live SWA slot and
@@ -214,7 +221,7 @@ def test_peer_stale_mapping_of_a_recovered_tombstone_never_frees_a_live_slot():
     [6,8) + [8,12) live. R1 finishes. R3 takes the recycled SWA slots. R2 = the
     first 6 tokens + 4 own: matches 0 (branching 6); its checkpoint recovers [0,6)
     from its own slots. Then evict everything evictable, re-admit, finish all."""
-    e = SWAEnv(W=4, P=2, size=32)
+    e = SWAEnv(strict=strict, W=4, P=2, size=32)
     r1, _ = e.admit(toks(12))
     e.check()
     r1_swa = e.alloc.full_to_swa_index_mapping[e.row(r1)[:6]].copy()
@@ -267,12 +274,12 @@ def _locked_tombstone_chain(e):
     return r1
 
 
-def test_peer_locked_recovery_with_deferred_duplicate_frees_in_one_insert():
+def test_peer_locked_recovery_with_deferred_duplicate_frees_in_one_insert(strict):
     """One insert emits, in order: a duplicate free (N1, with SWA peers), the locked
     recovery of N2 (the incoming slots' SWA peers move onto N2's locked Full slots,
     the incoming Full slots freed Full-only), a duplicate free (N3). The recovery's
     mapping move must not disturb the deferred frees, nor they it."""
-    e = SWAEnv(W=4, P=1, size=40)
+    e = SWAEnv(strict=strict, W=4, P=1, size=40)
     r1 = _locked_tombstone_chain(e)
     n2 = find(e.cache, toks(8))
     w = e.fresh(12)
@@ -291,12 +298,12 @@ def test_peer_locked_recovery_with_deferred_duplicate_frees_in_one_insert():
     e.check()
 
 
-def test_peer_locked_recovery_on_the_request_path():
+def test_peer_locked_recovery_on_the_request_path(strict):
     """The same locked tombstone recovered by a second request's checkpoint: R2 =
     the first 8 tokens + 2 own; it matches N1 only (plen 4, branching 8); its
     checkpoint inserts [0,8) (branch) recovering N2 under R1's Full lock: R2's
     slots for [4,8) lose their Full side and its row is rewritten to N2's slots."""
-    e = SWAEnv(W=4, P=1, size=40)
+    e = SWAEnv(strict=strict, W=4, P=1, size=40)
     r1 = _locked_tombstone_chain(e)
     n2_val = find(e.cache, toks(8))["value"].copy()
     r2, m = e.admit(toks(8) + [800, 801])
@@ -317,14 +324,14 @@ def test_peer_locked_recovery_on_the_request_path():
     e.check()
 
 
-def test_peer_page_larger_than_window_eager_freeing_keeps_the_leaf_live():
+def test_peer_page_larger_than_window_eager_freeing_keeps_the_leaf_live(strict):
     """P 4 > W 2 (T 4): the out-of-window threshold keeps ceil(max(W,P)/P)*P = 4
     tokens, so the last page-aligned leaf is never all-tombstone. 11 tokens:
     scheduler pre_len 10 -> 10 - 4 = 6 -> cursor 4; checkpoint: aligned 8,
     [0,4) tomb, [4,8) live; the leaf matches. Then decode token by token with the
     scheduler's slide and a checkpoint each step: the leaf always matches."""
     W, P = 2, 4
-    e = SWAEnv(W=W, P=P, size=64)
+    e = SWAEnv(strict=strict, W=W, P=P, size=64)
     req, _ = e.admit(toks(11))
     e.cache.evict_sliding_windows(req, 10)
     assert req.swa_evicted_seqlen == 4
@@ -349,7 +356,7 @@ def test_peer_page_larger_than_window_eager_freeing_keeps_the_leaf_live():
     e.check()
 
 
-def test_peer_eagle_w127_p64_seq1024_keeps_a_full_window_live():
+def test_peer_eagle_w127_p64_seq1024_keeps_a_full_window_live(strict):
     """EAGLE, W 127, P 64 (T 128), 1024 raw tokens = 1023 bigram units, aligned 960.
     Scheduler pre_len 1023 -> 1023 - 128 = 895 -> cursor 832 (W alone would give 896
     and leave only 64 < 127 live units before 960: an unmatchable leaf). Tree:
@@ -358,7 +365,7 @@ def test_peer_eagle_w127_p64_seq1024_keeps_a_full_window_live():
     960, the tree owning the prefix) and checkpointing at 1088 raw (1087 units,
     aligned 1024): [832,960) + [960,1024) live, match 1024."""
     W, P = 127, 64
-    e = SWAEnv(W=W, P=P, size=1200, ctx=1100, eagle=True)
+    e = SWAEnv(strict=strict, W=W, P=P, size=1200, ctx=1100, eagle=True)
     req, m = e.admit(toks(1024))
     assert m.device_prefix_len == 0
     e.cache.evict_sliding_windows(req, 1023)
@@ -385,12 +392,12 @@ def test_peer_eagle_w127_p64_seq1024_keeps_a_full_window_live():
     e.check()
 
 
-def test_finished_release_frees_dead_part_full_only():
+def test_finished_release_frees_dead_part_full_only(strict):
     """A finished request whose cursor passed its protected prefix: release frees the
     row's [protected, owned) slots, the part below the cursor Full-only (its SWA
     peers are already gone). W 4, P 1, 12 tokens, slide at pre_len 11 -> cursor 7,
     finish: the insert makes [0,7) a tombstone, [7,8)+[8,12) live."""
-    e = SWAEnv(W=4, P=1, size=24)
+    e = SWAEnv(strict=strict, W=4, P=1, size=24)
     req, _ = e.admit(toks(12))
     e.cache.evict_sliding_windows(req, 11)
     assert req.swa_evicted_seqlen == 7
@@ -401,8 +408,8 @@ def test_finished_release_frees_dead_part_full_only():
     e.check()
 
 
-def test_release_without_checkpoint_frees_everything_owned():
-    e = SWAEnv(W=4, P=1, size=24)
+def test_release_without_checkpoint_frees_everything_owned(strict):
+    e = SWAEnv(strict=strict, W=4, P=1, size=24)
     e.insert(toks(6))
     req, m = e.admit(toks(10))
     assert m.device_prefix_len == 6
@@ -414,9 +421,9 @@ def test_release_without_checkpoint_frees_everything_owned():
     e.check()
 
 
-def test_evict_sliding_windows_interval():
+def test_evict_sliding_windows_interval(strict):
     """eviction_interval k: nothing until pre_len - W >= cursor + k."""
-    e = SWAEnv(W=4, P=1, size=32)
+    e = SWAEnv(strict=strict, W=4, P=1, size=32)
     req, _ = e.admit(toks(12))
     e.cache.evict_sliding_windows(req, 11, eviction_interval=8)   # 7 < 0 + 8
     assert req.swa_evicted_seqlen == 0
@@ -431,13 +438,44 @@ def test_evict_sliding_windows_interval():
                    "insert key is page-aligned first, so swa_branch_inserted = aligned_len >= "
                    "branching; flatradix compares the unaligned key length and clears "
                    "req.swa_branching_seqlen although the branch point was not inserted")
-def test_unaligned_branching_is_not_inserted_by_an_aligned_key():
+def test_unaligned_branching_is_not_inserted_by_an_aligned_key(strict):
     """P 2, req.swa_branching_seqlen 5 (> protected 0, <= 10 tokens): the checkpoint's key
     is tokens[:5], page-aligned to 4 < 5: the branch is not inserted, so the
     request keeps swa_branching_seqlen 5."""
-    e = SWAEnv(W=4, P=2, size=32)
+    e = SWAEnv(strict=strict, W=4, P=2, size=32)
     req, _ = e.admit(toks(10))
     req.swa_branching_seqlen = 5
     assert e.cache.checkpoint(req, 10) == 4
     assert req.cache_protected_len == 4
     assert req.swa_branching_seqlen == 5
+
+
+def test_disabled_swa_cache_slide_uses_the_window_alone():
+    """Without prefix sharing (disable=True) the threshold is pre_len - W (§6.2 note in
+    SGLang's free_swa_out_of_window_slots): P 4, W 2, pre_len 10 -> 8."""
+    e = SWAEnv(W=2, P=4, size=32, disable=True)
+    req, m = e.admit(toks(11))
+    assert m.device_prefix_len == 0
+    e.cache.evict_sliding_windows(req, 10)
+    assert req.swa_evicted_seqlen == 8
+    assert e.alloc.swa_available_size() == 32 - 3
+    e.check()
+    e.release(req)
+    assert (e.alloc.full_available_size(), e.alloc.swa_available_size()) == (32, 32)
+    e.check()
+
+
+@pytest.mark.xfail(strict=True, reason="spec §5.8 (release_kv_cache frees the row with its "
+                   "SWA-dead part Full-only) / SGLang free_kv_row: on a disabled SWA cache "
+                   "flatradix frees the whole row with allocator.free(), which asks the "
+                   "allocator to free SWA peers the slide already freed")
+def test_disabled_swa_cache_release_frees_dead_part_full_only():
+    """Same as above with an allocator holding the cache to SGLang's contract: the row's
+    [0, 8) must go back through free_full_segment, [8, 11) with their SWA peers."""
+    e = SWAEnv(W=2, P=4, size=32, disable=True, strict=True)
+    req, _ = e.admit(toks(11))
+    e.cache.evict_sliding_windows(req, 10)
+    assert req.swa_evicted_seqlen == 8
+    e.release(req)
+    assert (e.alloc.full_available_size(), e.alloc.swa_available_size()) == (32, 32)
+    e.check()

@@ -1,7 +1,8 @@
 """Hypothesis state machine over an SWA cache driven like a scheduler drives it.
 
-A ``flatradix.SWATokenToKVPoolAllocator`` (Full and SWA pools, possibly of
-different sizes), a ``ReqToTokenPool`` and ``flatradix.Req`` requests. Rules:
+A ``flatradix.SWATokenToKVPoolAllocator`` or a double holding the cache to
+SGLang's allocator contract (``swa_support.StrictSWAAllocator``; Full and SWA
+pools, possibly of different sizes), a ``ReqToTokenPool`` and ``flatradix.Req`` requests. Rules:
 admit (match + lock + allocate, evicting for the allocation when short),
 decode (allocate + the scheduler's per-step slide ``evict_sliding_windows``),
 checkpoint, finish (``release_kv_cache`` with or without checkpoint), early
@@ -84,9 +85,11 @@ def expected_match(cache, units, W, P):
 
 class SWAMachine(RuleBasedStateMachine):
     @initialize(W=st.sampled_from([1, 2, 3, 4, 6]), P=st.sampled_from([1, 2, 4]),
-                eagle=st.booleans(), swa_pool=st.sampled_from([POOL, POOL // 2]))
-    def setup(self, W, P, eagle, swa_pool):
-        self.e = SWAEnv(W=W, P=P, size=POOL, size_swa=swa_pool, rows=ROWS, ctx=CTX, eagle=eagle)
+                eagle=st.booleans(), swa_pool=st.sampled_from([POOL, POOL // 2]),
+                strict=st.booleans())
+    def setup(self, W, P, eagle, swa_pool, strict):
+        self.e = SWAEnv(W=W, P=P, size=POOL, size_swa=swa_pool, rows=ROWS, ctx=CTX, eagle=eagle,
+                        strict=strict)
         self.W, self.P, self.eagle = W, P, int(eagle)
         self.held = []       # TreeLocks taken by the machine itself
         self.next_tok = 3
