@@ -874,3 +874,30 @@ def test_disabled_swa_cache_lock_unlock_is_a_noop():
     c.unlock(lk)
     c.dec_lock_ref(root, c.inc_lock_ref(root))
     assert c.total_size() == (0, 0)
+
+
+def test_kv_events_swa_splits_do_not_split_the_store_and_tombstones_remove_nothing():
+    """A new leaf split by SWA (tomb [0,4), capped live [4,8) + [8,12); W 4, P 2) is
+    one GPU BlockStored of 6 pages / 12 tokens, parent None; tombstoning SWA data
+    emits nothing (the Full KV stays); deleting the nodes removes the 6 pages."""
+    from flatradix import SWATokenToKVPoolAllocator, UnifiedRadixCache
+    a = SWATokenToKVPoolAllocator(32, 32, page_size=2)
+    c = UnifiedRadixCache(page_size=2, tree_components=(FULL, SWA), sliding_window_size=4,
+                          token_to_kv_pool_allocator=a, enable_kv_cache_events=True)
+    c.take_events()
+    v = a.alloc(12)
+    a.free_swa_segment(v[:4], start_pos=0)
+    from flatradix import InsertParams, RadixKey
+    p = InsertParams(key=RadixKey(toks(12)), value=v)
+    p.set_evicted_seqlen(SWA, 4)
+    c.insert(p)
+    ev = c.take_events()
+    assert [type(x).__name__ for x in ev] == ["BlockStored"]
+    assert ev[0].token_ids == toks(12) and len(ev[0].block_hashes) == 6
+    assert ev[0].parent_block_hash is None
+    stored = set(ev[0].block_hashes)
+    assert c.evict(EvictParams(swa_num_tokens=1)).swa_num_tokens_evicted == 4
+    assert c.take_events() == []
+    assert c.evict(EvictParams(num_tokens=100)).num_tokens_evicted == 12
+    removed = [h for x in c.take_events() for h in x.block_hashes]
+    assert sorted(removed) == sorted(stored)

@@ -479,3 +479,41 @@ def test_disabled_swa_cache_release_frees_dead_part_full_only():
     e.release(req)
     assert (e.alloc.full_available_size(), e.alloc.swa_available_size()) == (32, 32)
     e.check()
+
+
+def test_chunked_prefill_checkpoints(strict):
+    """W 4, P 2, 12 tokens cached in two chunks. checkpoint(8): key 8, pre_len 7 ->
+    7 - 4 >= 1, threshold 3 -> page 2 -> cursor 2: [0,2) tomb, live [2,8) = 6 > T 4
+    -> [2,4) + [4,8); the row's [8,12) stays the request's. checkpoint(12):
+    pre_len 11 -> cursor max(2, 8) = 8 (threshold 6): new leaf [8,12) live."""
+    e = SWAEnv(strict=strict, W=4, P=2, size=32)
+    req, _ = e.admit(toks(12))
+    assert e.cache.checkpoint(req, 8) == 8
+    assert (req.swa_evicted_seqlen, req.cache_protected_len) == (2, 8)
+    assert shape(e.cache) == [(2, 2, False), (4, 2, True), (8, 4, True)]
+    e.check()
+    assert e.cache.checkpoint(req, 12) == 12
+    assert (req.swa_evicted_seqlen, req.cache_protected_len) == (8, 12)
+    assert shape(e.cache) == [(2, 2, False), (4, 2, True), (8, 4, True), (12, 4, True)]
+    # the window lock: the leaf [8,12) alone (4 >= W)
+    assert (e.cache.swa_protected_size(), e.cache.swa_evictable_size()) == (4, 6)
+    e.check()
+    e.release(req)
+    assert (e.alloc.full_available_size(), e.alloc.swa_available_size()) == (20, 22)
+    e.check()
+
+
+def test_release_frees_overallocated_slots_with_their_peers(strict):
+    """kv_allocated_len 14 > committed 12 (W 4, P 1, slid to 7): release caches 12
+    ([0,7) tomb, [7,8) + [8,12) live) and frees the 2 pre-allocated slots, Full
+    and SWA."""
+    e = SWAEnv(strict=strict, W=4, P=1, size=24)
+    req, _ = e.admit(toks(12))
+    e.rtp.write((req.req_pool_idx, slice(12, 14)), e.fresh(2))
+    req.kv_allocated_len = 14
+    e.cache.evict_sliding_windows(req, 11)
+    assert req.swa_evicted_seqlen == 7
+    e.release(req)
+    assert shape(e.cache) == [(7, 7, False), (8, 1, True), (12, 4, True)]
+    assert (e.alloc.full_available_size(), e.alloc.swa_available_size()) == (12, 19)
+    e.check()
