@@ -309,7 +309,8 @@ def check_partition(cache, alloc, reqs, rtp=None):
         else:
             tomb_full.append(v)
     full_total = sum(len(v) for v in cached)
-    assert cache.total_size() == (full_total, swa_total), (cache.total_size(), full_total, swa_total)
+    assert cache.total_size() == (full_total, swa_total), (
+        cache.total_size(), full_total, swa_total)
     assert (cache.evictable_size(), cache.protected_size()) == (ev, pr), "Full ledgers"
     assert (cache.swa_evictable_size(), cache.swa_protected_size()) == (sev, spr), "SWA ledgers"
 

@@ -13,9 +13,9 @@ page, the row's SWA slots in between being freed.
 import numpy as np
 import pytest
 
-from flatradix import EvictParams, Req
+from flatradix import EvictParams
 
-from .swa_support import SWA, SWAEnv, check_partition, find, nodes, shape
+from .swa_support import SWAEnv, check_partition, find, nodes, shape
 
 
 @pytest.fixture(params=[False, True], ids=["flatradix-alloc", "sglang-contract-alloc"])

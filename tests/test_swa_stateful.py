@@ -194,7 +194,9 @@ class SWAMachine(RuleBasedStateMachine):
         req = self._pick(i)
         c, P, eg = self.c, self.P, self.eagle
         up_to = req.kv_committed_len
-        p0 = req.cache_protected_len if req.cache_protected_len is not None else len(req.prefix_indices)
+        p0 = req.cache_protected_len
+        if p0 is None:
+            p0 = len(req.prefix_indices)
         c0, b0 = req.swa_evicted_seqlen, req.swa_branching_seqlen
         eff = up_to
         branch = b0 is not None and b0 > p0 and b0 + eg <= up_to
