@@ -5,6 +5,7 @@
     ~/.cache/flatradix-sglang-oracle/bin/python benchmarks/compare_sglang.py   # all engines
     python benchmarks/compare_sglang.py --sglang-python ~/.cache/flatradix-sglang-oracle/bin/python
     options: --rounds 3  --quick  --json-out FILE  --ops insert evict  --engines ...
+    --swa-window 512 [--swa-ratio 0.8]      # the SWA mode (below)
 
 The SGLang oracle venv comes from ``../shared/tools/setup_sglang_oracle.sh``.
 ``--sglang-python`` re-executes this script under that interpreter (with the
@@ -28,6 +29,32 @@ cache per engine and round:
                   of requests that hold fresh KV for every committed token
 * release_rolling the same, but each request is admitted first (match + lock +
                   prefix row from the tree) so admissions hit
+
+**SWA mode** (``--swa-window W``): every engine is built with the ``(FULL, SWA)``
+components, window W, and its own SWA allocator at page 1 (flatradix's
+``SWATokenToKVPoolAllocator``; SGLang's over an ``SWAKVPool`` on the CPU: its
+``alloc`` hands out a Full and an SWA slot per token), the SWA pool
+``--swa-ratio`` x the Full pool. The same sequences, driven as a scheduler
+does: each inserted sequence is a finished request whose window slid during
+decode (its SWA slots below ``n - 1 - W`` freed first, then
+``InsertParams(component_evicted_seqlens={SWA: cursor})``), short pools are
+evicted with ``EvictParams(num_tokens, swa_num_tokens)``, requests lock with
+``cache.lock`` / ``unlock`` (``TreeLock`` receipts), carry the match's
+``swa_branching_seqlen`` and slide with ``evict_sliding_windows`` before their
+release. Operations:
+
+* insert, match_prefix, match+indices, lock_unlock, release, release_rolling
+                  as above
+* evict           full pools; ``EvictParams(num_tokens=2,500)`` per call (the
+                  Full walk; evicted leaves free their SWA too)
+* evict_swa       ``EvictParams(num_tokens=0, swa_num_tokens=2,500)`` per call
+                  (the SWA walk: LRU SWA data tombstoned), up to 80 % of the SWA
+* slide           ``evict_sliding_windows(req, committed - 1)`` of a finished
+                  request whose window never slid (frees its SWA below the window)
+
+The work check compares, per operation, the tree's (Full, SWA) sizes, both
+pools' free slots, the evicted Full and SWA tokens, and every match's
+``(device_prefix_len, full_kv_hit_length, swa_branching_seqlen)``.
 
 Only the cache call is timed (per operation, ``perf_counter``); preparation
 (allocating slots, building keys, requests, admissions) is not. Engines
@@ -63,6 +90,8 @@ else:
 
 OPS = ("insert", "match_prefix", "match+indices", "evict", "lock_unlock", "release",
        "release_rolling")
+SWA_OPS = ("insert", "match_prefix", "match+indices", "evict", "evict_swa", "lock_unlock",
+           "release", "release_rolling", "slide")
 EVICT_BATCH = 2500
 
 
@@ -228,6 +257,154 @@ OP_FUNCS = {"insert": op_insert, "match_prefix": op_match, "match+indices": op_m
             "release_rolling": op_release_rolling}
 
 
+# ------------------------------------------------------------------ SWA operations
+def _digest(rows):
+    import zlib
+
+    return zlib.crc32(repr(rows).encode())
+
+
+def swa_op_insert(eng, wl):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    keys = wl.keys(eng, "seqs")
+
+    def items():
+        for k, s in zip(keys, wl.seqs):
+            v = E.alloc_slots_swa(eng, ctx, len(s), evict=2 * len(s))
+            if v is not None:
+                c = E.swa_cursor(len(s), eng.window)
+                if c:
+                    ctx.alloc.free_swa(v[:c])   # the request's slides did this
+                yield eng.insert_params(k, v, 0, c)
+
+    lat, fre, _ = timed_loop(ctx.cache.insert, items(), ctx.clock)
+    return lat, fre, {"tree_tokens": eng.tree_tokens(ctx), "available": eng.available(ctx)}
+
+
+def swa_op_match(eng, wl):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    E.populate_swa(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
+    params = [eng.match_params(k) for k in wl.keys(eng, "queries")]
+    lat, fre, res = timed_loop(ctx.cache.match_prefix, params, ctx.clock)
+    rows = [eng.match_result(m) for m in res]
+    return lat, fre, {"matched_tokens": sum(r[0] for r in rows),
+                      "full_kv_hit_tokens": sum(r[1] for r in rows),
+                      "branching": sum(r[2] is not None for r in rows),
+                      "matches_crc32": _digest(rows), "tree_tokens": eng.tree_tokens(ctx)}
+
+
+def swa_op_match_indices(eng, wl):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    E.populate_swa(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
+    params = [eng.match_params(k) for k in wl.keys(eng, "queries")]
+    lat, fre, res = timed_loop(eng.match_indices_fn(ctx), params, ctx.clock)
+    return lat, fre, {"matched_tokens": sum(len(r) if not hasattr(r, "device_indices")
+                                            else len(r.device_indices) for r in res)}
+
+
+def _swa_full_tree(eng, wl):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    for k, s in zip(wl.keys(eng, "seqs"), wl.seqs):
+        v = ctx.alloc.alloc(len(s))
+        if v is None:
+            break
+        c = E.swa_cursor(len(s), eng.window)
+        if c:
+            ctx.alloc.free_swa(v[:c])
+        ctx.cache.insert(eng.insert_params(k, v, 0, c))
+    return ctx
+
+
+def _swa_op_evict(eng, wl, swa):
+    ctx = _swa_full_tree(eng, wl)
+    total = eng.tree_tokens(ctx)
+    base = total[1] if swa else total[0]
+    n = max(1, min(max(wl.num_seqs // 5, 100), int(0.8 * base / EVICT_BATCH)))
+    params = [eng.evict_params(0, EVICT_BATCH) if swa else eng.evict_params(EVICT_BATCH)] * n
+    lat, fre, res = timed_loop(ctx.cache.evict, params, ctx.clock)
+    return lat, fre, {"tree_tokens_before": total,
+                      "evicted_tokens": sum(r.num_tokens_evicted for r in res),
+                      "swa_evicted_tokens": sum(r.swa_num_tokens_evicted for r in res),
+                      "tree_tokens_after": eng.tree_tokens(ctx)}
+
+
+def swa_op_evict(eng, wl):
+    return _swa_op_evict(eng, wl, False)
+
+
+def swa_op_evict_swa(eng, wl):
+    return _swa_op_evict(eng, wl, True)
+
+
+def swa_op_lock_unlock(eng, wl):
+    import random
+
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    keys = wl.keys(eng, "seqs")[: wl.half]
+    E.populate_swa(eng, ctx, keys, wl.seqs[: wl.half])
+    root = eng.root(ctx)
+    nodes = []
+    for k in keys:
+        m = ctx.cache.match_prefix(eng.match_params(k))
+        if m.last_device_node != root:
+            nodes.append(m.last_device_node)
+    rng = random.Random(99)
+    n = min(2 * len(nodes), wl.num_seqs)
+    items = [rng.choice(nodes) for _ in range(n + warmup_count(n))]
+    lat, fre, _ = timed_loop(eng.lock_unlock_fn(ctx), items, ctx.clock)
+    return lat, fre, {"locked_nodes": len(nodes),
+                      "protected_after": (ctx.cache.protected_size(),
+                                          ctx.cache.swa_protected_size())}
+
+
+def _swa_op_release(eng, wl, rolling):
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+
+    def items():
+        for prompt, output in wl.requests:
+            yield eng.make_request(ctx, prompt, output, rolling=rolling)
+
+    lat, fre, _ = timed_loop(eng.release_fn(ctx), items(), ctx.clock)
+    chk = {"tree_tokens": eng.tree_tokens(ctx), "available": eng.available(ctx)}
+    if rolling:
+        chk.update(admission_hit_tokens=sum(a[0] for a in ctx.admissions),
+                   admissions_crc32=_digest(ctx.admissions))
+    return lat, fre, chk
+
+
+def swa_op_release(eng, wl):
+    return _swa_op_release(eng, wl, False)
+
+
+def swa_op_release_rolling(eng, wl):
+    return _swa_op_release(eng, wl, True)
+
+
+def swa_op_slide(eng, wl):
+    """``evict_sliding_windows(req, committed - 1)`` of requests whose window never
+    slid; each is released (untimed) before the next is prepared. The lambda is
+    the same one frame for every engine."""
+    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
+    release = eng.release_fn(ctx)
+    slide = ctx.cache.evict_sliding_windows
+
+    def items():
+        for prompt, output in wl.requests:
+            req = eng.make_request(ctx, prompt, output, slide=False)
+            yield req, len(prompt) + len(output) - 2
+            release(req)
+
+    lat, fre, _ = timed_loop(lambda item: slide(item[0], item[1]), items(), ctx.clock)
+    return lat, fre, {"tree_tokens": eng.tree_tokens(ctx), "available": eng.available(ctx)}
+
+
+SWA_OP_FUNCS = {"insert": swa_op_insert, "match_prefix": swa_op_match,
+                "match+indices": swa_op_match_indices, "evict": swa_op_evict,
+                "evict_swa": swa_op_evict_swa, "lock_unlock": swa_op_lock_unlock,
+                "release": swa_op_release, "release_rolling": swa_op_release_rolling,
+                "slide": swa_op_slide}
+
+
 # ------------------------------------------------------------------ driver
 def machine_info():
     info = {"python": platform.python_version(), "platform": platform.platform(),
@@ -262,13 +439,19 @@ def machine_info():
     return info
 
 
-def run(engine_names, ops, rounds, wl, verbose=True):
-    engines = E.make_engines(engine_names)
+def run(engine_names, ops, rounds, wl, verbose=True, swa=None):
+    """``swa``: ``(window, ratio)`` for the SWA mode, else None."""
+    if swa:
+        engines = E.swa_engines(engine_names, *swa)
+        funcs = SWA_OP_FUNCS
+    else:
+        engines = E.make_engines(engine_names)
+        funcs = OP_FUNCS
     # Warm-up: compile flatradix's kernels and import-load SGLang's paths, untimed.
     small = Workload(200, 50_000)
     for eng in engines:
         for op in ops:
-            OP_FUNCS[op](eng, small)
+            funcs[op](eng, small)
     results = {e.name: {op: [] for op in ops} for e in engines}
     checks = {e.name: {op: [] for op in ops} for e in engines}
     for r in range(rounds):
@@ -276,7 +459,7 @@ def run(engine_names, ops, rounds, wl, verbose=True):
         for op in ops:
             for eng in order:
                 gc.collect()
-                lat, fre, chk = OP_FUNCS[op](eng, wl)
+                lat, fre, chk = funcs[op](eng, wl)
                 s = summarize(lat, fre, warmup_count(len(lat)))
                 results[eng.name][op].append(s)
                 checks[eng.name][op].append(chk)
@@ -379,7 +562,14 @@ def main(argv=None):
                     help="smoke test: 1,000 sequences, 100k-slot pool, 1 round (not the reported workload)")
     ap.add_argument("--num-seqs", type=int, default=5000)
     ap.add_argument("--kv-size", type=int, default=500_000)
-    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    ap.add_argument("--ops", nargs="+", default=None, choices=sorted(set(OPS) | set(SWA_OPS)),
+                    help=f"default: {' '.join(OPS)}; SWA mode: {' '.join(SWA_OPS)}")
+    ap.add_argument("--swa-window", type=int, default=None, metavar="W",
+                    help="the SWA mode: every engine with the (FULL, SWA) components and "
+                         "window W tokens (module docstring)")
+    ap.add_argument("--swa-ratio", type=float, default=0.8, metavar="R",
+                    help="SWA mode: SWA pool = R x --kv-size slots (default 0.8, SGLang's "
+                         "swa_full_tokens_ratio default)")
     ap.add_argument("--engines", nargs="+", default=None,
                     help="default: flatradix, plus flatradix+sgl_alloc sglang-rust sglang-python "
                          "when SGLang imports")
@@ -407,6 +597,19 @@ def main(argv=None):
 
     if args.quick:
         args.num_seqs, args.kv_size, args.rounds = 1000, 100_000, 1
+    swa = None
+    if args.swa_window is not None:
+        if args.swa_window < 1:
+            ap.error(f"--swa-window must be >= 1, got {args.swa_window}")
+        if not 0 < args.swa_ratio <= 1:
+            ap.error(f"--swa-ratio must be in (0, 1], got {args.swa_ratio}")
+        swa = (args.swa_window, args.swa_ratio)
+        bad = [o for o in (args.ops or []) if o not in SWA_OPS]
+        if bad:
+            ap.error(f"--ops {' '.join(bad)}: not an SWA-mode operation ({' '.join(SWA_OPS)})")
+    elif args.ops and any(o not in OPS for o in args.ops):
+        ap.error(f"--ops {' '.join(o for o in args.ops if o not in OPS)} needs --swa-window")
+    args.ops = args.ops or list(SWA_OPS if swa else OPS)
     have_sglang = E.sglang_available()
     names = args.engines or (["flatradix", "flatradix+sgl_alloc", "sglang-rust", "sglang-python"]
                              if have_sglang else ["flatradix"])
@@ -428,18 +631,27 @@ def main(argv=None):
     wl = Workload(args.num_seqs, args.kv_size)
     print(f"workload: {len(wl.seqs)} sequences, mean {wl.mean_len:.0f} tokens, page 1, "
           f"{args.kv_size:,}-slot KV pool; {args.rounds} round(s); engines {', '.join(names)}")
+    if swa:
+        print(f"SWA mode: components (FULL, SWA), window {swa[0]:,} tokens, SWA pool "
+              f"{int(args.kv_size * swa[1]):,} slots ({swa[1]:g} x)")
     print(f"machine: {info.get('cpu', '?')}, {info['cpus']} CPUs; python {info['python']}; "
           f"flatradix {info.get('commit', '?')} ({info.get('flatradix', '?')})")
-    results, checks, cores = run(names, args.ops, args.rounds, wl, verbose=not args.quiet)
+    results, checks, cores = run(names, args.ops, args.rounds, wl, verbose=not args.quiet,
+                                 swa=swa)
     med = medians(results)
     info["loadavg_end"] = os.getloadavg()
     print(f"\nload average at start {info['loadavg_start'][0]:.2f}, at end {info['loadavg_end'][0]:.2f} "
           f"({info['cpus']} CPUs)")
-    ref = next(iter(checks.values()))
+    ref_name, ref = next(iter(checks.items()))
     same = all(c == ref for c in checks.values())
     print("work check: every engine " + ("did the same work (tree sizes, matched and evicted tokens "
                                          "identical)" if same else "DID NOT do the same work: see "
                                          "'checks' in the JSON"))
+    if not same:
+        for name, c in checks.items():
+            for op in args.ops:
+                if c[op] != ref[op]:
+                    print(f"  {op}: {name} {c[op][0]} vs {ref_name} {ref[op][0]}")
     print()
     print(tables(med, args.ops))
     tg = targets(med, args.ops)
@@ -451,7 +663,9 @@ def main(argv=None):
         with open(args.json_out, "w") as f:
             json.dump({"machine": info, "workload": {"num_seqs": args.num_seqs, "kv_size": args.kv_size,
                                                      "mean_len": wl.mean_len, "rounds": args.rounds,
-                                                     "quick": args.quick},
+                                                     "quick": args.quick,
+                                                     "swa_window": swa and swa[0],
+                                                     "swa_ratio": swa and swa[1]},
                        "cores": cores, "median": med, "rounds": results, "checks": checks,
                        "targets": tg}, f, indent=1)
         print(f"\nwrote {args.json_out}")

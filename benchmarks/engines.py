@@ -13,10 +13,16 @@ Each engine is fed what its own fast path takes:
   ``TokenToKVPoolAllocator.alloc`` returns (as its ``bench_unified_radix_cache.py``
   and scheduler do).
 
-``FreeClock`` wraps an allocator's ``free`` / ``free_segment`` and accumulates
-the seconds spent inside them: SGLang's ``free`` is a ``torch.cat`` onto the
-free list (tens of µs a call), which is allocator work, not tree work.
-Tree-only figures subtract it.
+``FreeClock`` wraps an allocator's ``free`` / ``free_segment`` (and an SWA
+allocator's ``free_swa`` / ``free_swa_segment`` / ``free_full`` /
+``free_full_segment``) and accumulates the seconds spent inside them: SGLang's
+``free`` is a ``torch.cat`` onto the free list (tens of µs a call), which is
+allocator work, not tree work. Tree-only figures subtract it.
+
+The SWA engines (``swa_engines``) build the same caches with the ``(FULL, SWA)``
+components, window ``W`` and each engine's SWA allocator (flatradix's
+``SWATokenToKVPoolAllocator``; SGLang's over an ``SWAKVPool`` on the CPU), page
+size 1 so SGLang's ``alloc`` hands out the slots of both pools.
 """
 
 import os
@@ -34,11 +40,15 @@ class FreeClock:
     """Seconds spent inside ``alloc.free`` / ``alloc.free_segment`` (nested calls
     counted once)."""
 
-    def __init__(self, alloc):
+    NAMES = ("free", "free_segment")
+    #: An SWA allocator's frees (the cache calls them directly).
+    SWA_NAMES = NAMES + ("free_swa", "free_swa_segment", "free_full", "free_full_segment")
+
+    def __init__(self, alloc, names=NAMES):
         self.seconds = 0.0
         self.calls = 0
         self._depth = 0
-        for name in ("free", "free_segment"):
+        for name in names:
             orig = getattr(alloc, name, None)
             if orig is not None:
                 setattr(alloc, name, self._wrap(orig))
@@ -63,6 +73,7 @@ class Ctx:
 
     def __init__(self, cache, alloc, rtp, clock):
         self.cache, self.alloc, self.rtp, self.clock = cache, alloc, rtp, clock
+        self.admissions = []   # SWA engines: (hit, full KV hit, branching) per rolling admission
 
 
 # ---------------------------------------------------------------------------- flatradix
@@ -347,6 +358,251 @@ def make_engines(names):
             out.append(FlatradixEngine("sglang"))
         elif n.startswith("sglang-"):
             out.append(SGLangEngine(n.split("-", 1)[1]))
+        else:
+            raise ValueError(f"unknown engine {n!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------- SWA
+def sglang_swa_allocator(kv_size, swa_size, page_size=1):
+    """SGLang's ``SWATokenToKVPoolAllocator`` over a CPU ``SWAKVPool`` of one tiny
+    layer per pool (head 1 x dim 1: the KV buffers cost next to nothing)."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    kv = SWAKVPool(size=kv_size, size_swa=swa_size, page_size=page_size, dtype=torch.float16,
+                   head_num=1, head_dim=1, swa_attention_layer_ids=[0],
+                   full_attention_layer_ids=[1], device="cpu")
+    return SWATokenToKVPoolAllocator(kv_size, swa_size, page_size, torch.float16, "cpu", kv, False)
+
+
+def swa_cursor(n, window):
+    """Where a finished request of ``n`` tokens left its SWA cursor at page 1: the
+    scheduler's last slide (``pre_len = n - 1``) freed its SWA below
+    ``n - 1 - window``."""
+    return max(0, n - 1 - window)
+
+
+class FlatradixSWAEngine(FlatradixEngine):
+    """flatradix, components ``(FULL, SWA)``, with its own SWA allocator or SGLang's."""
+
+    def __init__(self, alloc="own", window=512, swa_ratio=0.8):
+        super().__init__(alloc)
+        self.window, self.swa_ratio = window, swa_ratio
+        self._SWA = self.fr.ComponentType.SWA
+
+    def swa_size(self, kv_size):
+        return max(1, int(kv_size * self.swa_ratio))
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        fr = self.fr
+        if alloc is None:
+            if self.alloc_kind == "own":
+                alloc = fr.SWATokenToKVPoolAllocator(kv_size, self.swa_size(kv_size),
+                                                     page_size=page_size)
+            else:
+                alloc = sglang_swa_allocator(kv_size, self.swa_size(kv_size), page_size)
+        rtp = fr.ReqToTokenPool(rows, max_context_len, index_kind="numpy")
+        clock = FreeClock(alloc, FreeClock.SWA_NAMES)
+        cache = fr.UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
+                                     req_to_token_pool=rtp,
+                                     components=(fr.ComponentType.FULL, self._SWA),
+                                     sliding_window_size=self.window)
+        return Ctx(cache, alloc, rtp, clock)
+
+    def insert_params(self, key, value, prev_prefix_len=0, cursor=0):
+        return self.fr.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
+                                    component_evicted_seqlens={self._SWA: cursor})
+
+    def evict_params(self, n, swa_n=0):
+        return self.fr.EvictParams(num_tokens=n, swa_num_tokens=swa_n)
+
+    def tree_tokens(self, ctx):
+        return tuple(ctx.cache.total_size())
+
+    def available(self, ctx):
+        return ctx.alloc.full_available_size(), ctx.alloc.swa_available_size()
+
+    def lock_unlock_fn(self, ctx):
+        lock, unlock = ctx.cache.lock, ctx.cache.unlock
+
+        def lock_unlock(node):
+            unlock(lock(node))
+        return lock_unlock
+
+    def match_result(self, m):
+        return (m.device_prefix_len, m.full_kv_hit_length, m.swa_branching_seqlen)
+
+    def make_request(self, ctx, prompt, output, rolling=False, slide=True):
+        """A finished request holding a row with KV for its committed tokens, whose
+        window the scheduler slid during decode (``slide``: ``evict_sliding_windows``
+        at ``pre_len = committed - 1``). ``rolling``: admitted first (match,
+        ``cache.lock``, ``swa_branching_seqlen``, row prefix from the tree; the
+        match's lengths are appended to ``ctx.admissions``)."""
+        fr = self.fr
+        p = np.asarray(prompt, dtype=np.int64)
+        o = np.asarray(output, dtype=np.int64)
+        full = np.concatenate([p, o])
+        committed = p.shape[0] + o.shape[0] - 1
+        row = ctx.rtp.alloc(1)[0]
+        req = fr.Req(origin_input_ids=p, output_ids=o, fill_ids=full, req_pool_idx=row,
+                     kv_committed_len=committed, kv_allocated_len=committed)
+        table = ctx.rtp.req_to_token
+        plen = 0
+        if rolling:
+            m = ctx.cache.match_prefix(fr.MatchPrefixParams(key=fr.RadixKey(p)))
+            plen = m.device_prefix_len
+            ctx.admissions.append(self.match_result(m))
+            req.lock = ctx.cache.lock(m.last_device_node)
+            req.last_node = m.last_device_node
+            req.swa_branching_seqlen = m.swa_branching_seqlen
+            idx = m.device_indices
+            idx = idx.numpy() if hasattr(idx, "numpy") else idx
+            table[row, :plen] = idx
+            req.prefix_indices = idx
+            req.cache_protected_len = plen
+        slots = need_slots_swa(self, ctx, committed - plen)
+        table[row, plen:committed] = slots.numpy() if hasattr(slots, "numpy") else slots
+        if slide:
+            ctx.cache.evict_sliding_windows(req, committed - 1)
+        return req
+
+
+class SGLangSWAEngine(SGLangEngine):
+    """SGLang 0.5.23 ``UnifiedRadixCache`` with ``(FULL, SWA)`` and its SWA allocator."""
+
+    def __init__(self, backend, window=512, swa_ratio=0.8):
+        super().__init__(backend)
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        self.window, self.swa_ratio = window, swa_ratio
+        self._SWA = ComponentType.SWA
+
+    def swa_size(self, kv_size):
+        return max(1, int(kv_size * self.swa_ratio))
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        alloc = alloc if alloc is not None else sglang_swa_allocator(
+            kv_size, self.swa_size(kv_size), page_size)
+        rtp = self._RTP(size=rows, max_context_len=max_context_len, device="cpu",
+                        enable_memory_saver=False)
+        clock = FreeClock(alloc, FreeClock.SWA_NAMES)
+        cache = self._URC(self._CacheInitParams(
+            disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
+            page_size=page_size, eviction_policy="lru", tree_components=(self._FULL, self._SWA),
+            sliding_window_size=self.window, tree_core_backend=self.backend))
+        core = type(cache.tree_core).__name__
+        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.backend]
+        if core != want:
+            raise RuntimeError(f"asked for the {self.backend} tree core, got {core}")
+        self.core = core
+        return Ctx(cache, alloc, rtp, clock)
+
+    def insert_params(self, key, value, prev_prefix_len=0, cursor=0):
+        return self._bpc.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
+                                      component_evicted_seqlens={self._SWA: cursor})
+
+    def evict_params(self, n, swa_n=0):
+        return self._bpc.EvictParams(num_tokens=n, swa_num_tokens=swa_n)
+
+    def tree_tokens(self, ctx):
+        return tuple(ctx.cache.total_size())
+
+    def available(self, ctx):
+        return ctx.alloc.full_available_size(), ctx.alloc.swa_available_size()
+
+    def lock_unlock_fn(self, ctx):
+        lock, unlock = ctx.cache.lock, ctx.cache.unlock
+
+        def lock_unlock(node):
+            unlock(lock(node))
+        return lock_unlock
+
+    def match_result(self, m):
+        return (m.device_prefix_len, m.full_kv_hit_length, m.swa_branching_seqlen)
+
+    def make_request(self, ctx, prompt, output, rolling=False, slide=True):
+        """As ``FlatradixSWAEngine.make_request``, with SGLang's ``Req``."""
+        torch = self.torch
+        p = array("q", prompt)
+        o = array("q", output)
+        committed = len(p) + len(o) - 1
+        self._rid += 1
+        req = self._Req(rid=f"b{self._rid}", origin_input_text="", origin_input_ids=p,
+                        sampling_params=self._SamplingParams(temperature=0,
+                                                             max_new_tokens=len(o) + 1))
+        req.output_ids = o
+        ctx.rtp.alloc([req])
+        row = req.kv.req_pool_idx
+        plen = 0
+        req.last_node = ctx.cache.root_node_handle()
+        if rolling:
+            m = ctx.cache.match_prefix(self._bpc.MatchPrefixParams(key=self._RadixKey(p)))
+            plen = m.device_prefix_len
+            ctx.admissions.append(self.match_result(m))
+            req.prefix_len = plen
+            req.last_node = m.last_device_node
+            req.lock = ctx.cache.lock(m.last_device_node)
+            req.swa_branching_seqlen = m.swa_branching_seqlen
+            if plen:
+                idx = ctx.cache.path_device_indices(m.last_device_node)[:plen]
+                ctx.rtp.write((row, slice(0, plen)), idx.to(torch.int32))
+            req.kv.cache_protected_len = plen
+        slots = need_slots_swa(self, ctx, committed - plen)
+        ctx.rtp.write((row, slice(plen, committed)), slots.to(torch.int32))
+        req.kv.kv_committed_len = committed
+        req.kv.kv_allocated_len = committed
+        req.finished_reason = self._FINISH_LENGTH(length=len(o))
+        if slide:
+            ctx.cache.evict_sliding_windows(req, committed - 1)
+        return req
+
+
+def alloc_slots_swa(eng, ctx, n, evict=None):
+    """``n`` slots of both pools from an SWA allocator; when either pool is short,
+    evict ``evict`` tokens (default: the shortfall) from each short pool
+    (``EvictParams(num_tokens, swa_num_tokens)``) and try once more."""
+    v = ctx.alloc.alloc(n)
+    if v is None:
+        full_short = n - ctx.alloc.full_available_size()
+        swa_short = n - ctx.alloc.swa_available_size()
+        full_n = (full_short if evict is None else evict) if full_short > 0 else 0
+        swa_n = (swa_short if evict is None else evict) if swa_short > 0 else 0
+        ctx.cache.evict(eng.evict_params(full_n, swa_n))
+        v = ctx.alloc.alloc(n)
+    return v
+
+
+def need_slots_swa(eng, ctx, n):
+    v = alloc_slots_swa(eng, ctx, n)
+    if v is None:
+        raise MemoryError(f"cannot allocate {n} KV slots in both pools")
+    return v
+
+
+def populate_swa(eng, ctx, keys, seqs):
+    """As ``populate``, each sequence a finished request whose window slid: fresh
+    slots from both pools, the SWA slots below its cursor (``swa_cursor``) freed
+    first (what the scheduler's slides did), inserted with that cursor."""
+    for k, s in zip(keys, seqs):
+        v = alloc_slots_swa(eng, ctx, len(s), evict=2 * len(s))
+        if v is not None:
+            c = swa_cursor(len(s), eng.window)
+            if c:
+                ctx.alloc.free_swa(v[:c])
+            ctx.cache.insert(eng.insert_params(k, v, 0, c))
+
+
+def swa_engines(names, window, swa_ratio):
+    out = []
+    for n in names:
+        if n == "flatradix":
+            out.append(FlatradixSWAEngine("own", window, swa_ratio))
+        elif n == "flatradix+sgl_alloc":
+            out.append(FlatradixSWAEngine("sglang", window, swa_ratio))
+        elif n.startswith("sglang-"):
+            out.append(SGLangSWAEngine(n.split("-", 1)[1], window, swa_ratio))
         else:
             raise ValueError(f"unknown engine {n!r}")
     return out

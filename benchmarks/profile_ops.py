@@ -16,6 +16,12 @@ cost is measured and subtracted. Then ``cProfile`` lists the façade functions
 with the most own time for match_prefix and insert.
 
     python benchmarks/profile_ops.py [--num-seqs 5000] [--no-cprofile]
+    python benchmarks/profile_ops.py --swa-window 1024 [--swa-ratio 0.8]
+
+``--swa-window``: the same split for the ``(FULL, SWA)`` cache driven as
+``compare_sglang.py --swa-window`` drives it (insert with the sequence's SWA
+cursor, match, ``lock`` + ``unlock``, slide, rolling release), each next to
+the Full-only cache's figure for the same call.
 """
 
 import argparse
@@ -130,11 +136,122 @@ def dispatch_floor(cache):
     return out
 
 
+def swa_main(args):
+    """The SWA cache's split, op by op, with the Full-only cache's alongside."""
+    seqs = W.prefix_sharing_sequences(args.num_seqs)
+    half = len(seqs) // 2
+    queries, _ = W.match_queries(seqs, half, args.num_seqs)
+    requests = W.request_splits(seqs)
+    swa = E.FlatradixSWAEngine("own", args.swa_window, args.swa_ratio)
+    full = E.FlatradixEngine("own")
+    for eng in (swa, full):  # warm-up compile/load
+        w = eng.build(100_000)
+        (E.populate_swa if eng is swa else E.populate)(
+            eng, w, [eng.key(s) for s in seqs[:50]], seqs[:50])
+    wrap_cost = wrapper_overhead()
+    kc = KernelClock()
+    rows = []
+    try:
+        for label, eng in (("SWA", swa), ("Full", full)):
+            keys = [eng.key(s) for s in seqs]
+            pop = E.populate_swa if eng is swa else E.populate
+            ctx = eng.build(500_000, max_context_len=4096)
+
+            def insert_items(ctx=ctx, eng=eng):
+                for k, s in zip(keys, seqs):
+                    if eng is swa:
+                        v = E.alloc_slots_swa(eng, ctx, len(s), evict=2 * len(s))
+                        if v is not None:
+                            c = E.swa_cursor(len(s), eng.window)
+                            if c:
+                                ctx.alloc.free_swa(v[:c])
+                            yield eng.insert_params(k, v, 0, c)
+                    else:
+                        v = E.alloc_slots(eng, ctx, len(s), evict=2 * len(s))
+                        if v is not None:
+                            yield eng.insert_params(k, v)
+
+            rows.append(breakdown(f"{label} insert", ctx.cache.insert, insert_items(), kc,
+                                  ctx.clock, wrap_cost))
+            ctx = eng.build(500_000, max_context_len=4096)
+            pop(eng, ctx, keys[:half], seqs[:half])
+            mparams = [eng.match_params(eng.key(q)) for q in queries]
+            rows.append(breakdown(f"{label} match_prefix", ctx.cache.match_prefix, mparams, kc,
+                                  ctx.clock, wrap_cost))
+            root = ctx.cache.root_node_handle()
+            nodes = [n for n in (ctx.cache.match_prefix(eng.key(s)).last_device_node
+                                 for s in seqs[:half]) if n != root]
+            if eng is swa:
+                lock, unlock = ctx.cache.lock, ctx.cache.unlock
+                fn = lambda n: unlock(lock(n))  # noqa: E731
+            else:
+                inc, dec = ctx.cache.inc_lock_ref, ctx.cache.dec_lock_ref
+                fn = lambda n: dec(n, inc(n))  # noqa: E731
+            rows.append(breakdown(f"{label} lock_unlock", fn, nodes, kc, ctx.clock, wrap_cost))
+            ctx = eng.build(500_000, max_context_len=4096)
+            release = ctx.cache.cache_finished_req
+
+            def rolling(ctx=ctx, eng=eng):
+                for p, o in requests:
+                    yield eng.make_request(ctx, p, o, rolling=True)
+            rows.append(breakdown(f"{label} release_rolling", release, rolling(), kc, ctx.clock,
+                                  wrap_cost))
+            if eng is swa:
+                ctx = eng.build(500_000, max_context_len=4096)
+                slide = ctx.cache.evict_sliding_windows
+
+                def slides(ctx=ctx, eng=eng):
+                    for p, o in requests:
+                        req = eng.make_request(ctx, p, o, slide=False)
+                        yield req, len(p) + len(o) - 2
+                        ctx.cache.cache_finished_req(req)
+                rows.append(breakdown("SWA slide", lambda it: slide(*it), slides(), kc,
+                                      ctx.clock, wrap_cost))
+    finally:
+        kc.restore()
+    print(f"window {args.swa_window}, SWA pool {args.swa_ratio:g} x 500,000; wrapper overhead "
+          f"subtracted: {wrap_cost * 1e6:.3f} µs per kernel call\n")
+    print("| op | n | total µs/op (p50) | kernel µs/op (calls/op) | allocator free µs/op | "
+          "façade µs/op | façade share |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['op']} | {r['n']} | {r['total_us']:.2f} ({r['p50_us']:.2f}) | "
+              f"{r['kernel_us']:.2f} ({r['kernel_calls_per_op']:.2f}) | {r['alloc_us']:.2f} | "
+              f"{r['facade_us']:.2f} | {r['facade_us'] / r['total_us'] * 100:.0f} % |")
+    if args.no_cprofile:
+        return
+    ctx = swa.build(500_000, max_context_len=4096)
+    keys = [swa.key(s) for s in seqs]
+    E.populate_swa(swa, ctx, keys[:half], seqs[:half])
+    root = ctx.cache.root_node_handle()
+    nodes = [n for n in (ctx.cache.match_prefix(swa.key(s)).last_device_node
+                         for s in seqs[:half]) if n != root]
+    lock, unlock = ctx.cache.lock, ctx.cache.unlock
+    mparams = [swa.match_params(swa.key(q)) for q in queries]
+    for name, fn, items in (("SWA match_prefix", ctx.cache.match_prefix, mparams),
+                            ("SWA lock_unlock", lambda n: unlock(lock(n)), nodes)):
+        pr = cProfile.Profile()
+        for it in items:
+            pr.enable()
+            fn(it)
+            pr.disable()
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(12)
+        print(f"\ncProfile, {name} x {len(items)} (own time; cProfile inflates Python-call "
+              f"costs):")
+        print("\n".join(line for line in out.getvalue().splitlines()[6:] if line.strip()))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="flatradix time breakdown per op")
     ap.add_argument("--num-seqs", type=int, default=5000)
     ap.add_argument("--no-cprofile", action="store_true")
+    ap.add_argument("--swa-window", type=int, default=None, metavar="W",
+                    help="profile the (FULL, SWA) cache with window W (module docstring)")
+    ap.add_argument("--swa-ratio", type=float, default=0.8, metavar="R")
     args = ap.parse_args(argv)
+    if args.swa_window is not None:
+        return swa_main(args)
 
     seqs = W.prefix_sharing_sequences(args.num_seqs)
     half = len(seqs) // 2

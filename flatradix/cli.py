@@ -87,6 +87,42 @@ def _sweep_items(text):
     return items
 
 
+def _swa_windows(text):
+    """``512,1024,4096`` -> [512, 1024, 4096]; ``model`` -> ["model"] (the window of
+    --model-config). Integers >= 1."""
+    if text.strip().lower() == "model":
+        return ["model"]
+    from .replay.sim import MAX_SWA_WINDOW
+
+    out = []
+    for t in text.split(","):
+        if not t.strip():
+            continue
+        try:
+            v = int(t.strip().replace("_", ""))
+        except ValueError:
+            v = -1
+        if not 1 <= v <= MAX_SWA_WINDOW:
+            raise argparse.ArgumentTypeError(
+                f"expected a window in tokens, an integer >= 1 (several comma-separated: "
+                f"512,1024,4096), or 'model', got {t.strip()!r}")
+        out.append(v)
+    if not out:
+        raise argparse.ArgumentTypeError("needs at least one window")
+    return list(dict.fromkeys(out))
+
+
+def _swa_ratio(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (SWA pool / full pool, "
+                                         f"as SGLang's --swa-full-tokens-ratio), got {text!r}")
+    return v
+
+
 def _policies(text):
     out = []
     for t in text.split(","):
@@ -155,6 +191,21 @@ def build_parser():
                         f"once each: {', '.join(POLICIES)} (default: lru)")
     g.add_argument("--cache-outputs", action="store_true",
                    help="also insert output tokens (fresh ids that never match)")
+
+    g = r.add_argument_group(
+        "sliding-window attention (SWA)",
+        "Replay as a hybrid sliding-window model (Gemma-3, gpt-oss) is served: a full-attention "
+        "pool (--capacity / --kv-memory) and an SWA pool of R x its tokens, the cache's SWA "
+        "component, each request's window sliding as it decodes. Reports the evictions of both "
+        "pools and the hit tokens lost to the window (Full KV cached, its SWA KV dropped).")
+    g.add_argument("--swa-window", type=_swa_windows, default=None, metavar="W[,W...]|model",
+                   help="sliding window in tokens; several run once each (a sweep over W); "
+                        "'model': the sliding_window of --model-config")
+    g.add_argument("--swa-ratio", type=_swa_ratio, default=None, metavar="R",
+                   help="SWA pool = R x full pool tokens, 0 < R <= 1 (SGLang's "
+                        "--swa-full-tokens-ratio; default 0.8, its default). With "
+                        "--model-config, --kv-memory buys full tokens = SIZE / (full bytes + R x "
+                        "SWA bytes per token)")
 
     g = r.add_argument_group("scheduling")
     g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
@@ -234,6 +285,15 @@ def _check_options(args):
          "--model-config and --kv-bytes-per-token both give the KV bytes per token: give one")
     need(args.kv_dtype is None or args.model_config,
          "--kv-dtype needs --model-config")
+    need(args.swa_ratio is None or args.swa_window,
+         "--swa-ratio needs --swa-window (the SWA mode)")
+    if args.swa_window:
+        need(args.swa_window != ["model"] or args.model_config,
+             "--swa-window model takes the window from --model-config: give it, or a window "
+             "in tokens")
+        need(args.kv_bytes_per_token is None,
+             "--kv-bytes-per-token gives one pool's bytes; an SWA replay sizes two: give "
+             "--model-config (a hybrid config.json), or drop it and give --capacity in tokens")
     mem_sweep = args.sweep and any(kind == "bytes" for kind, _ in args.sweep)
     for opt, used in (("--kv-memory", args.kv_memory is not None),
                       ("--sweep in memory (GiB, GB)", mem_sweep)):
@@ -278,7 +338,8 @@ def _check_options(args):
 
 
 def _kv_sizing(args):
-    """(bytes per token or None, KVLayout or None)."""
+    """(bytes per token or None, KVLayout or None); the SWA mode checks that the
+    config has sliding-window layers and resolves ``--swa-window model``."""
     if args.model_config:
         from .replay.model import ModelConfigError, load_model_config
 
@@ -290,16 +351,29 @@ def _kv_sizing(args):
             raise UsageError(f"--model-config: {args.model_config} has no full-attention layer "
                              f"({layout.describe()[0]}); the replay models the full-attention "
                              f"pool only: give --kv-bytes-per-token")
+        if args.swa_window:
+            if not layout.sliding_window_layers:
+                raise UsageError(f"--swa-window: --model-config {args.model_config} has no "
+                                 f"sliding-window layer, so its SWA pool has no size in bytes "
+                                 f"(give a hybrid config, or drop --model-config)")
+            if args.swa_window == ["model"]:
+                args.swa_window = [layout.sliding_window]
         return layout.full_kv_bytes_per_token, layout
     return args.kv_bytes_per_token, None
 
 
-def _tokens_for(nbytes, bpt, page, option):
-    from .replay.model import tokens_for_memory
+def _tokens_for(nbytes, bpt, page, option, layout=None, swa_ratio=None):
+    """Full-pool tokens ``nbytes`` buys; with ``swa_ratio`` (SWA mode) the SWA pool
+    (``swa_ratio`` x those tokens, at the layout's SWA bytes) is paid from it too."""
+    from .replay.model import swa_tokens_for_memory, tokens_for_memory
     from .replay.report import MAX_CAPACITY
 
     try:
-        t = tokens_for_memory(nbytes, bpt, page)
+        if swa_ratio is not None:
+            t = swa_tokens_for_memory(nbytes, bpt, layout.swa_kv_bytes_per_token, swa_ratio,
+                                      page)[0]
+        else:
+            t = tokens_for_memory(nbytes, bpt, page)
     except ValueError as e:
         raise UsageError(f"{option}: {e}") from None
     if t > MAX_CAPACITY:
@@ -344,24 +418,45 @@ def _replay(args):
     policies = list(dict.fromkeys(p for group in (args.policy or [["lru"]]) for p in group))
     progress = not args.no_progress
     bpt, layout = _kv_sizing(args)
+    windows = args.swa_window          # None, or a list of ints (after _kv_sizing)
+    ratio = None
+    if windows:
+        from .replay.sim import DEFAULT_SWA_RATIO
+
+        ratio = args.swa_ratio if args.swa_ratio is not None else DEFAULT_SWA_RATIO
     capacity = args.capacity
     if args.kv_memory is not None:
-        capacity = _tokens_for(args.kv_memory, bpt, args.page_size, "--kv-memory")
+        capacity = _tokens_for(args.kv_memory, bpt, args.page_size, "--kv-memory", layout, ratio)
     sweep_caps = None
     if args.sweep:
         sweep_caps = []
         for kind, v in args.sweep:
             if kind == "bytes":
-                v = _tokens_for(v, bpt, args.page_size, "--sweep")
+                v = _tokens_for(v, bpt, args.page_size, "--sweep", layout, ratio)
             elif v is not None and v < args.page_size:
                 raise UsageError(f"--sweep: capacity {v:,} tokens is less than one page "
                                  f"(--page-size {args.page_size:,})")
             sweep_caps.append(v)
+    swa_tokens = swa_bpt = None
+    if windows:
+        from .replay.sim import swa_pool_slots
+
+        swa_bpt = layout.swa_kv_bytes_per_token if layout is not None else None
+        for v in [capacity] + list(sweep_caps or ()):
+            if v is not None:
+                try:
+                    swa_pool_slots(v, ratio, args.page_size, v)
+                except ValueError as e:
+                    raise UsageError(f"--swa-ratio: {e}") from None
+        if capacity is not None:
+            swa_tokens = swa_pool_slots(capacity, ratio, args.page_size, capacity)
     kv = None
     if bpt:
         kv = {"bytes_per_token": bpt, "kv_memory": args.kv_memory,
               "capacity_tokens": capacity,
               "model": layout.to_dict() if layout is not None else None}
+        if windows:
+            kv.update(swa_bytes_per_token=swa_bpt, swa_ratio=ratio, swa_capacity_tokens=swa_tokens)
     workload = _load(args, progress)
     try:
         # a cache the options cannot build (e.g. a page size beyond the pool) is a
@@ -374,7 +469,8 @@ def _replay(args):
         d = describe_workload(workload)
         if kv:
             d["kv"] = kv
-        kv_text = [f"  {line}" for line in rep.kv_lines(capacity, bpt, layout)] if bpt else []
+        kv_text = [f"  {line}" for line in rep.kv_lines(capacity, bpt, layout, swa_tokens)
+                   ] if bpt else []
         _emit(args, d, lambda: "\n".join([format_describe(d)] + kv_text))
         return 0
 
@@ -387,10 +483,13 @@ def _replay(args):
                                rate_scale=args.rate_scale or 1.0, interval_s=args.interval)
     kw = dict(page_size=args.page_size, max_running=args.max_running,
               cache_outputs=args.cache_outputs, arrival=arrival)
+    if windows:
+        kw["swa_ratio"] = ratio
     try:
         if args.sweep:
+            swa_kw = dict(swa_windows=windows, swa_bytes_per_token=swa_bpt) if windows else {}
             curve = rep.sweep(workload, sweep_caps, policies=policies, jobs=args.jobs,
-                              progress=progress, bytes_per_token=bpt, **kw)
+                              progress=progress, bytes_per_token=bpt, **swa_kw, **kw)
             if kv:
                 curve["kv"] = kv
             if args.csv:
@@ -403,11 +502,18 @@ def _replay(args):
                              f"{os.path.basename(layout.source)} ({bpt:,} B/token), page "
                              f"{curve['page_size']}, max running {curve['max_running']:,}, "
                              f"{mode}")
+                    if windows:
+                        title = (f"{os.path.basename(workload.name)}: {len(workload):,} "
+                                 f"requests\n{os.path.basename(layout.source)} ({bpt:,} + "
+                                 f"{ratio:g} x {swa_bpt:,} B/token), page {curve['page_size']}, "
+                                 f"max running {curve['max_running']:,}, {mode}")
                 rep.plot_sweep(curve, args.plot, title=title)
             _emit(args, curve, lambda: rep.format_sweep(curve))
             return 0
         results = [replay(workload, capacity=capacity, policy=pol, progress=progress,
-                          record_requests=bool(args.per_request), **kw) for pol in policies]
+                          record_requests=bool(args.per_request),
+                          **(dict(kw, swa_window=w) if w is not None else kw))
+                   for w in (windows or [None]) for pol in policies]
     except MemoryError as e:
         raise UsageError(f"out of memory ({e}): lower --capacity / --kv-memory / "
                          f"--max-running, or --limit the trace") from None
@@ -418,10 +524,10 @@ def _replay(args):
             d["kv"] = kv
         dicts.append(d)
     if args.csv:
-        rep.write_runs_csv(results, args.csv, bpt)
+        rep.write_runs_csv(results, args.csv, bpt, swa_bpt)
     if args.per_request:
         rep.write_per_request_csv(results, args.per_request)
-    lines = rep.kv_lines(capacity, bpt, layout) if bpt else None
+    lines = rep.kv_lines(capacity, bpt, layout, swa_tokens) if bpt else None
     _emit(args, dicts[0] if len(dicts) == 1 else dicts,
           lambda: "\n\n".join(rep.format_report(r, kv=lines) for r in results))
     return 0

@@ -133,6 +133,25 @@ OPTION_ERRORS = {
                                ["--per-request", "--sweep"]),
     "describe_with_sweep": (["--describe", "--sweep", "1k"], ["--describe", "--sweep"]),
     "format_without_trace": (["--format", "generic"], ["--format needs --trace"]),
+    # the SWA mode (issue 11)
+    "swa_window_zero": (["--swa-window", "0"], ["--swa-window", "an integer >= 1", "'0'"]),
+    "swa_window_negative": (["--swa-window", "512,-4"], ["--swa-window", "'-4'"]),
+    "swa_window_not_a_number": (["--swa-window", "4k"], ["--swa-window", "'4k'"]),
+    "swa_ratio_zero": (["--swa-window", "512", "--swa-ratio", "0"], ["--swa-ratio", "(0, 1]"]),
+    "swa_ratio_negative": (["--swa-window", "512", "--swa-ratio", "-0.5"],
+                           ["--swa-ratio", "(0, 1]"]),
+    "swa_ratio_above_one": (["--swa-window", "512", "--swa-ratio", "1.5"],
+                            ["--swa-ratio", "(0, 1]"]),
+    "swa_ratio_without_window": (["--swa-ratio", "0.5"], ["--swa-ratio needs --swa-window"]),
+    "swa_window_model_without_config": (["--swa-window", "model"],
+                                        ["--swa-window model", "--model-config"]),
+    "swa_with_kv_bytes_per_token": (["--swa-window", "512", "--kv-bytes-per-token", "1000"],
+                                    ["--kv-bytes-per-token", "SWA replay sizes two"]),
+    "swa_config_without_sliding_layers": (
+        ["--swa-window", "512", "--model-config", str(EXAMPLES / "llama-3-8b-like.json")],
+        ["--swa-window", "no sliding-window layer"]),
+    "swa_pool_below_a_page": (["--swa-window", "64", "--capacity", "32", "--swa-ratio", "0.1"],
+                              ["--swa-ratio", "SWA pool", "less than one page of 16"]),
 }
 
 
@@ -217,6 +236,36 @@ def test_kv_memory_from_a_model_config():
     assert "capacity 327,680 tokens" in p.stdout
     assert "full-attention KV 131,072 bytes/token (32 layers x 2 x 8 KV heads x 128 x 2 B)" \
         in p.stdout
+
+
+def test_swa_replay_from_a_hybrid_model_config(files):
+    """gpt-oss-20b-like, window from the config (128), 40 GiB at R = 0.5: a full token
+    costs 24,576 + 0.5 x 24,576 bytes: 1,165,072 full and 582,528 sliding-window tokens."""
+    p = run_cli("--limit", "40", "--model-config", EXAMPLES / "gpt-oss-20b-like.json",
+                "--swa-window", "model", "--swa-ratio", "0.5", "--kv-memory", "40GiB")
+    assert p.returncode == 0, p.stderr
+    for s in ("capacity 1,165,072 tokens", "sliding window 128 tokens",
+              "sliding-window pool 582,528 tokens", "lost to window", "evict_sliding_windows",
+              "(own pool; replayed)"):
+        assert s in p.stdout, s
+    p = run_cli("--limit", "40", "--capacity", "8k", "--swa-window", "256,1024", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert [r["swa_window"] for r in d] == [256, 1024]
+    assert d[0]["swa_ratio"] == 0.8 and d[0]["swa_pool_slots"] == 6_400
+
+
+def test_swa_sweep_table_and_csv(files):
+    csv_path = files["dir"] / "swa.csv"
+    p = run_cli("--limit", "60", "--sweep", "4k", "--swa-window", "256,2048", "--swa-ratio",
+                "0.5", "--csv", csv_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "sliding-window replay: SWA pool = 0.5 x capacity"
+    assert lines[1].split()[:4] == ["policy", "window", "capacity", "SWA"]
+    assert len(lines) == 2 + 2 + 2   # header, 2 windows x 1 capacity, 2 unbounded rows
+    rows = csv_path.read_text().splitlines()
+    assert len(rows) == 1 + 4 and "window_lost_hit_tokens" in rows[0]
 
 
 def test_describe_prints_statistics_without_replaying(files):

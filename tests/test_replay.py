@@ -790,3 +790,244 @@ def test_sweep_progress_per_point_on_a_terminal(monkeypatch):
         sweep(w, [2000, 4000], jobs=2, progress=True)
         text = stream.getvalue()
         assert all(f"{k}/3" in text for k in (1, 2, 3)) == shown   # one refresh per point
+
+
+# ---------------------------------------------------------------- SWA mode
+def _swa_capturing_factory(box):
+    from flatradix.replay import default_cache_factory
+
+    def factory(*args, **kw):
+        box["cache"] = default_cache_factory(*args, **kw)
+        box["alloc"] = args[2]
+        return box["cache"]
+    return factory
+
+
+def _five():
+    """Blocks of 4 tokens: r0 [1,2,3,4] 16+6, r1 [1,2,3,4,5] 20+1, r2 the same, r3 [9,10,11]
+    12+4, r4 [1,2,3] 12+1."""
+    from flatradix.replay import Workload
+
+    blocks = [[1, 2, 3, 4], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [9, 10, 11], [1, 2, 3]]
+    ptr = np.cumsum([0] + [len(b) for b in blocks])
+    return Workload("five", 4, np.zeros(5), np.array([16, 20, 20, 12, 12]),
+                    np.array([6, 1, 1, 4, 1]), ptr, np.array(sum(blocks, [])))
+
+
+def test_swa_replay_by_hand():
+    """Page 4, W = 8 (tail T = 8), slide interval 4, Full pool 64 (54 used), SWA pool
+    0.5 x 64 = 32.
+
+    r0 (16 + 6 tokens): decode slides at pre_len 16 (SWA [0, 8) freed) and 20 ([8, 12));
+      cursor 12, so the prompt is cached as a tombstone [0, 12) + live [12, 16).
+    r1: the match walks 16 tokens of Full KV, but after the hole only 4 < W live SWA
+      tokens: hit 0, lost 16, branching 16. Its insert stops at the branching point 16
+      and recovers the tombstone [0, 12) from its fresh KV: the tree holds 16 + 16.
+    r2: hits 16 (the branch [16, 20) was not cached). Tree 20 + 20; SWA free 12.
+    r3 (12 + 4, new blocks) needs 16 SWA slots: evict_for_alloc(swa_num_tokens=4)
+      tombstones the LRU SWA node, [0, 12) (the insert-end refresh moved [16, 20) and
+      [12, 16) ahead of it): 12 SWA tokens evicted, no Full. Slide at pre_len 12 frees
+      [0, 4): cursor 4, cached as tombstone [0, 4) + live [4, 12).
+    r4 [1,2,3]: Full KV for all 12, SWA none: hit 0, lost 12; its insert recovers [0, 12).
+    Full-only replay of the same pool: r1 16, r2 20, r4 12."""
+    box = {}
+    r = replay(_five(), capacity=64, page_size=4, swa_window=8, swa_ratio=0.5,
+               swa_eviction_interval=4, record_requests=True,
+               cache_factory=_swa_capturing_factory(box))
+    pr = r.per_request
+    assert pr["hit_tokens"].tolist() == [0, 0, 16, 0, 0] and r.hit_tokens == 16
+    assert pr["full_kv_hit_tokens"].tolist() == [0, 16, 16, 0, 12]
+    assert pr["window_lost_hit_tokens"].tolist() == [0, 16, 0, 0, 12]
+    assert r.window_lost_hit_tokens == 28
+    assert pr["swa_evicted_tokens"].tolist() == [0, 0, 0, 12, 0]
+    assert r.swa_evicted_tokens == 12 and r.evicted_tokens == 0 and r.evict_calls == 1
+    assert r.swa_slid_tokens == 8 + 4 + 4
+    assert r.latency_us["evict_sliding_windows"]["count"] == 3
+    # the Full pool is the workload's bound: 8 distinct prefix blocks x 4 + 22 in flight
+    assert r.swa_pool_slots == 32 and r.pool_slots == 54
+    # tree: [0,12) 12 + [12,16) 4 + [16,20) 4 + r3's 12 Full; SWA all but r3's [0, 4)
+    assert r.final_tree_tokens == 32 and r.final_swa_tree_tokens == 28
+    assert r.kv_conserved and r.rejected_requests == 0
+    cache, alloc = box["cache"], box["alloc"]
+    assert alloc.full_available_size() == 54 - 32 and alloc.swa_available_size() == 4
+    _assert_slot_partition(cache, alloc)
+    full_only = replay(_five(), capacity=64, page_size=4, record_requests=True)
+    assert full_only.per_request["hit_tokens"].tolist() == [0, 16, 20, 0, 12]
+    d = r.to_dict()
+    assert d["swa_window"] == 8 and d["window_lost_hit_tokens"] == 28
+    assert "swa_window" not in full_only.to_dict()
+
+
+def _assert_slot_partition(cache, alloc):
+    """Every Full slot is free or in the tree (once); every SWA slot is free or the
+    peer of exactly one tree Full slot; nothing is held by a request or locked."""
+    tree_full = np.asarray(cache.all_values_flatten(), dtype=np.int64)
+    full_free = np.flatnonzero(alloc.full_attn_allocator.is_free(
+        np.arange(alloc.size_full + 1)))
+    assert np.unique(tree_full).size == tree_full.size
+    assert np.intersect1d(tree_full, full_free).size == 0
+    assert tree_full.size + full_free.size == alloc.size_full
+    peers = np.asarray(alloc.translate_swa_indices_for_transfer(tree_full), dtype=np.int64)
+    tree_swa = peers[peers > 0]
+    swa_free = np.flatnonzero(alloc.swa_attn_allocator.is_free(np.arange(alloc.size_swa + 1)))
+    assert np.unique(tree_swa).size == tree_swa.size
+    assert np.intersect1d(tree_swa, swa_free).size == 0
+    assert tree_swa.size + swa_free.size == alloc.size_swa
+    assert cache.total_size() == (tree_full.size, tree_swa.size)
+    assert cache.protected_size() == 0 and cache.swa_protected_size() == 0
+    cache.sanity_check()
+
+
+@pytest.mark.parametrize("capacity, max_running, window, ratio, arrival", [
+    (4_000, 1, 64, 0.5, False), (3_000, 6, 256, 0.25, False), (None, 4, 32, None, False),
+    (6_000, 8, 128, 1.0, True),
+])
+def test_swa_slot_partition_after_replay(capacity, max_running, window, ratio, arrival):
+    from flatradix.replay import ArrivalModel
+
+    w = synthetic_workload(250, seed=11)
+    box = {}
+    r = replay(w, capacity=capacity, page_size=16, max_running=max_running, swa_window=window,
+               swa_ratio=ratio, cache_factory=_swa_capturing_factory(box),
+               arrival=ArrivalModel(decode_tokens_per_s=200) if arrival else None)
+    _assert_slot_partition(box["cache"], box["alloc"])
+    assert r.kv_conserved and r.swa_slid_tokens > 0
+    assert r.served_requests + r.rejected_requests == 250
+    if capacity is not None:
+        assert r.swa_pool_slots == int(capacity * (ratio or 0.8)) // 16 * 16
+
+
+@pytest.mark.parametrize("capacity, max_running, policy", [
+    (3_200, 4, "lru"), (1_600, 1, "lfu"), (None, 2, "lru"),
+])
+def test_swa_window_that_never_slides_equals_full_only(capacity, max_running, policy):
+    """W above every request's length and an SWA pool as large as the Full pool: no slot
+    ever slides out of a window, so the SWA pool tracks the Full pool and the run is the
+    Full-only run, request by request; every Full eviction frees the same SWA tokens.
+    (Capacities are whole pages: the SWA pool is sized in whole pages.)"""
+    w = synthetic_workload(200, block_size=16, seed=7)
+    kw = dict(capacity=capacity, page_size=16, max_running=max_running, policy=policy,
+              record_hits=True)
+    full = replay(w, **kw)
+    swa = replay(w, swa_window=1 << 20, swa_ratio=1.0, **kw)
+    assert_same_run(full, swa)
+    if capacity is not None:
+        assert full.evicted_tokens > 0
+    assert swa.swa_evicted_tokens == swa.evicted_tokens
+    assert swa.window_lost_hit_tokens == 0 and swa.swa_slid_tokens == 0
+    assert swa.final_swa_tree_tokens == swa.final_tree_tokens
+
+
+def test_swa_unbounded_long_window_hits_the_hash_id_oracle():
+    w = synthetic_workload(400, block_size=16, seed=5)
+    longest = int((w.input_lengths + w.output_lengths).max())
+    r = replay(w, page_size=16, swa_window=longest)
+    assert r.hit_tokens == expected_hits(workload_requests(w), 16, 16)
+    assert r.evicted_tokens == 0 and r.swa_evicted_tokens == 0
+
+
+def test_swa_small_window_and_pool_lose_hits():
+    """A window far below the prompts: whole prompts slide out before they are cached, so
+    matches find Full KV without SWA (lost > 0); a small SWA pool forces SWA evictions."""
+    w = synthetic_workload(300, block_size=16, seed=3)
+    full = replay(w, capacity=20_000, page_size=16)
+    r = replay(w, capacity=20_000, page_size=16, swa_window=512, swa_ratio=0.3)
+    assert r.window_lost_hit_tokens > 0 and r.swa_evicted_tokens > 0
+    assert r.hit_tokens < full.hit_tokens
+
+
+def test_swa_request_larger_than_the_swa_pool_is_rejected():
+    """r0 needs 16 + 6 = 22 slots in each pool at admission; an SWA pool of 16 cannot
+    hold it even empty: rejected (a miss), the note says which pool."""
+    r = replay(_five(), capacity=64, page_size=4, swa_window=8, swa_ratio=0.25,
+               swa_eviction_interval=4, record_hits=True)
+    assert r.hits.tolist()[0] == -1 and r.rejected_requests >= 1
+    assert "SWA pool holds 16 tokens" in r.notes[-1]
+    assert r.kv_conserved
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(swa_ratio=0.5), "swa_ratio needs swa_window"),
+    (dict(swa_window=0), "swa_window must be in"),
+    (dict(swa_window=-4), "swa_window must be in"),
+    (dict(swa_window=64, swa_ratio=0), r"swa_ratio must be a number in \(0, 1\]"),
+    (dict(swa_window=64, swa_ratio=1.5), r"swa_ratio must be a number in \(0, 1\]"),
+    (dict(swa_window=64, swa_eviction_interval=0), "swa_eviction_interval"),
+    (dict(swa_window=64, driver="core"), "driver='request'"),
+    (dict(swa_window=64, capacity=20, swa_ratio=0.1), "SWA pool .* less than one page"),
+])
+def test_swa_replay_rejects_bad_options(kw, what):
+    with pytest.raises(ValueError, match=what):
+        replay(_five(), page_size=4, **kw)
+
+
+def test_swa_tokens_for_memory_by_hand():
+    """gpt-oss-20b-like: 24,576 bytes/token in each pool. 40 GiB at R = 0.5: a full token
+    costs 24,576 + 0.5 x 24,576 = 36,864 bytes, 42,949,672,960 / 36,864 = 1,165,084.4 ->
+    1,165,072 (pages of 16); SWA 582,536 -> 582,528. R = 1: 873,813.3 -> 873,808 each."""
+    from flatradix.replay.model import swa_tokens_for_memory
+
+    assert swa_tokens_for_memory(40 * 2**30, 24_576, 24_576, 0.5, 16) == (1_165_072, 582_528)
+    assert swa_tokens_for_memory(40 * 2**30, 24_576, 24_576, 1.0, 16) == (873_808, 873_808)
+    f, s = swa_tokens_for_memory(40 * 2**30, 24_576, 24_576, 0.5, 16)
+    assert f * 24_576 + s * 24_576 <= 40 * 2**30
+    with pytest.raises(ValueError, match="less than one page"):
+        swa_tokens_for_memory(100_000, 24_576, 24_576, 0.5, 16)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        swa_tokens_for_memory(40 * 2**30, 24_576, 24_576, 0.0, 16)
+
+
+def test_swa_sweep_over_windows(tmp_path):
+    """Two windows x two capacities + one unbounded run per window; a window longer than
+    every request gives the Full-only curve; CSV rows and columns; the plot."""
+    from flatradix.replay import format_sweep, write_sweep_csv
+
+    w = synthetic_workload(150, block_size=16, seed=7)
+    longest = int((w.input_lengths + w.output_lengths).max())
+    caps = [2_000, 5_000]
+    curve = sweep(w, caps, swa_windows=[256, longest], page_size=16, swa_ratio=1.0)
+    full = sweep(w, caps, page_size=16)
+    assert [(p["swa_window"], p["capacity"]) for p in curve["points"]] == [
+        (256, 2_000), (256, 5_000), (longest, 2_000), (longest, 5_000)]
+    assert [p["swa_window"] for p in curve["swa"]["unbounded"]] == [256, longest]
+    assert [p["hit_tokens"] for p in curve["points"][2:]] == [
+        p["hit_tokens"] for p in full["points"]]
+    assert curve["swa"]["unbounded"][1]["hit_tokens"] == full["unbounded"]["hit_tokens"]
+    assert curve["unbounded"]["swa_window"] == 256
+    assert curve["swa"]["unbounded"][0]["window_lost_hit_tokens"] > 0
+    text = format_sweep(curve)
+    assert "lost to W" in text and len(text.splitlines()) == 2 + 4 + 2
+    write_sweep_csv(curve, tmp_path / "c.csv")
+    import csv as _csv
+
+    rows = list(_csv.DictReader(open(tmp_path / "c.csv")))
+    assert len(rows) == 6 and rows[-1]["capacity"] == "inf"
+    assert rows[0]["swa_window"] == "256" and rows[0]["swa_pool_slots"] == "2000"
+    assert int(rows[0]["window_lost_hit_tokens"]) == curve["points"][0]["window_lost_hit_tokens"]
+    pytest.importorskip("matplotlib")
+    from flatradix.replay import plot_sweep
+
+    plot_sweep(curve, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_swa_parallel_sweep_equals_sequential():
+    w = synthetic_workload(120, block_size=16, seed=2)
+    kw = dict(page_size=16, swa_windows=[128, 512], swa_ratio=0.5)
+
+    def strip(c):
+        for p in c["points"] + c["swa"]["unbounded"] + [c["unbounded"]]:
+            p.pop("wall_s")
+        return c
+    assert strip(sweep(w, [3_000], jobs=2, **kw)) == strip(sweep(w, [3_000], **kw))
+
+
+def test_swa_report_text():
+    r = replay(_five(), capacity=64, page_size=4, swa_window=8, swa_ratio=0.5,
+               swa_eviction_interval=4)
+    text = format_report(r)
+    for s in ("sliding window 8 tokens | SWA pool 32 tokens (swa ratio 0.5)",
+              "lost to window  28 (", "evicted tokens  Full 0, SWA 12 (1 evict calls)",
+              "window slides   16 SWA slots freed (3 calls)",
+              "peak tree size  32 Full tokens, 28 SWA tokens", "evict_sliding_windows"):
+        assert s in text, s

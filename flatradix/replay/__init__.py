@@ -8,7 +8,8 @@ per-operation latency.
 * ``trace``: :func:`load_trace` (Mooncake and generic JSONL),
   :func:`load_mooncake` and :func:`synthetic_workload`
 * ``sim``: :func:`replay`, the scheduler emulation (order or arrival mode:
-  :class:`ArrivalModel`)
+  :class:`ArrivalModel`; a full-attention model, or a hybrid sliding-window one:
+  ``swa_window``)
 * ``report``: text report, capacity :func:`sweep` (several policies, in
   processes), CSV files and the plot
 * ``model``: KV bytes per token from a ``config.json`` (:class:`KVLayout`)
@@ -16,11 +17,11 @@ per-operation latency.
 """
 
 from .model import (KVLayout, ModelConfigError, format_bytes, kv_layout_from_dict,
-                    load_model_config, parse_memory, tokens_for_memory)
+                    load_model_config, parse_memory, swa_tokens_for_memory, tokens_for_memory)
 from .report import (format_report, format_sweep, parse_capacity, plot_sweep, sweep,
                      write_per_request_csv, write_runs_csv, write_sweep_csv)
-from .sim import (ArrivalModel, ReplayResult, default_cache_factory, replay, timeline,
-                  unbounded_pool_slots)
+from .sim import (ArrivalModel, ReplayResult, default_cache_factory, replay, swa_pool_slots,
+                  timeline, unbounded_pool_slots)
 from .stats import describe_workload, format_describe
 from .trace import (TraceFormatError, Workload, load_mooncake, load_trace,
                     synthetic_workload)
@@ -31,5 +32,5 @@ __all__ = [
     "timeline", "sweep", "format_report", "format_sweep", "parse_capacity", "plot_sweep",
     "write_sweep_csv", "write_runs_csv", "write_per_request_csv", "KVLayout",
     "ModelConfigError", "load_model_config", "kv_layout_from_dict", "parse_memory",
-    "format_bytes", "tokens_for_memory", "describe_workload", "format_describe",
+    "format_bytes", "tokens_for_memory", "swa_tokens_for_memory", "swa_pool_slots", "describe_workload", "format_describe",
 ]

@@ -24,7 +24,10 @@ keep per request, and the bytes each KV pool needs.
 
 The replay models the full-attention pool: ``--kv-memory`` buys
 ``kv_memory // full_kv_bytes_per_token`` tokens (rounded down to whole pages).
-The sliding-window and Mamba figures are reported, not replayed.
+The Mamba figures are reported, not replayed. The sliding-window pool is
+replayed in the SWA mode (``--swa-window``): SGLang sizes it ``R`` times the
+full pool (``swa_full_tokens_ratio``), so a token of the full pool costs
+``full + R x swa`` bytes and :func:`swa_tokens_for_memory` splits a budget.
 
 Layer layouts understood (first match wins):
 
@@ -184,8 +187,9 @@ class KVLayout:
                  mamba_state_bytes=self.mamba_state_bytes())
         return d
 
-    def describe(self):
-        """Text lines for the report."""
+    def describe(self, swa_replayed=False):
+        """Text lines for the report (``swa_replayed``: the replay models the SWA
+        pool too, ``--swa-window``)."""
         kinds = [f"{self.full_attention_layers} full attention"]
         if self.sliding_window_layers:
             kinds.append(f"{self.sliding_window_layers} sliding window "
@@ -206,7 +210,7 @@ class KVLayout:
         if self.sliding_window_layers:
             lines.append(f"sliding-window KV {self.swa_kv_bytes_per_token:,} bytes/token, for "
                          f"the last {self.sliding_window:,} tokens of a request (own pool; "
-                         f"not replayed)")
+                         f"{'replayed' if swa_replayed else 'not replayed'})")
         if self.linear_attention_layers:
             b = self.mamba_state_bytes()
             lines.append("Mamba state " + (f"{b:,} bytes/request in {self.kv_dtype} (own pool; "
@@ -425,6 +429,45 @@ def format_bytes(n):
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+def swa_tokens_for_memory(kv_bytes, full_bytes_per_token, swa_bytes_per_token, ratio,
+                          page_size=1):
+    """``(full_tokens, swa_tokens)`` of a hybrid SWA model's two KV pools in
+    ``kv_bytes`` when the SWA pool is ``ratio`` times the full pool (SGLang's
+    ``swa_full_tokens_ratio``), as SGLang's pool configurator sizes them::
+
+        full_tokens = kv_bytes / (full_bytes_per_token + ratio * swa_bytes_per_token)
+        swa_tokens  = full_tokens * ratio
+
+    each rounded down to whole pages of ``page_size`` tokens (so
+    ``full_tokens * full + swa_tokens * swa <= kv_bytes``). ``ValueError`` for
+    a ratio outside ``(0, 1]``, bytes per token below 1 (full) or 0 (SWA), or
+    when either pool is less than one page."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"swa ratio must be in (0, 1], got {ratio!r}")
+    if full_bytes_per_token < 1 or swa_bytes_per_token < 0:
+        raise ValueError(f"bytes per token must be >= 1 (full) and >= 0 (SWA), got "
+                         f"{full_bytes_per_token} and {swa_bytes_per_token}")
+    cell = full_bytes_per_token + ratio * swa_bytes_per_token
+    full = int(int(kv_bytes) // cell)
+    full -= full % page_size
+
+    def swa_of(f):
+        t = int(f * ratio)
+        return t - t % page_size
+
+    # float rounding: step down a page until both pools fit the budget
+    while full > 0 and full * full_bytes_per_token + swa_of(full) * swa_bytes_per_token \
+            > int(kv_bytes):
+        full -= page_size
+    swa = swa_of(full)
+    if full < page_size or swa < page_size:
+        raise ValueError(f"{format_bytes(kv_bytes)} at {full_bytes_per_token:,} + {ratio:g} x "
+                         f"{swa_bytes_per_token:,} bytes/token holds {max(full, 0):,} full and "
+                         f"{max(swa, 0):,} sliding-window tokens: less than one page of "
+                         f"{page_size}")
+    return full, swa
 
 
 def tokens_for_memory(kv_bytes, bytes_per_token, page_size=1):

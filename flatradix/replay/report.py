@@ -7,7 +7,7 @@ import os
 
 from ._progress import progress_bar
 from .model import format_bytes
-from .sim import OPS, replay
+from .sim import OPS, SWA_FIELDS, SWA_OPS, replay
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -53,15 +53,22 @@ def format_tokens(n):
     return f"{n:g}"
 
 
-def kv_lines(capacity, bytes_per_token, layout=None):
+def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None):
     """Report lines for the KV sizing: the model's layout and what ``capacity``
-    tokens cost at ``bytes_per_token`` (the full-attention pool)."""
-    lines = list(layout.describe()) if layout is not None else [
-        f"KV {bytes_per_token:,} bytes/token (--kv-bytes-per-token)"]
+    tokens cost at ``bytes_per_token`` (the full-attention pool); with
+    ``swa_tokens`` (the SWA mode's SWA pool, tokens) also that pool, at the
+    layout's ``swa_kv_bytes_per_token``, and the sum."""
+    lines = list(layout.describe(swa_replayed=swa_tokens is not None)) if layout is not None \
+        else [f"KV {bytes_per_token:,} bytes/token (--kv-bytes-per-token)"]
     if capacity not in (None, "inf"):
         lines.append(f"full-attention pool {_n(capacity)} tokens = "
                      f"{format_bytes(capacity * bytes_per_token)} "
                      f"({_n(capacity * bytes_per_token)} bytes)")
+        if swa_tokens is not None and layout is not None:
+            sb = swa_tokens * layout.swa_kv_bytes_per_token
+            total = capacity * bytes_per_token + sb
+            lines.append(f"sliding-window pool {_n(swa_tokens)} tokens = {format_bytes(sb)} "
+                         f"({_n(sb)} bytes); both pools {format_bytes(total)} ({_n(total)} bytes)")
     return lines
 
 
@@ -75,11 +82,15 @@ def format_report(r, kv=None):
         a = r.arrival
         mode = (f" | arrival times x{a['rate_scale']:g}, prefill {a['prefill_tokens_per_s']:,.0f} "
                 f"tok/s, decode {a['decode_tokens_per_s']:,.0f} tok/s")
+    swa = r.swa_window is not None
     lines = [
         f"flatradix replay: {name}",
         f"  page size {r.page_size} | capacity {cap} | max running {r.max_running:,} | "
         f"policy {r.policy}" + (" | outputs cached" if r.cache_outputs else "") + mode,
     ]
+    if swa:
+        lines.append(f"  sliding window {_n(r.swa_window)} tokens | SWA pool {_n(r.swa_pool_slots)} "
+                     f"tokens (swa ratio {r.swa_ratio:g})")
     lines += [f"  {s}" for s in (kv or [])]
     lines += [
         "",
@@ -87,8 +98,26 @@ def format_report(r, kv=None):
         f"{_n(r.rejected_requests)} rejected)",
         f"  prompt tokens   {_n(r.prompt_tokens)}",
         f"  hit tokens      {_n(r.hit_tokens)} ({100 * r.token_hit_ratio:.2f} % token hit ratio)",
-        f"  evicted tokens  {_n(r.evicted_tokens)} ({_n(r.evict_calls)} evict calls)",
-        f"  peak tree size  {_n(r.peak_tree_tokens)} tokens",
+    ]
+    if swa:
+        lost = r.window_lost_hit_tokens
+        share = 100 * lost / r.prompt_tokens if r.prompt_tokens else 0.0
+        lines += [
+            f"  lost to window  {_n(lost)} ({share:.2f} % of prompt tokens: Full KV cached, "
+            f"its SWA KV dropped)",
+            f"  evicted tokens  Full {_n(r.evicted_tokens)}, SWA {_n(r.swa_evicted_tokens)} "
+            f"({_n(r.evict_calls)} evict calls)",
+            f"  window slides   {_n(r.swa_slid_tokens)} SWA slots freed "
+            f"({_n(r.latency_us.get('evict_sliding_windows', {}).get('count', 0))} calls)",
+            f"  peak tree size  {_n(r.peak_tree_tokens)} Full tokens, "
+            f"{_n(r.peak_swa_tree_tokens)} SWA tokens",
+        ]
+    else:
+        lines += [
+            f"  evicted tokens  {_n(r.evicted_tokens)} ({_n(r.evict_calls)} evict calls)",
+            f"  peak tree size  {_n(r.peak_tree_tokens)} tokens",
+        ]
+    lines += [
         f"  wall time       {r.wall_s:.2f} s ({r.requests_per_s:,.0f} requests/s, "
         f"{r.prompt_tokens_per_s / 1e6:,.1f} M prompt tokens/s; CPU {r.cpu_s:.2f} s)",
         f"  KV conservation {'ok' if r.kv_conserved else 'BROKEN'}",
@@ -114,24 +143,34 @@ def format_report(r, kv=None):
                          f"{b['waited']:>8,}{b['running_max']:>9,}{b['running_mean']:>9.2f}"
                          f"{b['queued_max']:>8,}{b['wait_ms_max']:>13,.0f}")
     lines += [f"  note: {s}" for s in r.notes]
+    w = 23 if swa else 20
     lines += [
         "",
-        f"  {'cache op':<20}{'calls':>10}{'p50 us':>10}{'p99 us':>10}",
+        f"  {'cache op':<{w}}{'calls':>10}{'p50 us':>10}{'p99 us':>10}",
     ]
-    for op in OPS:
+    for op in (SWA_OPS if swa else OPS):
         s = r.latency_us.get(op, {})
         if not s or not s["count"]:
-            lines.append(f"  {op:<20}{0:>10}{'-':>10}{'-':>10}")
+            lines.append(f"  {op:<{w}}{0:>10}{'-':>10}{'-':>10}")
         else:
-            lines.append(f"  {op:<20}{_n(s['count']):>10}{s['p50']:>10.1f}{s['p99']:>10.1f}")
+            lines.append(f"  {op:<{w}}{_n(s['count']):>10}{s['p50']:>10.1f}{s['p99']:>10.1f}")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- sweep
-def _point(r, bytes_per_token=None):
+def _kv_bytes(r, bytes_per_token, swa_bytes_per_token=None):
+    """KV memory of a run's pools (None: unbounded, or no bytes per token)."""
+    if not bytes_per_token or r.capacity == "inf":
+        return None
+    b = r.capacity * bytes_per_token
+    if r.swa_window is not None and swa_bytes_per_token is not None:
+        b += r.swa_pool_slots * swa_bytes_per_token
+    return b
+
+
+def _point(r, bytes_per_token=None, swa_bytes_per_token=None):
     p = {"policy": r.policy, "capacity": r.capacity,
-         "kv_bytes": (r.capacity * bytes_per_token
-                      if bytes_per_token and r.capacity != "inf" else None),
+         "kv_bytes": _kv_bytes(r, bytes_per_token, swa_bytes_per_token),
          "token_hit_ratio": r.token_hit_ratio, "hit_tokens": r.hit_tokens,
          "evicted_tokens": r.evicted_tokens, "rejected_requests": r.rejected_requests,
          "waits": r.waits, "peak_tree_tokens": r.peak_tree_tokens, "wall_s": round(r.wall_s, 3)}
@@ -139,6 +178,8 @@ def _point(r, bytes_per_token=None):
         p.update(peak_running=r.arrival["peak_running"], mean_running=r.arrival["mean_running"],
                  waited_requests=r.arrival["waited_requests"],
                  wait_ms_p99=r.arrival["wait_ms"]["p99"])
+    if r.swa_window is not None:
+        p.update({k: getattr(r, k) for k in SWA_FIELDS})
     return p
 
 
@@ -151,7 +192,9 @@ def _init_worker(workload):
 
 
 def _run_point(task):
-    policy, capacity, kwargs = task
+    policy, capacity, window, kwargs = task
+    if window is not None:
+        kwargs = dict(kwargs, swa_window=window)
     return replay(_worker_workload, capacity=capacity, policy=policy, **kwargs)
 
 
@@ -160,14 +203,16 @@ def _run_point(task):
 def _tick(bar, result):
     if bar is not None:
         cap = "inf" if result.capacity == "inf" else format_tokens(result.capacity)
-        bar.set_postfix_str(f"{result.policy} {cap}: {100 * result.token_hit_ratio:.2f} %",
+        win = "" if result.swa_window is None else f" W={result.swa_window}"
+        bar.set_postfix_str(f"{result.policy}{win} {cap}: {100 * result.token_hit_ratio:.2f} %",
                             refresh=False)
         bar.update(1)
 
 
 def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
-          bytes_per_token=None, **kwargs):
-    """Replay once per (policy, capacity), plus once unbounded.
+          bytes_per_token=None, swa_windows=None, swa_bytes_per_token=None, **kwargs):
+    """Replay once per (policy, capacity), plus once unbounded; in the SWA mode
+    once per (window, policy, capacity), plus once unbounded per window.
 
     Parameters
     ----------
@@ -183,6 +228,12 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         ``jobs == 1``).
     bytes_per_token : int, optional
         KV bytes per token: each point gets ``kv_bytes = capacity * bytes_per_token``.
+    swa_windows : list of int, optional
+        The SWA mode: the sliding windows (tokens) to replay, each as a series
+        (``swa_ratio`` goes in ``kwargs``).
+    swa_bytes_per_token : int, optional
+        SWA mode: the SWA pool's bytes per token; ``kv_bytes`` then adds
+        ``swa_pool_slots * swa_bytes_per_token``.
     kwargs : passed to :func:`~flatradix.replay.sim.replay`.
 
     Returns the curve as a JSON-ready dict: ``points`` (policy-major: every
@@ -193,7 +244,11 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     ``waited_requests``, ``wait_ms_p99``); ``unbounded`` the same for one
     unbounded run (no eviction happens, so every policy gives it; run with the
     first policy) and ``unbounded_hit_ratio``, the ceiling every finite
-    capacity approaches.
+    capacity approaches. SWA mode: every point also has the
+    ``ReplayResult`` SWA fields (``swa_window``, ``swa_pool_slots``,
+    ``swa_evicted_tokens``, ``window_lost_hit_tokens``...), ``unbounded`` is the
+    first window's, and ``swa`` holds ``windows``, ``ratio`` and
+    ``unbounded`` (one point per window: the window still drops hits there).
     """
     policies = list(policies)
     if not policies:
@@ -201,29 +256,36 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     jobs = int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    tasks = [(p, c) for p in policies for c in capacities] + [(policies[0], None)]
+    windows = list(swa_windows) if swa_windows else [None]
+    tasks = ([(p, c, w) for w in windows for p in policies for c in capacities]
+             + [(policies[0], None, w) for w in windows])
     # a refresh per finished run (runs take seconds: no need to rate-limit)
     bar = progress_bar(len(tasks), progress, unit="run", desc="sweep", mininterval=0)
     results = [None] * len(tasks)
     try:
         if jobs == 1:
-            for k, (p, c) in enumerate(tasks):
-                results[k] = replay(workload, capacity=c, policy=p, progress=progress, **kwargs)
+            for k, (p, c, w) in enumerate(tasks):
+                kw = kwargs if w is None else dict(kwargs, swa_window=w)
+                results[k] = replay(workload, capacity=c, policy=p, progress=progress, **kw)
                 _tick(bar, results[k])
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker,
                                      initargs=(workload,)) as ex:
-                futs = {ex.submit(_run_point, (p, c, kwargs)): k for k, (p, c) in enumerate(tasks)}
+                futs = {ex.submit(_run_point, (p, c, w, kwargs)): k
+                        for k, (p, c, w) in enumerate(tasks)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
                     _tick(bar, results[futs[f]])
     finally:
         if bar is not None:
             bar.close()
-    unb = results[-1]
-    return {
+    nu = len(windows)
+    unbs = results[len(results) - nu:]
+    unb = unbs[0]
+    bpt = (bytes_per_token, swa_bytes_per_token)
+    curve = {
         "workload": workload.name, "requests": len(workload),
         "prompt_tokens": workload.prompt_tokens, "page_size": unb.page_size,
         "max_running": unb.max_running, "mode": unb.mode, "policies": policies,
@@ -231,14 +293,23 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         "arrival": ({k: v for k, v in unb.arrival.items()
                      if k in ("prefill_tokens_per_s", "decode_tokens_per_s", "rate_scale")}
                     if unb.arrival else None),
-        "unbounded": _point(unb, bytes_per_token),
+        "unbounded": _point(unb, *bpt),
         "unbounded_hit_ratio": unb.token_hit_ratio,
-        "points": [_point(r, bytes_per_token) for r in results[:-1]],
+        "points": [_point(r, *bpt) for r in results[:len(results) - nu]],
     }
+    if swa_windows:
+        curve["swa"] = {"windows": windows, "ratio": unb.swa_ratio,
+                        "swa_kv_bytes_per_token": swa_bytes_per_token,
+                        "unbounded": [_point(r, *bpt) for r in unbs]}
+    return curve
 
 
 def format_sweep(curve):
-    """The sweep as a text table (one row per point, then the unbounded run)."""
+    """The sweep as a text table (one row per point, then the unbounded run; SWA
+    mode: with the window, the hits lost to it and the SWA evictions, and one
+    unbounded row per window)."""
+    if curve.get("swa"):
+        return _format_swa_sweep(curve)
     mem = curve.get("kv_bytes_per_token")
     head = f"{'policy':>8}{'capacity':>15}" + (f"{'KV memory':>12}" if mem else "")
     lines = [head + f"{'hit ratio':>11}{'evicted':>16}{'rejected':>10}"]
@@ -250,6 +321,27 @@ def format_sweep(curve):
             row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
         lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
                      f"{_n(p['evicted_tokens']):>16}{_n(p['rejected_requests']):>10}")
+    return "\n".join(lines)
+
+
+def _format_swa_sweep(curve):
+    mem = curve.get("kv_bytes_per_token")
+    sw = curve["swa"]
+    head = (f"{'policy':>8}{'window':>9}{'capacity':>15}{'SWA pool':>13}"
+            + (f"{'KV memory':>12}" if mem else ""))
+    lines = [f"sliding-window replay: SWA pool = {sw['ratio']:g} x capacity",
+             head + f"{'hit ratio':>11}{'lost to W':>13}{'evicted':>16}{'SWA evicted':>16}"
+                    f"{'rejected':>10}"]
+    for p in curve["points"] + sw["unbounded"]:
+        unb = p["capacity"] == "inf"
+        cap = "inf" if unb else _n(p["capacity"])
+        row = (f"{'any' if unb else p['policy']:>8}{_n(p['swa_window']):>9}{cap:>15}"
+               f"{'inf' if unb else _n(p['swa_pool_slots']):>13}")
+        if mem:
+            row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
+        lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
+                     f"{_n(p['window_lost_hit_tokens']):>13}{_n(p['evicted_tokens']):>16}"
+                     f"{_n(p['swa_evicted_tokens']):>16}{_n(p['rejected_requests']):>10}")
     return "\n".join(lines)
 
 
@@ -268,6 +360,11 @@ PER_REQUEST_COLUMNS = ("policy", "request", "arrival_ms", "prompt_tokens", "outp
                        "hit_tokens", "evicted_tokens", "waited", "wait_ms", "finish_ms",
                        "rejected")
 
+#: Columns the SWA mode appends to each CSV (absent otherwise).
+SWA_COLUMNS = SWA_FIELDS
+SWA_PER_REQUEST_COLUMNS = ("swa_window", "swa_evicted_tokens", "full_kv_hit_tokens",
+                           "window_lost_hit_tokens")
+
 
 def _cell(v):
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -279,28 +376,34 @@ def _cell(v):
 
 def write_sweep_csv(curve, path):
     """One row per sweep point and one for the unbounded run (``capacity`` ``inf``),
-    columns :data:`SWEEP_COLUMNS` (empty where a figure does not apply)."""
+    columns :data:`SWEEP_COLUMNS` (empty where a figure does not apply); the SWA
+    mode adds :data:`SWA_COLUMNS` and one unbounded row per window."""
+    swa = curve.get("swa")
+    cols = SWEEP_COLUMNS + (SWA_COLUMNS if swa else ())
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(SWEEP_COLUMNS)
-        for p in curve["points"] + [curve["unbounded"]]:
-            w.writerow([_cell(p.get(c)) for c in SWEEP_COLUMNS])
+        w.writerow(cols)
+        for p in curve["points"] + (swa["unbounded"] if swa else [curve["unbounded"]]):
+            w.writerow([_cell(p.get(c)) for c in cols])
 
 
-def write_runs_csv(results, path, bytes_per_token=None):
-    """One row per ``ReplayResult``, columns :data:`RUN_COLUMNS` plus ``kv_bytes``."""
+def write_runs_csv(results, path, bytes_per_token=None, swa_bytes_per_token=None):
+    """One row per ``ReplayResult``, columns :data:`RUN_COLUMNS` plus ``kv_bytes``
+    (plus :data:`SWA_COLUMNS` in the SWA mode; ``kv_bytes`` then counts the SWA
+    pool at ``swa_bytes_per_token`` too)."""
+    swa = any(r.swa_window is not None for r in results)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(RUN_COLUMNS + ("kv_bytes",))
+        w.writerow(RUN_COLUMNS + ("kv_bytes",) + (SWA_COLUMNS if swa else ()))
         for r in results:
             d = r.to_dict()
             a = d.get("arrival") or {}
             d.update(peak_running=a.get("peak_running"), mean_running=a.get("mean_running"),
                      waited_requests=a.get("waited_requests"),
                      wait_ms_p99=(a.get("wait_ms") or {}).get("p99"))
-            kvb = (r.capacity * bytes_per_token
-                   if bytes_per_token and r.capacity != "inf" else None)
-            w.writerow([_cell(d.get(c)) for c in RUN_COLUMNS] + [_cell(kvb)])
+            kvb = _kv_bytes(r, bytes_per_token, swa_bytes_per_token)
+            w.writerow([_cell(d.get(c)) for c in RUN_COLUMNS] + [_cell(kvb)]
+                       + ([_cell(d.get(c)) for c in SWA_COLUMNS] if swa else []))
 
 
 def write_per_request_csv(results, path):
@@ -308,16 +411,26 @@ def write_per_request_csv(results, path):
     :data:`PER_REQUEST_COLUMNS`: ``arrival_ms`` (trace time / rate scale),
     ``hit_tokens``, ``evicted_tokens`` (evicted to admit it), ``waited``
     (running requests it waited for), ``wait_ms`` and ``finish_ms`` (arrival
-    mode only), ``rejected`` (0/1)."""
+    mode only), ``rejected`` (0/1); the SWA mode adds
+    :data:`SWA_PER_REQUEST_COLUMNS` (``full_kv_hit_tokens``: the match's
+    ``full_kv_hit_length``; ``window_lost_hit_tokens``: that minus the hit)."""
+    swa = any(r.swa_window is not None for r in results)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(PER_REQUEST_COLUMNS)
+        w.writerow(PER_REQUEST_COLUMNS + (SWA_PER_REQUEST_COLUMNS if swa else ()))
         for r in results:
             pr = r.per_request
             cols = [pr[c].tolist() for c in PER_REQUEST_COLUMNS[2:]]
+            extra = []
+            if swa:
+                cols += [pr[c].tolist() for c in SWA_PER_REQUEST_COLUMNS[1:]]
+                extra = [r.swa_window]
             for i, row in enumerate(zip(*cols)):
-                w.writerow([r.policy, i] + [_cell(v) if not isinstance(v, bool) else int(v)
-                                            for v in row])
+                vals = [_cell(v) if not isinstance(v, bool) else int(v) for v in row]
+                if swa:
+                    k = len(PER_REQUEST_COLUMNS) - 2
+                    vals = vals[:k] + extra + vals[k:]
+                w.writerow([r.policy, i] + vals)
 
 
 # ---------------------------------------------------------------- plot
@@ -346,8 +459,10 @@ def plot_sweep(curve, path, title=None):
 def sweep_figure(curve, title=None):
     """Hit ratio vs capacity (log x), one line per policy, the unbounded hit ratio
     dashed; a tick at every swept capacity, labelled with its tokens (and KV
-    memory above them when the curve has ``kv_bytes_per_token``). Returns the
-    matplotlib ``Figure`` (Agg backend). ``RuntimeError`` without matplotlib."""
+    memory above them when the curve has ``kv_bytes_per_token``). SWA mode: one
+    line per (window, policy) and one dashed unbounded line per window, a
+    window's lines in one colour. Returns the matplotlib ``Figure`` (Agg
+    backend). ``RuntimeError`` without matplotlib."""
     plot_formats()
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, NullLocator
@@ -356,26 +471,49 @@ def sweep_figure(curve, title=None):
     caps = sorted({p["capacity"] for p in finite})
     bpt = curve.get("kv_bytes_per_token")
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    for k, pol in enumerate(curve["policies"]):
-        pts = sorted((p for p in finite if p["policy"] == pol), key=lambda p: p["capacity"])
-        ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
-                "o-", color=f"C{k}", label=pol, markersize=4)
-    ub = 100 * curve["unbounded_hit_ratio"]
-    ax.axhline(ub, color="0.4", linestyle="--", label=f"unbounded ({ub:.2f} %)")
+    swa = curve.get("swa")
+    if swa:
+        marks = "os^vDP*X"
+        ub = 0.0
+        for j, win in enumerate(swa["windows"]):
+            for k, pol in enumerate(curve["policies"]):
+                pts = sorted((p for p in finite if p["policy"] == pol and p["swa_window"] == win),
+                             key=lambda p: p["capacity"])
+                ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
+                        marks[k % len(marks)] + "-", color=f"C{j}", markersize=4,
+                        label=f"W={format_tokens(win)}" + (f" {pol}" if len(curve["policies"]) > 1
+                                                           else ""))
+            u = 100 * swa["unbounded"][j]["token_hit_ratio"]
+            ub = max(ub, u)
+            ax.axhline(u, color=f"C{j}", linestyle="--", linewidth=0.8,
+                       label=f"W={format_tokens(win)} unbounded ({u:.2f} %)")
+    else:
+        for k, pol in enumerate(curve["policies"]):
+            pts = sorted((p for p in finite if p["policy"] == pol), key=lambda p: p["capacity"])
+            ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
+                    "o-", color=f"C{k}", label=pol, markersize=4)
+        ub = 100 * curve["unbounded_hit_ratio"]
+        ax.axhline(ub, color="0.4", linestyle="--", label=f"unbounded ({ub:.2f} %)")
     if caps:
         ax.set_xscale("log")
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(caps)
         if bpt:
-            ax.set_xticklabels([f"{format_bytes(c * bpt)}\n{format_tokens(c)}" for c in caps],
-                               fontsize=7)
+            mem = {p["capacity"]: p["kv_bytes"] for p in finite}
+            ax.set_xticklabels([f"{format_bytes(mem[c] or c * bpt)}\n{format_tokens(c)}"
+                                for c in caps], fontsize=7)
         else:
             ax.set_xticklabels([format_tokens(c) for c in caps], fontsize=8)
         if len(caps) > 12:
             plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
-    ax.set_xlabel(f"KV memory (full-attention pool, {bpt:,} bytes/token) / tokens" if bpt
-                  else "KV capacity (tokens)")
+    if swa:
+        ax.set_xlabel((f"KV memory (both pools) / full-attention pool tokens (SWA pool "
+                       f"{swa['ratio']:g} x)") if bpt else
+                      f"full-attention pool (tokens); SWA pool {swa['ratio']:g} x")
+    else:
+        ax.set_xlabel(f"KV memory (full-attention pool, {bpt:,} bytes/token) / tokens" if bpt
+                      else "KV capacity (tokens)")
     ax.set_ylabel("token hit ratio (%)")
     ax.set_ylim(0, max(ub * 1.1, 1.0))
     name = os.path.basename(curve["workload"])

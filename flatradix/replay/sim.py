@@ -47,6 +47,41 @@ Two drivers do step 3:
   ``allocator.free`` only, for caches without the request API (the pure-Python
   reference model of the tests).
 
+**SWA mode** (``swa_window=W``): the replay serves a hybrid sliding-window
+model (Gemma-3, gpt-oss) as SGLang does. The cache has the ``(FULL, SWA)``
+components and window ``W``; the KV pools are a
+``flatradix.SWATokenToKVPoolAllocator``: the Full pool is ``capacity`` and the
+SWA pool ``swa_ratio x capacity`` tokens (SGLang's ``swa_full_tokens_ratio``,
+whole pages). Per request, as SGLang's scheduler:
+
+1. ``match_prefix``; ``cache.lock(node)`` (the ``TreeLock`` goes into
+   ``req.lock``) and ``req.swa_branching_seqlen`` from the match. The hit is
+   ``device_prefix_len``; ``full_kv_hit_length - device_prefix_len`` tokens are
+   *lost to the window*: their Full KV is cached but the SWA KV before them was
+   dropped (tombstoned), so they cannot be used.
+2. The same single allocation of ``uncached + output`` tokens, from both pools
+   (each slot is a Full slot with its SWA peer). Short of either:
+   ``evict_for_alloc(EvictParams(num_tokens=full shortfall,
+   swa_num_tokens=SWA shortfall))``, then the waits and rejections above.
+3. Decode: at the decode steps of sequence lengths ``n + 1 .. n + o - 1`` the
+   scheduler calls ``evict_sliding_windows(req, seqlen - 1)`` once at least
+   ``swa_eviction_interval`` (128, SGLang's ``SGLANG_SWA_EVICTION_INTERVAL``)
+   tokens slid out of the window past the request's SWA cursor: the request's
+   own SWA slots below the window go back to the SWA pool. There is no clock
+   in the order mode, so the decode steps run right after the admission (the
+   output KV is reserved there too); in the arrival mode as well (the clock
+   only decides when the request completes).
+4. ``cache_finished_req``: the prompt is inserted with the request's SWA
+   cursor, so its part that slid out of the window is cached as Full-only
+   tombstones; SGLang's ``release_swa_prefix_lock`` (off by default there)
+   is not modelled.
+
+The SWA replay reports, besides the hits, the evictions per pool (Full tokens
+and SWA tokens), the tokens lost to the window, and the SWA slots freed by the
+window slides. With a window no request ever slides (``W`` at least the
+longest request) and ``swa_ratio=1`` it gives exactly the hits of the
+Full-only replay.
+
 Rows of the ``ReqToTokenPool`` are reused: it has ``min(max_running,
 requests)`` rows, each as long as the longest request (prompt + output). The
 KV pool never holds more slots than the workload can use
@@ -61,10 +96,21 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ._progress import progress_bar
-from .. import (EvictParams, InsertParams, MatchPrefixParams, RadixKey, Req, ReqToTokenPool,
-                TokenToKVPoolAllocator, UnifiedRadixCache)
+from .. import (ComponentType, EvictParams, InsertParams, MatchPrefixParams, RadixKey, Req,
+                ReqToTokenPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator,
+                UnifiedRadixCache)
 
 OPS = ("match_prefix", "inc_lock_ref", "evict", "cache_finished_req")
+#: The SWA mode's operations (``inc_lock_ref`` is ``cache.lock`` there).
+SWA_OPS = OPS[:3] + ("evict_sliding_windows", "cache_finished_req")
+
+#: ``swa_ratio`` when none is given: SGLang's ``swa_full_tokens_ratio`` default.
+DEFAULT_SWA_RATIO = 0.8
+#: Tokens that must slide out of the window before the scheduler frees them
+#: (SGLang's ``SGLANG_SWA_EVICTION_INTERVAL`` default).
+SWA_EVICTION_INTERVAL = 128
+#: Largest accepted window (tokens): flatradix's ``MAX_WINDOW``.
+MAX_SWA_WINDOW = 1 << 40
 
 #: ``max_running`` of the arrival mode when none is given (a serving engine's
 #: running-request cap; SGLang derives its own, typically 2048-4096, from memory).
@@ -72,18 +118,41 @@ ARRIVAL_MAX_RUNNING = 1024
 
 
 def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator,
-                          req_to_token_pool):
+                          req_to_token_pool, sliding_window_size=None):
     """``flatradix.UnifiedRadixCache`` wired to the replay's pools.
+
+    ``sliding_window_size``: the SWA mode's window (tokens); the cache then has
+    the ``(FULL, SWA)`` components and the allocator is an
+    ``SWATokenToKVPoolAllocator`` (the replay passes it only in that mode).
 
     The token pool starts at up to 4x the KV pool: evicted spans leave dead rows
     that the cache compacts away when the pool is full, so headroom makes those
     O(live) compactions rare (sizes only; the results are the same).
     """
-    size = token_to_kv_pool_allocator.size
+    size = getattr(token_to_kv_pool_allocator, "size_full", None) or token_to_kv_pool_allocator.size
+    kw = {}
+    if sliding_window_size is not None:
+        kw = dict(components=(ComponentType.FULL, ComponentType.SWA),
+                  sliding_window_size=sliding_window_size)
     return UnifiedRadixCache(page_size=page_size, eviction_policy=eviction_policy,
                              token_to_kv_pool_allocator=token_to_kv_pool_allocator,
                              req_to_token_pool=req_to_token_pool,
-                             pool_capacity=max(1 << 16, min(4 * size, size + (1 << 25))))
+                             pool_capacity=max(1 << 16, min(4 * size, size + (1 << 25))), **kw)
+
+
+def swa_pool_slots(capacity, ratio, page_size, bound):
+    """SWA pool size (tokens) of the SWA mode: ``int(capacity * ratio)`` rounded
+    down to whole pages (SGLang sizes it so), at most ``bound`` (the workload
+    can never hold more SWA slots than Full ones). ``capacity`` ``None``:
+    unbounded, ``bound``. ``ValueError`` when that is less than one page."""
+    if capacity is None or capacity == float("inf"):
+        return bound
+    swa = int(int(capacity) * float(ratio))
+    swa -= swa % page_size
+    if swa < page_size:
+        raise ValueError(f"the SWA pool ({int(capacity):,} x swa_ratio {ratio:g} = {swa:,} "
+                         f"tokens in whole pages) is less than one page of {page_size}")
+    return min(swa, bound)
 
 
 @dataclass(frozen=True)
@@ -159,12 +228,30 @@ class ReplayResult:
     notes: list = field(default_factory=list)        # why requests were rejected, etc.
     hits: object = None           # int64 (requests,) per-request hit, -1 rejected (record_hits)
     per_request: object = None    # dict of (requests,) arrays (record_requests)
+    # SWA mode only (None otherwise; left out of to_dict then)
+    swa_window: object = None             # W, tokens
+    swa_ratio: object = None              # SWA pool / Full pool (swa_full_tokens_ratio)
+    swa_pool_slots: object = None         # SWA allocator size actually used
+    swa_evicted_tokens: object = None     # SWA tokens evicted (EvictResult.swa_num_tokens_evicted)
+    window_lost_hit_tokens: object = None  # sum of full_kv_hit_length - device_prefix_len
+    swa_slid_tokens: object = None        # SWA slots freed by evict_sliding_windows
+    peak_swa_tree_tokens: object = None   # SWA tokens the tree held at most (after completions)
+    final_swa_tree_tokens: object = None
 
     def to_dict(self):
         d = asdict(self)
         d.pop("hits")
         d.pop("per_request")
+        if self.swa_window is None:
+            for k in SWA_FIELDS:
+                d.pop(k)
         return d
+
+
+#: ``ReplayResult`` fields of the SWA mode.
+SWA_FIELDS = ("swa_window", "swa_ratio", "swa_pool_slots", "swa_evicted_tokens",
+              "window_lost_hit_tokens", "swa_slid_tokens", "peak_swa_tree_tokens",
+              "final_swa_tree_tokens")
 
 
 def _latency(samples_ns):
@@ -176,24 +263,29 @@ def _latency(samples_ns):
             "mean": round(float(a.mean()) / 1e3, 2)}
 
 
-_warm = False
+_warm = set()
 
 
-def warm_up():
+def warm_up(swa=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
-    process, so the timed loop measures the cache and not the JIT. Returns seconds."""
-    global _warm
-    if _warm:
+    process (and once more for the SWA mode when ``swa``), so the timed loop
+    measures the cache and not the JIT. Returns seconds."""
+    kind = "swa" if swa else "full"
+    if kind in _warm:
         return 0.0
     from .trace import Workload
 
     t = time.perf_counter()
-    _warm = True
+    _warm.add(kind)
     tiny = Workload("warm-up", 4, np.zeros(4), np.array([8, 10, 7, 4], dtype=np.int64),
                     np.full(4, 2, dtype=np.int64), np.array([0, 2, 5, 7, 8], dtype=np.int64),
                     np.array([0, 1, 0, 1, 2, 0, 3, 4], dtype=np.int64))
-    for driver in ("request", "core"):
-        replay(tiny, capacity=16, page_size=1, max_running=2, driver=driver)
+    if swa:
+        replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
+               swa_eviction_interval=1)
+    else:
+        for driver in ("request", "core"):
+            replay(tiny, capacity=16, page_size=1, max_running=2, driver=driver)
     return time.perf_counter() - t
 
 
@@ -309,7 +401,8 @@ def timeline(arrive_ms, decide_ms, end_ms, served, interval_ms):
 
 def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru",
            cache_outputs=False, cache_factory=None, driver="request", progress=False,
-           record_hits=False, check=True, arrival=None, record_requests=False):
+           record_hits=False, check=True, arrival=None, record_requests=False, swa_window=None,
+           swa_ratio=None, swa_eviction_interval=SWA_EVICTION_INTERVAL):
     """Replay ``workload`` through a cache; returns a :class:`ReplayResult`.
 
     Parameters
@@ -352,13 +445,50 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         (timestamp / rate scale), ``prompt_tokens``, ``output_tokens``,
         ``hit_tokens`` (0 when rejected), ``evicted_tokens`` (evicted to admit
         it), ``waited`` (completions it waited for), ``wait_ms`` and
-        ``finish_ms`` (arrival mode; NaN otherwise), ``rejected`` (bool).
+        ``finish_ms`` (arrival mode; NaN otherwise), ``rejected`` (bool); SWA
+        mode also ``swa_evicted_tokens`` (SWA tokens evicted to admit it),
+        ``full_kv_hit_tokens`` (its match's ``full_kv_hit_length``; 0 when
+        rejected) and ``window_lost_hit_tokens`` (that minus the hit).
+    swa_window : int >= 1 or None
+        The SWA mode's sliding window ``W`` in tokens (module docstring);
+        ``None``: a Full-only model.
+    swa_ratio : float in (0, 1] or None
+        SWA mode: SWA pool / Full pool (SGLang's ``swa_full_tokens_ratio``);
+        ``None``: :data:`DEFAULT_SWA_RATIO`. The SWA pool is
+        :func:`swa_pool_slots` tokens.
+    swa_eviction_interval : int >= 1
+        SWA mode: tokens that slide out of a running request's window before the
+        scheduler calls ``evict_sliding_windows`` (default 128, SGLang's).
 
-    Raises ``ValueError`` for an invalid option and ``MemoryError`` when the
-    pools cannot be allocated.
+    Raises ``ValueError`` for an invalid option (also: SWA options without
+    ``swa_window``, the ``"core"`` driver in the SWA mode, an SWA pool below one
+    page) and ``MemoryError`` when the pools cannot be allocated.
     """
     if driver not in ("request", "core"):
         raise ValueError(f"driver must be 'request' or 'core', got {driver!r}")
+    swa = swa_window is not None
+    if swa:
+        if isinstance(swa_window, bool) or not isinstance(swa_window, (int, np.integer)):
+            raise TypeError(f"swa_window must be an int, got {type(swa_window).__name__}")
+        swa_window = int(swa_window)
+        if not 1 <= swa_window <= MAX_SWA_WINDOW:
+            raise ValueError(f"swa_window must be in [1, {MAX_SWA_WINDOW}] tokens, got "
+                             f"{swa_window}")
+        swa_ratio = DEFAULT_SWA_RATIO if swa_ratio is None else swa_ratio
+        if isinstance(swa_ratio, bool) or not isinstance(swa_ratio, (int, float, np.number)) \
+                or not 0 < float(swa_ratio) <= 1:
+            raise ValueError(f"swa_ratio must be a number in (0, 1], got {swa_ratio!r}")
+        swa_ratio = float(swa_ratio)
+        if isinstance(swa_eviction_interval, bool) or not isinstance(
+                swa_eviction_interval, (int, np.integer)) or swa_eviction_interval < 1:
+            raise ValueError(f"swa_eviction_interval must be an int >= 1, got "
+                             f"{swa_eviction_interval!r}")
+        swa_eviction_interval = int(swa_eviction_interval)
+        if driver != "request":
+            raise ValueError("the SWA mode (swa_window) needs driver='request' (the request "
+                             "path moves the SWA cursor)")
+    elif swa_ratio is not None:
+        raise ValueError("swa_ratio needs swa_window (the SWA mode)")
     timed = arrival is not None
     if timed and not isinstance(arrival, ArrivalModel):
         raise TypeError(f"arrival must be an ArrivalModel or None, got {type(arrival).__name__}")
@@ -386,25 +516,42 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if slots < int(capacity):
             notes.append(f"pool sized to {slots:,} tokens: this workload can never use more, "
                          f"so {int(capacity):,} tokens gives the same run")
+    swa_slots = None
+    if swa:
+        swa_slots = swa_pool_slots(None if unbounded else int(capacity), swa_ratio, page_size,
+                                   bound)
     warmup_s = warm_up()
+    if swa:
+        warmup_s += warm_up(swa=True)
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
-    alloc = TokenToKVPoolAllocator(slots)
+    if swa:
+        alloc = SWATokenToKVPoolAllocator(slots, swa_slots, page_size=page_size)
+        a_avail = alloc.full_available_size
+        s_avail = alloc.swa_available_size
+    else:
+        alloc = TokenToKVPoolAllocator(slots)
+        a_avail = alloc.available_size
     req_pool = ReqToTokenPool(max(1, min(max_running, n_req)), max(longest, 1))
     factory = cache_factory or default_cache_factory
-    cache = factory(page_size, policy, alloc, req_pool)
+    if swa:
+        cache = factory(page_size, policy, alloc, req_pool, sliding_window_size=swa_window)
+    else:
+        cache = factory(page_size, policy, alloc, req_pool)
     table = req_pool.req_to_token
     use_req = driver == "request"
 
     # hot-loop locals
     pc = time.perf_counter_ns
     match = cache.match_prefix
-    lock = cache.inc_lock_ref
-    unlock = cache.dec_lock_ref
+    lock = cache.lock if swa else cache.inc_lock_ref
+    unlock = cache.unlock if swa else cache.dec_lock_ref
     evict = cache.evict
+    evict_for_alloc = cache.evict_for_alloc if swa else None
+    slide = cache.evict_sliding_windows if swa else None
     insert = cache.insert
     finished = cache.cache_finished_req if use_req else None
     total_size = cache.total_size
-    a_alloc, a_free, a_avail = alloc.alloc, alloc.free, alloc.available_size
+    a_alloc, a_free = alloc.alloc, alloc.free
     B = workload.block_size
     block_offsets = np.arange(B, dtype=np.int64)
     ptr = workload.hash_ptr.tolist()
@@ -412,7 +559,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     nin = workload.input_lengths.tolist()
     nout = workload.output_lengths.tolist()
     fresh = workload.token_base
-    lat_match, lat_lock, lat_evict, lat_finish = [], [], [], []
+    lat_match, lat_lock, lat_evict, lat_finish, lat_slide = [], [], [], [], []
+    W, interval = swa_window, swa_eviction_interval
+    swa_evicted = lost = slid = peak_swa = 0
+    r_full_hit = np.zeros(n_req, dtype=np.int64) if swa else None
+    r_swa_evicted = np.zeros(n_req, dtype=np.int64) if swa else None
     # per request: hit (-1 rejected), evicted to admit it, completions waited for
     r_hit = np.full(n_req, -1, dtype=np.int64)
     r_evicted = np.zeros(n_req, dtype=np.int64)
@@ -429,7 +580,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     def complete(r):
         # r = (req_or_None, row, tokens, node, hit, n, o)
-        nonlocal peak
+        nonlocal peak, peak_swa
         req, row, toks, node, hit, n, o = r
         t = pc()
         if use_req:
@@ -451,9 +602,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 a_free(vals[aligned:])
             req_pool.free(row)
         lat_finish.append(pc() - t)
-        size = total_size()[0]
+        size, swa_size = total_size()
         if size > peak:
             peak = size
+        if swa_size > peak_swa:
+            peak_swa = swa_size
 
     def complete_next():
         # the oldest (order mode) or the earliest-ending (arrival mode) running request
@@ -490,16 +643,23 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         m = match(MatchPrefixParams(key=RadixKey(toks[:n])))
         t1 = pc()
         node = m.last_device_node
-        lock(node)
+        tree_lock = lock(node)
         lat_lock.append(pc() - t1)
         lat_match.append(t1 - t0)
         hit = m.device_prefix_len
         need = n - hit + o
-        ev0 = evicted
+        ev0, sev0 = evicted, swa_evicted
         slots_i = a_alloc(need)
         while slots_i is None:
             t = pc()
-            evicted += evict(EvictParams(num_tokens=need - a_avail())).num_tokens_evicted
+            if swa:
+                # SGLang's evict_to_free_tokens: each pool's shortfall
+                res = evict_for_alloc(EvictParams(num_tokens=max(0, need - a_avail()),
+                                                  swa_num_tokens=max(0, need - s_avail())))
+                evicted += res.num_tokens_evicted
+                swa_evicted += res.swa_num_tokens_evicted
+            else:
+                evicted += evict(EvictParams(num_tokens=need - a_avail())).num_tokens_evicted
             lat_evict.append(pc() - t)
             evict_calls += 1
             slots_i = a_alloc(need)
@@ -511,10 +671,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 waited += 1
                 slots_i = a_alloc(need)
         r_evicted[i] = evicted - ev0
+        if swa:
+            r_swa_evicted[i] = swa_evicted - sev0
         r_waited[i] = waited
         r_decide[i] = clock
         if slots_i is None:
-            unlock(node)
+            unlock(tree_lock if swa else node)
             rejected += 1
         else:
             hit_tokens += hit
@@ -528,6 +690,22 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 req = Req(origin_input_ids=toks[:n], fill_ids=toks, req_pool_idx=row,
                           prefix_indices=m.device_indices, last_node=node,
                           kv_committed_len=committed, kv_allocated_len=n + o)
+            if swa:
+                req.lock = tree_lock
+                req.swa_branching_seqlen = m.swa_branching_seqlen
+                r_full_hit[i] = m.full_kv_hit_length
+                lost += m.full_kv_hit_length - hit
+                # decode steps: seqlen n + 1 .. n + o - 1; the scheduler slides the
+                # window (pre_len = seqlen - 1) once `interval` tokens left it
+                pre = max(n, W + interval)
+                last = n + o - 2
+                while pre <= last:
+                    free0 = s_avail()
+                    t = pc()
+                    slide(req, pre)
+                    lat_slide.append(pc() - t)
+                    slid += s_avail() - free0
+                    pre = max(pre + 1, req.swa_evicted_seqlen + W + interval)
             r = (req, row, toks, node, hit, n, o)
             if timed:
                 end = clock + arrival.service_ms(n - hit, o)
@@ -549,10 +727,17 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     ev, prot = cache.evictable_size(), cache.protected_size()
     conserved = (a_avail() + ev + prot == slots) and prot == 0
+    swa_msg = ""
+    if swa:
+        s_ev, s_prot = cache.swa_evictable_size(), cache.swa_protected_size()
+        if not (s_avail() + s_ev + s_prot == swa_slots and s_prot == 0):
+            conserved = False
+            swa_msg = (f"; SWA: available {s_avail()} + evictable {s_ev} + protected {s_prot} "
+                       f"!= pool {swa_slots}")
     if check:
         if not conserved:
             raise AssertionError(f"KV conservation broken after the replay: available {a_avail()} "
-                                 f"+ evictable {ev} + protected {prot} != pool {slots}")
+                                 f"+ evictable {ev} + protected {prot} != pool {slots}{swa_msg}")
         sanity = getattr(cache, "sanity_check", None)
         if sanity is not None:
             sanity()
@@ -565,6 +750,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             notes.append(f"{what} rejected: {'it needs' if rejected == 1 else 'each needs'} "
                          f"more KV than the whole pool (prompt + output tokens > {slots:,}; "
                          f"the largest request needs {int(sizes.max()):,})")
+        elif swa:
+            notes.append(f"{what} rejected: short of KV with nothing running (each request "
+                         f"needs its uncached prompt + outputs in both pools at admission; the "
+                         f"SWA pool holds {swa_slots:,} tokens)")
         else:
             notes.append(f"{what} rejected: short of KV with nothing running")
     arrival_d = None
@@ -598,7 +787,23 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             "waited": r_waited, "wait_ms": (r_decide - arrive) if timed else np.full(n_req, np.nan),
             "finish_ms": r_end, "rejected": ~served,
         }
+        if swa:
+            per_request["swa_evicted_tokens"] = r_swa_evicted
+            per_request["full_kv_hit_tokens"] = np.where(served, r_full_hit, 0)
+            per_request["window_lost_hit_tokens"] = np.where(served, r_full_hit - r_hit, 0)
     prompt_tokens = workload.prompt_tokens
+    latency = {"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
+               "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)}
+    swa_kw = {}
+    if swa:
+        latency["evict_sliding_windows"] = _latency(lat_slide)
+        if not unbounded and swa_slots < int(int(capacity) * swa_ratio) - page_size:
+            notes.append(f"SWA pool sized to {swa_slots:,} tokens: this workload can never use "
+                         f"more")
+        swa_kw = dict(swa_window=swa_window, swa_ratio=swa_ratio, swa_pool_slots=swa_slots,
+                      swa_evicted_tokens=int(swa_evicted), window_lost_hit_tokens=int(lost),
+                      swa_slid_tokens=int(slid), peak_swa_tree_tokens=int(peak_swa),
+                      final_swa_tree_tokens=int(total_size()[1]))
     return ReplayResult(
         workload=workload.name, capacity="inf" if unbounded else int(capacity), pool_slots=slots,
         page_size=page_size, max_running=max_running, policy=policy,
@@ -612,8 +817,6 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         requests_per_s=n_req / wall if wall > 0 else float("inf"),
         prompt_tokens_per_s=prompt_tokens / wall if wall > 0 else float("inf"),
         warmup_s=round(warmup_s, 3),
-        latency_us={"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
-                    "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)},
-        mode="arrival" if timed else "order", arrival=arrival_d, notes=notes,
-        hits=r_hit if record_hits else None, per_request=per_request,
+        latency_us=latency, mode="arrival" if timed else "order", arrival=arrival_d,
+        notes=notes, hits=r_hit if record_hits else None, per_request=per_request, **swa_kw,
     )
