@@ -39,6 +39,15 @@ def _to_numpy(x, name):
     elif isinstance(x, (list, tuple, range)):
         if not len(x):
             return np.empty(0, np.int64)
+        if type(x[0]) is not bool:
+            # fast path: array('q') converts through __index__ in C (~25 % faster
+            # than numpy's inference) and refuses exactly what is refused below
+            # (floats, strings, nesting: TypeError; beyond int64: OverflowError);
+            # a refusal falls through for the precise message
+            try:
+                return np.frombuffer(array("q", x), dtype=_I64)
+            except (TypeError, OverflowError):
+                pass
         # numpy infers the dtype in C (a per-element isinstance check in Python cost
         # ~5x more): Python ints give int64 (uint64 / object beyond), and anything
         # else gives a dtype refused below, so no float is ever truncated. All-bool

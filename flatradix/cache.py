@@ -451,9 +451,16 @@ class UnifiedRadixCache(RequestCachingMixin):
         ``full_kv_hit_length`` counts every matched token with Full KV and
         ``swa_branching_seqlen`` is it when it is longer than the usable prefix
         (else None). Raises ``TypeError``/``ValueError`` for a malformed key
-        (tree unchanged).
+        (tree unchanged). A list key that is ``params.req``'s own
+        ``origin_input_ids`` / ``fill_ids`` (as SGLang's scheduler passes them)
+        is converted through the request's memo: once per request, not per call.
         """
-        key = params.key if type(params) is MatchPrefixParams else params
+        if type(params) is MatchPrefixParams:
+            key = params.key
+            if params.req is not None and type(key) is RadixKey and type(key.token_ids) is list:
+                key = self._req_key(params.req, key)
+        else:
+            key = params
         units, n, nk, _ = self._key(key, "params.key")
         eng = self._engine
         ns = eng.ns.get(nk)
@@ -667,15 +674,19 @@ class UnifiedRadixCache(RequestCachingMixin):
         c = self._check_component(component)
         num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
         with self._mutex:
-            if _k_evict_start(self._engine.meta, c, num) != L.OK:
+            if _k_evict_start(self._engine.st.nodes, self._engine.meta, c, num) != L.OK:
                 raise RuntimeError("device eviction already in progress")
 
     def evict_device_next_node(self, component=ComponentType.FULL):
         """One step of the open round; returns an ``EvictStep``.
 
-        Full: the least-priority evictable leaf is deleted. SWA: the least recently
-        used SWA data not covered by a window lock is evicted (a leaf deleted
-        whole, another node tombstoned: ``node_id`` None, ``made_progress`` True).
+        Full: the least-priority evictable leaf is deleted. SWA: the round's cursor
+        is evicted (a leaf deleted whole, another node tombstoned: ``node_id``
+        None, ``made_progress`` True); the cursor starts at the least recently
+        used SWA data not covered by a window lock and each step moves it to the
+        next more recent unlocked entry, so a refresh between steps does not
+        change the next victim (SGLang §5.4; a cursor evicted or window-locked
+        since restarts at the least recent unlocked entry).
         The step's slots are *not* freed by the cache: the controller frees
         ``freed_indices`` (Full) and the SWA peers of ``swa_freed_indices``
         (SGLang's "tree decides, cache executes"). ``made_progress`` False ends
@@ -761,7 +772,9 @@ class UnifiedRadixCache(RequestCachingMixin):
         skip = skip_lock_components
         if not (type(skip) is tuple and not skip):
             skip = self._skip_components(skip)
-        if self.disable:
+        if self.disable:        # nothing is ever locked; the receipt still has SGLang's shape
+            if self._swa and ComponentType.SWA not in skip:
+                return IncLockRefResult(0, nid, skip, {ComponentType.SWA: None})
             return IncLockRefResult(0, nid, skip)
         skip_mask = L.C_SWA if ComponentType.SWA in skip else 0
         st_ = self._engine.st
@@ -826,16 +839,16 @@ class UnifiedRadixCache(RequestCachingMixin):
         take a lock_ref below zero (unlock without lock, double unlock, the window
         released twice) and ``NodeAccessError`` for a stale id; the tree is
         unchanged then. ``TypeError`` for a non-int id or a malformed receipt.
-        O(depth).
+        A disabled cache locked nothing: it returns at once. O(depth).
         """
         nid = as_node_id(node, "node")
         skip_swa = as_flag(skip_swa, "skip_swa") if skip_swa is not False else False
+        if self.disable:        # nothing was locked (SGLang returns at once too)
+            return DecLockRefResult()
         skip_mask, boundary = self._receipt(nid, receipt) if (
             receipt is not None or self._swa) else (0, 0)
         if skip_swa:
             skip_mask |= L.C_SWA
-        if self.disable:
-            return DecLockRefResult()
         st_ = self._engine.st
         with self._mutex:
             st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
@@ -968,7 +981,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         if not (type(skip) is tuple and not skip):
             skip = self._skip_components(skip)
         if self.disable:
-            return [IncLockRefResult(0, int(x), skip) for x in nids]
+            return [self.inc_lock_ref(int(x), skip) for x in nids]
         skip_mask = L.C_SWA if ComponentType.SWA in skip else 0
         out = np.empty((nids.shape[0], 2), dtype=np.int64)
         st_ = self._engine.st
@@ -998,6 +1011,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             flags = [as_flag(x, f"skip_swa[{i}]") for i, x in enumerate(skip_swa)]
         else:
             flags = [as_flag(skip_swa, "skip_swa")] * k
+        if self.disable:
+            return [DecLockRefResult() for _ in range(k)]
         skips = np.zeros(k, dtype=np.int64)
         bounds = np.zeros(k, dtype=np.int64)
         for i, nid in enumerate(nids.tolist()):
@@ -1006,8 +1021,6 @@ class UnifiedRadixCache(RequestCachingMixin):
                 skips[i], bounds[i] = self._receipt(nid, r, f"receipts[{i}]")
             if flags[i]:
                 skips[i] |= L.C_SWA
-        if self.disable:
-            return [DecLockRefResult() for _ in range(k)]
         st_ = self._engine.st
         with self._mutex:
             st, i, x = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
@@ -1095,14 +1108,15 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def available_and_evictable_str(self):
         """What can be allocated now or after eviction, one line per pool (SGLang's
-        format: the first line starts with ``"Available full tokens: "``)."""
+        format: the first line starts with ``"Available full tokens: "``, an SWA
+        cache's second line with ``"Available swa: "``, as SGLang names the component)."""
         alloc = self.token_to_kv_pool_allocator
         if self._swa:
             avail = alloc.full_available_size()
             ev = self.evictable_size()
             swa_avail, swa_ev = alloc.swa_available_size(), self.swa_evictable_size()
             return (f"Available full tokens: {avail + ev} (available: {avail} + evictable: {ev})\n"
-                    f"Available swa tokens: {swa_avail + swa_ev} (available: {swa_avail} + "
+                    f"Available swa: {swa_avail + swa_ev} (available: {swa_avail} + "
                     f"evictable: {swa_ev})\n")
         avail = alloc.available_size() if alloc is not None else 0
         ev = self.evictable_size()

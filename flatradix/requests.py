@@ -181,15 +181,15 @@ class RequestCachingMixin:
             raise ValueError(f"req.req_pool_idx={idx} is not an allocated row (freed already?)")
         return idx
 
-    def _row(self, req, n, name="req.kv_committed_len"):
-        """``req_to_token[req.req_pool_idx, :n]`` as an int64 numpy copy. With
-        flatradix's allocator, checks in one pass that every slot of the row is held
+    def _row(self, req, n, name="req.kv_committed_len", start=0):
+        """``req_to_token[req.req_pool_idx, start:n]`` as an int64 numpy copy. With
+        flatradix's allocator, checks in one pass that every slot read is held
         (in range, not free), so that freeing them later cannot fail half-way."""
         idx = self._row_index(req)
         table = self.req_to_token_pool.req_to_token
         if n > table.shape[1]:
             raise ValueError(f"{name}: {n} tokens exceed the request row length {table.shape[1]}")
-        row = table[idx, :n]
+        row = table[idx, start:n]
         if is_torch(row):
             row = row.cpu().numpy()
         row = np.array(row, dtype=np.int64)
@@ -263,28 +263,50 @@ class RequestCachingMixin:
                              f"page_size={self.page_size}")
         return c
 
-    def _free_out_of_window(self, req, row, pre_len, protected, interval=1):
-        """SGLang ``free_swa_out_of_window_slots`` for a prefix-sharing cache: once the
-        request is ``pre_len`` tokens in, free the SWA slots of its row below
-        ``pre_len - ceil(max(W, P) / P) * P`` (page-aligned) that the tree does not
-        own, and advance ``req.swa_evicted_seqlen`` past them. ``row``: the row's
-        slots (int64, long enough). Returns the new cursor."""
+    def _slide_span(self, req, pre_len, protected, interval=1):
+        """``(start, new)``: the row positions whose SWA slots slid out of the window
+        once the request is ``pre_len`` tokens in (SGLang
+        ``free_swa_out_of_window_slots``: up to ``pre_len - ceil(max(W, P) / P) * P``,
+        page-aligned, from the cursor but never below ``protected``, which the tree
+        owns); ``None`` when the interval has not passed. Reads only the request."""
         w, page = self._window, self.page_size
         cursor = self._swa_cursor(req)
         if pre_len - w < cursor + interval:
-            return cursor
-        cursor = max(cursor, protected)
-        req.swa_evicted_seqlen = cursor
+            return None
+        start = max(cursor, protected)
         if self.disable:
             threshold = pre_len - w
         else:
             threshold = pre_len - -(-max(w, page) // page) * page
-        new = max(cursor, threshold)
-        new -= new % page
-        if new > cursor:
-            self._vals.free_split(_EMPTY, np.ascontiguousarray(row[cursor:new]))
+        new = max(start, threshold)
+        return start, new - new % page
+
+    def _free_out_of_window(self, req, row, pre_len, protected, interval=1, span=None):
+        """Free the SWA slots of ``_slide_span`` and advance ``req.swa_evicted_seqlen``
+        past them. ``row``: the row's slots (int64) from position 0, or -- with
+        ``span`` given -- exactly ``row[start:new]``. Returns the new cursor."""
+        if span is None:
+            span = self._slide_span(req, pre_len, protected, interval)
+            if span is None:
+                return self._swa_cursor(req)
+            row = row[span[0]:span[1]]
+        start, new = span
+        req.swa_evicted_seqlen = start
+        if new > start:
+            self._vals.free_split(_EMPTY, np.ascontiguousarray(row))
             req.swa_evicted_seqlen = new
         return req.swa_evicted_seqlen
+
+    @staticmethod
+    def _req_key(req, key):
+        """``key`` with its list swapped for ``req``'s memoised int64 copy when the
+        list *is* the request's ``origin_input_ids`` or ``fill_ids``."""
+        toks = key.token_ids
+        for attr in ("fill_ids", "origin_input_ids"):
+            if getattr(req, attr, None) is toks:
+                return RadixKey(_req_tokens(req, attr), key.extra_key, key.cache_salt,
+                                key.is_bigram)
+        return key
 
     def _request_key(self, req, token_ids):
         return RadixKey(token_ids, getattr(req, "extra_key", None), getattr(req, "cache_salt", None),
@@ -392,7 +414,8 @@ class RequestCachingMixin:
                 if protected < plen:
                     self._write_row(req, protected, np.ascontiguousarray(row[protected:plen]))
                 req.cache_inserted_len = max(inserted, aligned)
-                branch_inserted = branching is not None and units.shape[0] >= branching
+                # the inserted key is the page-aligned one (SGLang aligns before insert)
+                branch_inserted = branching is not None and aligned >= branching
             self._release_req_lock(req)
             if not finished and new_node is not None:
                 self._take_req_lock(req, new_node)
@@ -456,8 +479,9 @@ class RequestCachingMixin:
                 self._check_last_node(req)
                 self._release_req_lock(req)
                 req.last_node = None
-            if self._swa and not self.disable:
+            if self._swa:
                 # SGLang free_kv_row: below the SWA cursor only the Full side is left
+                # (a disabled cache's request slides too)
                 dead = min(max(self._swa_cursor(req), keep), allocated)
                 self._vals.free_split(np.ascontiguousarray(row[keep:allocated]),
                                       np.ascontiguousarray(row[dead:allocated]))
@@ -488,12 +512,15 @@ class RequestCachingMixin:
         if protected % self.page_size:
             raise ValueError(f"req.cache_protected_len={protected} is not a multiple of "
                              f"page_size={self.page_size}")
-        cursor = self._swa_cursor(req)
-        if pre_len - self._window < cursor + interval:
+        span = self._slide_span(req, pre_len, protected, interval)
+        if span is None:
             return
-        with self._mutex:
-            row = self._row(req, pre_len, "pre_len")
-            self._free_out_of_window(req, row, pre_len, protected, interval)
+        with self._mutex:  # only the slid slots are read: O(freed), not O(pre_len)
+            width = self.req_to_token_pool.req_to_token.shape[1]
+            if pre_len > width:
+                raise ValueError(f"pre_len: {pre_len} tokens exceed the request row length {width}")
+            row = self._row(req, span[1], "pre_len", start=span[0])
+            self._free_out_of_window(req, row, pre_len, protected, interval, span)
 
     def release_swa_prefix_lock(self, req):
         """The request's window moved past its cached prefix: release the SWA part of

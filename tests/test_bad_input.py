@@ -116,8 +116,9 @@ class Env:
              "alloc": (a._top, a._stack[:a._top].copy(), a._mark.copy()),
              "rtp": (list(r._free_rows), r._is_free.copy(), r._rows.copy())}
         for i, req in enumerate(self.reqs):
+            # (_np_cache: Req's memo of its token lists as arrays, not request state)
             s[f"req{i}"] = {k: (v.copy() if isinstance(v, np.ndarray) else copy.deepcopy(v))
-                            for k, v in vars(req).items()}
+                            for k, v in vars(req).items() if k != "_np_cache"}
         return s
 
 

@@ -104,3 +104,43 @@ def test_request_tokens_are_converted_at_most_once():
     assert again is not first and again.tolist() == lst
     r.fill_ids = lst[:5]  # replaced
     assert _req_tokens(r, "fill_ids").tolist() == lst[:5]
+
+
+def test_match_with_req_converts_its_list_prompt_once(monkeypatch):
+    """``match_prefix(MatchPrefixParams(key=RadixKey(req.origin_input_ids), req=req))``
+    converts the list through the request's memo, which ``release_kv_cache`` then
+    reuses: one conversion per request (counted), same result as a plain match."""
+    import flatradix._cast as cast
+    from flatradix import (InsertParams, MatchPrefixParams, RadixKey, ReqToTokenPool,
+                           TokenToKVPoolAllocator, UnifiedRadixCache)
+
+    alloc = TokenToKVPoolAllocator(64)
+    rtp = ReqToTokenPool(2, 32)
+    c = UnifiedRadixCache(token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp)
+    c.insert(InsertParams(key=RadixKey(list(range(8))), value=alloc.alloc(8)))
+    prompt = list(range(12))
+    calls = []
+    real = cast._to_numpy
+
+    def counting(x, name):
+        if type(x) is list:
+            calls.append(len(x))
+        return real(x, name)
+
+    monkeypatch.setattr(cast, "_to_numpy", counting)
+    req = Req(origin_input_ids=prompt)
+    m = c.match_prefix(MatchPrefixParams(key=RadixKey(prompt), req=req))
+    assert m.device_prefix_len == 8 and calls == [12]
+    plain = c.match_prefix(MatchPrefixParams(key=RadixKey(list(prompt))))
+    assert calls == [12, 12] and plain.device_prefix_len == 8
+    np.testing.assert_array_equal(np.asarray(m.device_indices), np.asarray(plain.device_indices))
+    # the request path reuses the memo: no third conversion of the prompt
+    req.req_pool_idx = rtp.alloc(1)[0]
+    row = np.concatenate([np.asarray(m.device_indices), alloc.alloc(4)])
+    rtp.req_to_token[req.req_pool_idx, :12] = row
+    c.inc_lock_ref(m.last_device_node)
+    req.last_node, req.cache_protected_len = m.last_device_node, 8
+    req.kv_committed_len = req.kv_allocated_len = 12
+    c.release_kv_cache(req)
+    assert calls == [12, 12]
+    assert c.evictable_size() == 12 and alloc.available_size() == 64 - 12

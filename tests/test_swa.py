@@ -747,9 +747,6 @@ def test_split_places_upper_part_right_behind_the_child_in_the_lru(strict):
     e.check()
 
 
-@pytest.mark.xfail(strict=True, reason="spec §5.10 / SGLang: the SWA line of "
-                   "available_and_evictable_str starts with 'Available swa: '; flatradix "
-                   "writes 'Available swa tokens: '")
 def test_available_and_evictable_str_swa_line(strict):
     """One line per aux component: 'Available swa: <available + evictable> (...)'."""
     e = SWAEnv(strict=strict, W=4, P=1, size=32)
@@ -832,9 +829,6 @@ def test_recovered_ancestor_outside_the_refresh_window_stays_at_mru(strict):
     e.check()
 
 
-@pytest.mark.xfail(strict=True, reason="spec §5.4: the SWA walk keeps a cursor (advanced to the "
-                   "next more recent unlocked entry after each step); flatradix re-takes the "
-                   "LRU tail every step, so an LRU refresh between steps changes the victim")
 def test_stepwise_swa_cursor_survives_a_refresh_between_steps(strict):
     """W 4, P 1: chain A [0,4), B [4,8), C [8,12) (one insert each): LRU [C, B, A].
     Step 1 tombstones A and moves the cursor to B. A match of the first 8 tokens
@@ -861,9 +855,6 @@ def test_stepwise_swa_cursor_survives_a_refresh_between_steps(strict):
     e.check()
 
 
-@pytest.mark.xfail(strict=True, reason="spec §4 / SGLang: a disabled cache's lock calls return "
-                   "empty receipts and dec_lock_ref / unlock return at once; flatradix's SWA "
-                   "receipt check runs first and raises ReceiptError (KeyError)")
 def test_disabled_swa_cache_lock_unlock_is_a_noop():
     from flatradix import SWATokenToKVPoolAllocator, UnifiedRadixCache
     c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4, disable=True,

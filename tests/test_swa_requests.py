@@ -434,10 +434,6 @@ def test_evict_sliding_windows_interval(strict):
     e.check()
 
 
-@pytest.mark.xfail(strict=True, reason="spec §5.8 step 5 + §6.2: on the request path the "
-                   "insert key is page-aligned first, so swa_branch_inserted = aligned_len >= "
-                   "branching; flatradix compares the unaligned key length and clears "
-                   "req.swa_branching_seqlen although the branch point was not inserted")
 def test_unaligned_branching_is_not_inserted_by_an_aligned_key(strict):
     """P 2, req.swa_branching_seqlen 5 (> protected 0, <= 10 tokens): the checkpoint's key
     is tokens[:5], page-aligned to 4 < 5: the branch is not inserted, so the
@@ -465,10 +461,6 @@ def test_disabled_swa_cache_slide_uses_the_window_alone():
     e.check()
 
 
-@pytest.mark.xfail(strict=True, reason="spec §5.8 (release_kv_cache frees the row with its "
-                   "SWA-dead part Full-only) / SGLang free_kv_row: on a disabled SWA cache "
-                   "flatradix frees the whole row with allocator.free(), which asks the "
-                   "allocator to free SWA peers the slide already freed")
 def test_disabled_swa_cache_release_frees_dead_part_full_only():
     """Same as above with an allocator holding the cache to SGLang's contract: the row's
     [0, 8) must go back through free_full_segment, [8, 11) with their SWA peers."""

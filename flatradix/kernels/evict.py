@@ -7,10 +7,15 @@ parent re-enters the heap if it became a leaf, so chains collapse bottom-up.
 SWA (§6.2): victims come from the SWA LRU tail, skipping window-locked entries;
 a victim that is an evictable device leaf is deleted whole (Full counts too),
 any other is tombstoned (``components/swa.py: evict_component``; on an internal
-node SWA's cascade reaches only lower-priority components, none yet). SGLang
-keeps a cursor; since every entry the walk passes is deleted, tombstoned or
-locked, the cursor is always the LRU's least recent unlocked entry, which is
-what each step takes.
+node SWA's cascade reaches only lower-priority components, none yet). Within
+one ``evict`` call every entry the walk passes is deleted, tombstoned or
+locked, so the next victim is always the LRU's least recent unlocked entry.
+A step-wise round (§5.4) keeps SGLang's cursor in ``meta[M_EVICT_CURSOR + c]``
+(a node id): each step takes the cursor and moves it to the next more recent
+unlocked entry, so an LRU refresh between steps does not change the next
+victim; a cursor that left the list (or got window-locked since) restarts the
+walk at the least recent unlocked entry, and a cursor that ran past the most
+recent entry ends the round.
 
 Every victim's frees and events are emitted as actions (``tree.delete_leaf``,
 ``swa.evict_component``); the façade executes them.
@@ -21,12 +26,12 @@ from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
     C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, KEY_LEN, LRU_SWA,
-    M_COMPONENTS, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS, M_NOUT, NIL,
-    OK, SWA,
+    M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
+    M_NOUT, NIL, OK, SWA,
 )
-from .lru import lru_tail_unlocked
+from .lru import lru_in_list, lru_lock_col, lru_prev_unlocked, lru_tail_unlocked
 from .order import heap_pop, is_device_leaf
-from .state import need, node_id
+from .state import need, node_id, resolve
 from .tree import delete_leaf
 
 #: ``evict``'s phases: the Full walk, then the SWA walk.
@@ -101,15 +106,38 @@ def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, phase, out, acts):
     return OK, full_freed, swa_freed, PHASE_SWA
 
 
+@helper
+def _id_or_nil(nodes, s):
+    return NIL if s == NIL else node_id(nodes, s)
+
+
 @kernel
-def evict_start(meta, component, num_tokens):
-    """Open a step-wise eviction round of ``component`` for ``num_tokens`` units."""
+def evict_start(nodes, meta, component, num_tokens):
+    """Open a step-wise eviction round of ``component`` for ``num_tokens`` units
+    (SWA: the cursor starts at the least recent unlocked entry)."""
     if meta[M_EVICT_WALK + component]:
         return E_WALK_OPEN
     meta[M_EVICT_WALK + component] = 1
     meta[M_EVICT_REQ + component] = num_tokens
     meta[M_EVICT_DONE + component] = 0
+    meta[M_EVICT_CURSOR + component] = NIL
+    if component == SWA:
+        meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, swa_victim(nodes))
     return OK
+
+
+@helper
+def _swa_cursor(nodes, meta):
+    """The SWA round's cursor slot, restarted at the least recent unlocked entry
+    when its node left the list or is window-locked now; NIL: the round is over."""
+    cur = meta[M_EVICT_CURSOR + SWA]
+    if cur == NIL:
+        return NIL
+    x = resolve(nodes, meta, cur)
+    if x < 0 or not lru_in_list(nodes, LRU_SWA, x) or nodes[x, lru_lock_col(LRU_SWA)] > 0:
+        x = swa_victim(nodes)
+        meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, x)
+    return x
 
 
 @kernel
@@ -118,7 +146,8 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
 
     Full: delete the least-priority evictable leaf. SWA: evict SWA from the least
     recently used unlocked entry (a leaf is deleted whole, another node
-    tombstoned). Returns ``(status, node_id, full_units, swa_units)``:
+    tombstoned), from the round's cursor (see the module docstring). Returns
+    ``(status, node_id, full_units, swa_units)``:
     ``node_id`` is the deleted node, -1 for a tombstone step or when the round
     is over (its request met, or nothing evictable: then both counts are 0).
     The step's actions are emitted as in ``evict``. ``E_CAPACITY``
@@ -141,11 +170,12 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
         n = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         meta[M_EVICT_DONE + FULL] += n
         return OK, nid, n, w
-    x = swa_victim(nodes)
+    x = _swa_cursor(nodes, meta)
     if x == NIL:
         return OK, -1, 0, 0
     if _short(nodes, acts, out, meta, x):
         return E_CAPACITY, -1, 0, 0
+    meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, lru_prev_unlocked(nodes, LRU_SWA, x))
     nid = node_id(nodes, x)
     f, w, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
     meta[M_EVICT_DONE + SWA] += w
@@ -160,4 +190,5 @@ def evict_end(meta, component):
     meta[M_EVICT_WALK + component] = 0
     meta[M_EVICT_REQ + component] = 0
     meta[M_EVICT_DONE + component] = 0
+    meta[M_EVICT_CURSOR + component] = NIL
     return done
