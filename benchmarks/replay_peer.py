@@ -3,7 +3,8 @@
 
     python benchmarks/replay_peer.py                  # re-runs itself in the oracle venv if present
     python benchmarks/replay_peer.py --limit 2000     # first 2,000 requests (quick)
-    python benchmarks/replay_peer.py --engines flatradix sglang-rust sglang-python --limit 500
+    python benchmarks/replay_peer.py --engines flatradix-req sglang-rust sglang-python --limit 500
+    python benchmarks/replay_peer.py --prompt array numpy   # only these prompt containers
     options: --trace FILE --capacity 2M --page-size 16 --max-running 1 --policy lru
              --rounds 1 --driver request|core --json-out FILE --sglang-python PY
 
@@ -12,8 +13,17 @@ Workload: the Mooncake conversation trace at ``../shared/traces/`` (loaded with
 token ids), page 16, a 2M-token KV pool, one request in flight
 (``--max-running``), LRU. Missing trace: the script says so and exits 0.
 
-Engines (``--engines``):
+Engines (``--engines``; default ``flatradix-req sglang-rust``):
 
+* ``flatradix-req``: flatradix driven by :func:`replay_flatradix_request`, the
+  same loop as SGLang's below, call for call, on flatradix's public objects
+  (``UnifiedRadixCache``, ``Req``, ``ReqToTokenPool``,
+  ``TokenToKVPoolAllocator``, ``release_kv_cache``): the path a scheduler
+  written against SGLang's API takes with flatradix plugged in. One run per
+  prompt container (``--prompt``: Python ``list``, ``array('q')`` -- what
+  SGLang's ``Req`` holds --, ``numpy``, ``torch``); SGLang always gets
+  ``array('q')``. Building the container (the tokenizer's side) is timed
+  apart and left out of every engine's wall.
 * ``flatradix``: ``flatradix.replay.replay`` itself (the scheduler emulation of
   ``flatradix/replay/sim.py``: JIT warm-up untimed, the loop timed).
 * ``sglang-rust`` / ``sglang-python``: SGLang 0.5.23's ``UnifiedRadixCache``
@@ -21,8 +31,9 @@ Engines (``--engines``):
   :func:`replay_sglang`, a line-for-line port of ``sim.replay``'s loop onto
   SGLang's public API and objects:
 
-  - admit: ``match_prefix(MatchPrefixParams(RadixKey(array('q'))))`` on the
-    whole prompt, ``cache.lock(node)`` (``inc_lock_ref`` wrapped in SGLang's
+  - admit: the ``Req`` is built first (the scheduler holds it while it
+    matches), ``match_prefix(MatchPrefixParams(RadixKey(array('q')), req=req))``
+    on the whole prompt, ``cache.lock(node)`` (``inc_lock_ref`` wrapped in SGLang's
     ``TreeLock``), ``allocator.alloc(uncached tail + outputs)``; short of KV:
     ``cache.evict(EvictParams(shortfall))`` and retry, then complete the oldest
     running request and retry, then reject (``cache.unlock``);
@@ -54,9 +65,12 @@ per-request hit lengths (-1 = rejected), the totals (hit tokens, evicted
 tokens, evict calls, waits, rejections, peak and final tree tokens) and KV
 conservation at the end. Any difference is printed and the exit status is 1.
 
-Timing: only the replay loop (trace loading, imports, cache construction and
-warm-ups excluded): wall (``perf_counter``) and CPU (``process_time``) seconds,
-requests/s, and flatradix / engine ratios. Engines run one after the other in
+Timing: only the replay loop (trace loading, imports, cache construction,
+warm-ups and the prompt containers' construction excluded): wall
+(``perf_counter``) and CPU (``process_time``) seconds, requests/s, per-request
+admit (match .. request row written) and finish (``release_kv_cache``) latency
+p50 / p99 / max in µs, and the Rust core's wall over each engine's, with the
+issue-14 targets (>= 5x, p99 <= the Rust core's) marked met / NOT met. Engines run one after the other in
 one process; with ``--rounds R`` the order rotates each round and the median is
 reported. torch runs single-threaded (``--torch-threads``). ``--free-clock``
 also reports the seconds SGLang spends inside its allocator's ``free`` (allocator
@@ -94,7 +108,7 @@ import numpy as np
 
 TRACE_DEFAULT = os.path.join(os.path.dirname(ROOT), "shared", "traces",
                              "mooncake_conversation_trace.jsonl")
-ENGINES = ("flatradix", "sglang-rust", "sglang-python")
+ENGINES = ("flatradix-req", "flatradix", "sglang-rust", "sglang-python")
 TOTALS = ("requests", "served_requests", "rejected_requests", "hit_tokens", "evicted_tokens",
           "evict_calls", "waits", "peak_tree_tokens", "final_tree_tokens", "kv_conserved")
 
@@ -156,10 +170,12 @@ class _SGL:
 
 
 def replay_sglang(workload, capacity, page_size, max_running, policy, driver, backend,
-                  free_clock=False):
+                  free_clock=False, timings=False):
     """``flatradix.replay.sim.replay``'s loop on SGLang's ``UnifiedRadixCache``
     (module docstring). Returns the same figures as :func:`replay_flatradix`;
-    with ``free_clock``, also ``free_s``: seconds inside the allocator's ``free``."""
+    with ``free_clock``, also ``free_s``: seconds inside the allocator's ``free``;
+    with ``timings``, per-request admit / finish times (ns) as
+    :func:`replay_flatradix_request`."""
     S = _SGL.get()
     torch = S["torch"]
     RadixKey, MatchPrefixParams = S["RadixKey"], S["MatchPrefixParams"]
@@ -174,7 +190,7 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
     n_req = len(workload)
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     alloc = S["TokenToKVPoolAllocator"](slots, torch.float16, "cpu", None, False)
-    clock = E.FreeClock(alloc) if free_clock else None
+    free_clock = E.FreeClock(alloc) if free_clock else None
     rtp = S["ReqToTokenPool"](size=max_running, max_context_len=max(longest, 1), device="cpu",
                               enable_memory_saver=False)
     cache = S["UnifiedRadixCache"](S["CacheInitParams"](
@@ -208,11 +224,16 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
     hits = np.full(n_req, -1, dtype=np.int64)
     running = collections.deque()
     hit_tokens = evicted = evict_calls = rejected = waits = peak = 0
+    t_admit = np.zeros(n_req, dtype=np.int64)
+    t_finish = np.zeros(n_req, dtype=np.int64)
+    clock = time.perf_counter_ns
+    build_ns = 0
 
     def complete(r):
-        # r = (req, row, ids, lk, hit, n, o)
+        # r = (req, row, ids, lk, hit, n, o, i)
         nonlocal peak
-        req, row, ids, lk, hit, n, o = r
+        req, row, ids, lk, hit, n, o, i = r
+        t0 = clock()
         if use_req:
             release_kv_cache(req, cache, checkpoint=True)
         else:
@@ -225,6 +246,7 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
             if aligned < n + o:
                 a_free(vals[aligned:])
             free_rows.append(row)
+        t_finish[i] = clock() - t0
         size = evictable_size() + protected_size()
         if size > peak:
             peak = size
@@ -233,10 +255,16 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
     for i in range(n_req):
         n, o = nin[i], nout[i]
         toks = (hash_ids[ptr[i]:ptr[i + 1], None] * B + block_offsets).reshape(-1)[:n]
+        tb = clock()
         ids = array("q", toks.tobytes())
+        build_ns += clock() - tb
         while len(running) >= max_running:
             complete(running.popleft())
-        m = match(MatchPrefixParams(key=RadixKey(ids)))
+        t0 = clock()
+        # the scheduler holds the request while it matches (MatchPrefixParams.req)
+        req = (Req(rid=str(i), origin_input_text="", origin_input_ids=ids,
+                   sampling_params=sampling) if use_req else None)
+        m = match(MatchPrefixParams(key=RadixKey(ids), req=req))
         node = m.last_device_node
         lk = lock(node)
         hit = m.device_prefix_len
@@ -259,12 +287,10 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
         hit_tokens += hit
         hits[i] = hit
         if use_req:
-            req = Req(rid=str(i), origin_input_text="", origin_input_ids=ids,
-                      sampling_params=sampling)
             rtp.alloc([req])
             row = req.kv.req_pool_idx
         else:
-            req, row = None, free_rows.pop()
+            row = free_rows.pop()
         if hit:
             table[row, :hit] = path(node)[:hit].to(int32)
         table[row, hit:n + o] = slots_i.to(int32)
@@ -279,21 +305,184 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
             req.kv.kv_committed_len = n + o
             req.kv.kv_allocated_len = n + o
             req.finished_reason = FINISH_LENGTH(length=o)
-        running.append((req, row, ids, lk, hit, n, o))
+        t_admit[i] = clock() - t0
+        running.append((req, row, ids, lk, hit, n, o, i))
     while running:
         complete(running.popleft())
-    wall = time.perf_counter() - t_start
-    cpu = time.process_time() - c_start
+    # the prompt container's construction (the tokenizer's side) is not the engine's
+    wall = time.perf_counter() - t_start - build_ns / 1e9
+    cpu = time.process_time() - c_start - build_ns / 1e9
 
     ev, prot = cache.evictable_size(), cache.protected_size()
     conserved = (a_avail() + ev + prot == slots) and prot == 0
     if cache.total_size()[0] != ev + prot:
         raise AssertionError(f"total_size {cache.total_size()} != evictable {ev} + protected {prot}")
-    return dict(requests=n_req, served_requests=n_req - rejected, rejected_requests=rejected,
-                hit_tokens=int(hit_tokens), evicted_tokens=int(evicted), evict_calls=evict_calls,
-                waits=waits, peak_tree_tokens=int(peak), final_tree_tokens=int(cache.total_size()[0]),
-                kv_conserved=bool(conserved), wall_s=wall, cpu_s=cpu, hits=hits,
-                pool_slots=slots, core=core, free_s=clock.seconds if clock else None)
+    out = dict(requests=n_req, served_requests=n_req - rejected, rejected_requests=rejected,
+               hit_tokens=int(hit_tokens), evicted_tokens=int(evicted), evict_calls=evict_calls,
+               waits=waits, peak_tree_tokens=int(peak), final_tree_tokens=int(cache.total_size()[0]),
+               kv_conserved=bool(conserved), wall_s=wall, cpu_s=cpu, build_s=build_ns / 1e9,
+               hits=hits,
+               pool_slots=slots, core=core, free_s=free_clock.seconds if free_clock else None)
+    if timings:
+        served = hits >= 0
+        out.update(t_admit=t_admit[served], t_finish=t_finish[served])
+    return out
+
+
+CONTAINERS = ("list", "array", "numpy", "torch")
+
+
+def _container(kind):
+    """``toks`` (int64 numpy) -> the prompt container a scheduler would hold."""
+    if kind == "list":
+        return lambda t: t.tolist()
+    if kind == "array":
+        return lambda t: array("q", t.tobytes())
+    if kind == "numpy":
+        return lambda t: t
+    if kind == "torch":
+        import torch
+
+        return torch.from_numpy
+    raise ValueError(f"prompt container {kind!r} not one of {CONTAINERS}")
+
+
+def replay_flatradix_request(workload, capacity, page_size, max_running, policy, driver,
+                             container="array", timings=False):
+    """:func:`replay_sglang`'s loop, call for call, on flatradix's public API: the
+    path a scheduler written against SGLang's API takes with flatradix plugged in
+    (``match_prefix`` on ``RadixKey(prompt)``, ``cache.lock``, the allocator with
+    ``evict`` on a shortfall, the request row from ``path_device_indices`` plus
+    the new slots, a ``flatradix.Req`` holding the prompt in ``container``,
+    ``release_kv_cache(req)`` with ``kv_committed_len = prompt`` -- the same
+    caching as SGLang's ``strip_thinking_cache`` -- at the end). ``driver
+    "core"``: ``insert`` + ``unlock`` + ``free`` instead, as in replay_sglang.
+    With ``timings``: per-request admit and finish times (ns, int64 arrays)."""
+    import flatradix as F
+    from flatradix.replay import unbounded_pool_slots
+
+    make = _container(container)
+    slots = unbounded_pool_slots(workload, max_running) if capacity is None else int(capacity)
+    n_req = len(workload)
+    longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
+    alloc = F.TokenToKVPoolAllocator(slots)
+    rtp = F.ReqToTokenPool(max_running, max(longest, 1))
+    cache = F.UnifiedRadixCache(page_size=page_size, eviction_policy=policy,
+                                token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp)
+    use_req = driver == "request"
+    table = rtp.req_to_token
+    RadixKey, MatchPrefixParams, EvictParams = F.RadixKey, F.MatchPrefixParams, F.EvictParams
+    InsertParams, Req = F.InsertParams, F.Req
+    match, lock, unlock = cache.match_prefix, cache.lock, cache.unlock
+    evict, insert, path = cache.evict, cache.insert, cache.path_device_indices
+    release = cache.release_kv_cache
+    evictable_size, protected_size = cache.evictable_size, cache.protected_size
+    a_alloc, a_free, a_avail = alloc.alloc, alloc.free, alloc.available_size
+    r_alloc = rtp.alloc
+    free_rows = list(range(max_running - 1, -1, -1))
+    B = workload.block_size
+    block_offsets = np.arange(B, dtype=np.int64)
+    ptr = workload.hash_ptr.tolist()
+    hash_ids = workload.hash_ids
+    nin = workload.input_lengths.tolist()
+    nout = workload.output_lengths.tolist()
+    hits = np.full(n_req, -1, dtype=np.int64)
+    t_admit = np.zeros(n_req, dtype=np.int64)
+    t_finish = np.zeros(n_req, dtype=np.int64)
+    clock = time.perf_counter_ns
+    build_ns = 0
+    running = collections.deque()
+    hit_tokens = evicted = evict_calls = rejected = waits = peak = 0
+
+    def complete(r):
+        nonlocal peak
+        req, row, ids, lk, hit, n, o, i = r
+        t0 = clock()
+        if use_req:
+            release(req)
+        else:
+            aligned = n - n % page_size
+            vals = table[row, :n + o]
+            if aligned > 0:
+                insert(InsertParams(key=RadixKey(ids[:aligned]), value=vals[:aligned],
+                                    prev_prefix_len=hit))
+            unlock(lk)
+            if aligned < n + o:
+                a_free(vals[aligned:])
+            free_rows.append(row)
+        t_finish[i] = clock() - t0
+        size = evictable_size() + protected_size()
+        if size > peak:
+            peak = size
+
+    t_start, c_start = time.perf_counter(), time.process_time()
+    for i in range(n_req):
+        n, o = nin[i], nout[i]
+        toks = (hash_ids[ptr[i]:ptr[i + 1], None] * B + block_offsets).reshape(-1)[:n]
+        tb = clock()
+        ids = make(toks)
+        build_ns += clock() - tb
+        while len(running) >= max_running:
+            complete(running.popleft())
+        t0 = clock()
+        # the scheduler holds the request while it matches (MatchPrefixParams.req)
+        req = Req(origin_input_ids=ids, rid=str(i)) if use_req else None
+        m = match(MatchPrefixParams(key=RadixKey(ids), req=req))
+        node = m.last_device_node
+        lk = lock(node)
+        hit = m.device_prefix_len
+        need = n - hit + o
+        slots_i = a_alloc(need)
+        while slots_i is None:
+            evicted += evict(EvictParams(num_tokens=need - a_avail())).num_tokens_evicted
+            evict_calls += 1
+            slots_i = a_alloc(need)
+            if slots_i is None:
+                if not running:
+                    break
+                complete(running.popleft())
+                waits += 1
+                slots_i = a_alloc(need)
+        if slots_i is None:
+            unlock(lk)
+            rejected += 1
+            continue
+        hit_tokens += hit
+        hits[i] = hit
+        if use_req:
+            row = req.req_pool_idx = r_alloc(1)[0]
+        else:
+            row = free_rows.pop()
+        if hit:
+            table[row, :hit] = path(node)[:hit]
+        table[row, hit:n + o] = slots_i
+        if use_req:
+            req.last_node = node
+            req.lock = lk
+            req.cache_protected_len = hit
+            if o:
+                req.output_ids = array("q", bytes(8 * o))
+            req.kv_committed_len = n          # outputs not cached (strip_thinking_cache)
+            req.kv_allocated_len = n + o
+        t_admit[i] = clock() - t0
+        running.append((req, row, ids, lk, hit, n, o, i))
+    while running:
+        complete(running.popleft())
+    # the prompt container's construction (the tokenizer's side) is not the engine's
+    wall = time.perf_counter() - t_start - build_ns / 1e9
+    cpu = time.process_time() - c_start - build_ns / 1e9
+    ev, prot = cache.evictable_size(), cache.protected_size()
+    conserved = (a_avail() + ev + prot == slots) and prot == 0
+    out = dict(requests=n_req, served_requests=n_req - rejected, rejected_requests=rejected,
+               hit_tokens=int(hit_tokens), evicted_tokens=int(evicted), evict_calls=evict_calls,
+               waits=waits, peak_tree_tokens=int(peak), final_tree_tokens=int(cache.total_size()[0]),
+               kv_conserved=bool(conserved), wall_s=wall, cpu_s=cpu, build_s=build_ns / 1e9,
+               hits=hits, pool_slots=slots,
+               core=f"flatradix/{container}")
+    if timings:
+        served = hits >= 0
+        out.update(t_admit=t_admit[served], t_finish=t_finish[served])
+    return out
 
 
 def run_engine(name, workload, args):
@@ -301,7 +490,15 @@ def run_engine(name, workload, args):
               policy=args.policy, driver=args.driver)
     if name == "flatradix":
         return replay_flatradix(workload, **kw)
-    return replay_sglang(workload, backend=name.split("-", 1)[1], free_clock=args.free_clock, **kw)
+    if name.startswith("flatradix-req/"):
+        return replay_flatradix_request(workload, container=name.split("/", 1)[1], timings=True,
+                                        **kw)
+    return replay_sglang(workload, backend=name.split("-", 1)[1], free_clock=args.free_clock,
+                         timings=True, **kw)
+
+
+def _pct(a, q):
+    return float(np.percentile(a, q)) / 1e3 if a is not None and len(a) else float("nan")
 
 
 # ------------------------------------------------------------------ driver
@@ -388,7 +585,13 @@ def main(argv=None):
     ap.add_argument("--driver", choices=("request", "core"), default="request",
                     help="how a finished request is cached (module docstring)")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
-                    help="default: flatradix sglang-rust (flatradix alone without SGLang)")
+                    help="default: flatradix-req sglang-rust (flatradix-req alone without "
+                         "SGLang). flatradix-req: flatradix driven call for call as "
+                         "SGLang's cores are (one run per --prompt container); flatradix: "
+                         "flatradix.replay's own scheduler emulation")
+    ap.add_argument("--prompt", nargs="+", choices=CONTAINERS, default=list(CONTAINERS),
+                    help="prompt containers for flatradix-req (default: all); SGLang's Req "
+                         "holds array('q')")
     ap.add_argument("--rounds", type=int, default=1, help="replays per engine, order rotated")
     ap.add_argument("--free-clock", action="store_true",
                     help="also report the seconds SGLang spends inside its allocator's free "
@@ -401,7 +604,7 @@ def main(argv=None):
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
 
-    wants_sglang = args.engines is None or any(e != "flatradix" for e in args.engines)
+    wants_sglang = args.engines is None or any(e.startswith("sglang") for e in args.engines)
     if wants_sglang and not args.no_reexec:
         py = args.sglang_python
         if py is None and not _sglang_importable():
@@ -413,8 +616,10 @@ def main(argv=None):
             print(f"re-running under {py}", flush=True)
             _reexec(py)
     have_sglang = _sglang_importable()
-    names = args.engines or (["flatradix", "sglang-rust"] if have_sglang else ["flatradix"])
-    if not have_sglang and any(n != "flatradix" for n in names):
+    names = args.engines or (["flatradix-req", "sglang-rust"] if have_sglang else ["flatradix-req"])
+    names = [x for n in names for x in ([f"flatradix-req/{c}" for c in args.prompt]
+                                        if n == "flatradix-req" else [n])]
+    if not have_sglang and any(n.startswith("sglang") for n in names):
         sys.exit("SGLang is not importable here: create the oracle venv "
                  "(../shared/tools/setup_sglang_oracle.sh) or pass --sglang-python")
     if not have_sglang and args.engines is None:
@@ -434,7 +639,7 @@ def main(argv=None):
     print(f"machine: {info.get('cpu', '?')}, {info['cpus']} CPUs, python {info['python']}, "
           f"flatradix {info.get('commit', '?')}, {info['date']}", flush=True)
 
-    if any(n != "flatradix" for n in names):
+    if any(n.startswith("sglang") for n in names):
         t = time.perf_counter()
         _SGL.get()
         torch = _SGL.get()["torch"]
@@ -457,6 +662,8 @@ def main(argv=None):
                   f"{res['cpu_s']:9.2f} s  {len(w) / res['wall_s']:>10,.0f} req/s  hit "
                   f"{res['hit_tokens']:,}  evicted {res['evicted_tokens']:,}  rejected "
                   f"{res['rejected_requests']}"
+                  + (f"  (+ prompt container build {res['build_s']:.2f} s)"
+                     if res.get("build_s") is not None else "")
                   + (f"  (allocator free {res['free_s']:.2f} s)" if res.get("free_s") is not None
                      else ""), flush=True)
 
@@ -470,24 +677,41 @@ def main(argv=None):
 
     med = {n: {k: statistics.median(x[k] for x in runs[n]) for k in ("wall_s", "cpu_s")}
            for n in names}
+    for n in names:   # per-call latency, pooled over the rounds (us)
+        for k in ("t_admit", "t_finish"):
+            xs = [x[k] for x in runs[n] if x.get(k) is not None]
+            a = np.concatenate(xs) if xs else None
+            med[n][k[2:] + "_p50_us"] = _pct(a, 50)
+            med[n][k[2:] + "_p99_us"] = _pct(a, 99)
+            med[n][k[2:] + "_max_us"] = _pct(a, 100)
     pt = ref["hit_tokens"] / w.prompt_tokens if w.prompt_tokens else 0.0
     print()
     print(f"hit tokens {ref['hit_tokens']:,} ({100 * pt:.2f} %), evicted tokens "
           f"{ref['evicted_tokens']:,} in {ref['evict_calls']:,} evict calls, rejected "
           f"{ref['rejected_requests']}, waits {ref['waits']}, peak tree {ref['peak_tree_tokens']:,}")
     print()
-    print("| engine | wall s | cpu s | requests/s | flatradix speed-up (wall / cpu) |")
-    print("|---|---|---|---|---|")
-    fr = med.get("flatradix")
+    rust = med.get("sglang-rust")
+    print("| engine | wall s | cpu s | requests/s | admit p50 / p99 / max us | finish p50 / p99 / "
+          "max us | Rust core / engine (wall) |")
+    print("|---|---|---|---|---|---|---|")
     for n in names:
         m = med[n]
-        ratio = (f"{m['wall_s'] / fr['wall_s']:.1f}x / {m['cpu_s'] / fr['cpu_s']:.1f}x"
-                 if fr and n != "flatradix" else "–")
-        print(f"| {n} | {m['wall_s']:.2f} | {m['cpu_s']:.2f} | {len(w) / m['wall_s']:,.0f} | {ratio} |")
-    if fr and "sglang-rust" in med:
-        ratio = med["sglang-rust"]["wall_s"] / fr["wall_s"]
-        print(f"\n  [{'met' if ratio >= 10 else 'NOT met'}] replay >= 10x SGLang's Rust core: "
-              f"{ratio:.1f}x wall, {med['sglang-rust']['cpu_s'] / fr['cpu_s']:.1f}x cpu")
+        ratio = f"{rust['wall_s'] / m['wall_s']:.2f}x" if rust else "–"
+        lat = "".join(f" {m[k + '_p50_us']:,.0f} / {m[k + '_p99_us']:,.0f} / {m[k + '_max_us']:,.0f} |"
+                      for k in ("admit", "finish"))
+        print(f"| {n} | {m['wall_s']:.2f} | {m['cpu_s']:.2f} | {len(w) / m['wall_s']:,.0f} |"
+              f"{lat} {ratio} |")
+    if rust:
+        print()
+        for n in names:
+            if not n.startswith("flatradix"):
+                continue
+            m = med[n]
+            ratio = rust["wall_s"] / m["wall_s"]
+            p99 = all(m[k] <= rust[k] for k in ("admit_p99_us", "finish_p99_us"))
+            print(f"  {n}: [{'met' if ratio >= 5 else 'NOT met'}] >= 5x the Rust core "
+                  f"({ratio:.2f}x wall, {rust['cpu_s'] / m['cpu_s']:.2f}x cpu); "
+                  f"[{'met' if p99 else 'NOT met'}] p99 admit and finish <= the Rust core's")
     info["loadavg_end"] = os.getloadavg()
     print(f"\nload average at start {info['loadavg_start'][0]:.2f}, at end "
           f"{info['loadavg_end'][0]:.2f} ({info['cpus']} CPUs)")
@@ -502,7 +726,8 @@ def main(argv=None):
         with open(args.json_out, "w") as f:
             json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()},
                        "requests": len(w), "prompt_tokens": w.prompt_tokens,
-                       "runs": {n: [{k: v for k, v in x.items() if k != "hits"} for x in rs]
+                       "runs": {n: [{k: v for k, v in x.items()
+                                     if k not in ("hits", "t_admit", "t_finish")} for x in rs]
                                 for n, rs in runs.items()},
                        "median": med, "work_check": not diffs, "diffs": diffs}, f, indent=1)
         print(f"wrote {args.json_out}")
