@@ -384,39 +384,17 @@ def swa_cursor(n, window):
     return max(0, n - 1 - window)
 
 
-class FlatradixSWAEngine(FlatradixEngine):
-    """flatradix, components ``(FULL, SWA)``, with its own SWA allocator or SGLang's."""
-
-    def __init__(self, alloc="own", window=512, swa_ratio=0.8):
-        super().__init__(alloc)
-        self.window, self.swa_ratio = window, swa_ratio
-        self._SWA = self.fr.ComponentType.SWA
-
-    def swa_size(self, kv_size):
-        return max(1, int(kv_size * self.swa_ratio))
-
-    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
-        fr = self.fr
-        if alloc is None:
-            if self.alloc_kind == "own":
-                alloc = fr.SWATokenToKVPoolAllocator(kv_size, self.swa_size(kv_size),
-                                                     page_size=page_size)
-            else:
-                alloc = sglang_swa_allocator(kv_size, self.swa_size(kv_size), page_size)
-        rtp = fr.ReqToTokenPool(rows, max_context_len, index_kind="numpy")
-        clock = FreeClock(alloc, FreeClock.SWA_NAMES)
-        cache = fr.UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
-                                     req_to_token_pool=rtp,
-                                     components=(fr.ComponentType.FULL, self._SWA),
-                                     sliding_window_size=self.window)
-        return Ctx(cache, alloc, rtp, clock)
+class _SWADriving:
+    """What the (FULL, SWA) engines share: SGLang's SWA parameters and lock calls,
+    both pools' sizes (``self._params``: the module with ``InsertParams`` /
+    ``EvictParams``)."""
 
     def insert_params(self, key, value, prev_prefix_len=0, cursor=0):
-        return self.fr.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
-                                    component_evicted_seqlens={self._SWA: cursor})
+        return self._params.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
+                                         component_evicted_seqlens={self._SWA: cursor})
 
     def evict_params(self, n, swa_n=0):
-        return self.fr.EvictParams(num_tokens=n, swa_num_tokens=swa_n)
+        return self._params.EvictParams(num_tokens=n, swa_num_tokens=swa_n)
 
     def tree_tokens(self, ctx):
         return tuple(ctx.cache.total_size())
@@ -433,6 +411,34 @@ class FlatradixSWAEngine(FlatradixEngine):
 
     def match_result(self, m):
         return (m.device_prefix_len, m.full_kv_hit_length, m.swa_branching_seqlen)
+
+    def swa_size(self, kv_size):
+        return max(1, int(kv_size * self.swa_ratio))
+
+
+class FlatradixSWAEngine(_SWADriving, FlatradixEngine):
+    """flatradix, components ``(FULL, SWA)``, with its own SWA allocator or SGLang's."""
+
+    def __init__(self, alloc="own", window=512, swa_ratio=0.8):
+        super().__init__(alloc)
+        self.window, self.swa_ratio = window, swa_ratio
+        self._SWA, self._params = self.fr.ComponentType.SWA, self.fr
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        fr = self.fr
+        if alloc is None:
+            if self.alloc_kind == "own":
+                alloc = fr.SWATokenToKVPoolAllocator(kv_size, self.swa_size(kv_size),
+                                                     page_size=page_size)
+            else:
+                alloc = sglang_swa_allocator(kv_size, self.swa_size(kv_size), page_size)
+        rtp = fr.ReqToTokenPool(rows, max_context_len, index_kind="numpy")
+        clock = FreeClock(alloc, FreeClock.SWA_NAMES)
+        cache = fr.UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
+                                     req_to_token_pool=rtp,
+                                     components=(fr.ComponentType.FULL, self._SWA),
+                                     sliding_window_size=self.window)
+        return Ctx(cache, alloc, rtp, clock)
 
     def make_request(self, ctx, prompt, output, rolling=False, slide=True):
         """A finished request holding a row with KV for its committed tokens, whose
@@ -469,7 +475,7 @@ class FlatradixSWAEngine(FlatradixEngine):
         return req
 
 
-class SGLangSWAEngine(SGLangEngine):
+class SGLangSWAEngine(_SWADriving, SGLangEngine):
     """SGLang 0.5.23 ``UnifiedRadixCache`` with ``(FULL, SWA)`` and its SWA allocator."""
 
     def __init__(self, backend, window=512, swa_ratio=0.8):
@@ -477,10 +483,7 @@ class SGLangSWAEngine(SGLangEngine):
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         self.window, self.swa_ratio = window, swa_ratio
-        self._SWA = ComponentType.SWA
-
-    def swa_size(self, kv_size):
-        return max(1, int(kv_size * self.swa_ratio))
+        self._SWA, self._params = ComponentType.SWA, self._bpc
 
     def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
         alloc = alloc if alloc is not None else sglang_swa_allocator(
@@ -498,29 +501,6 @@ class SGLangSWAEngine(SGLangEngine):
             raise RuntimeError(f"asked for the {self.backend} tree core, got {core}")
         self.core = core
         return Ctx(cache, alloc, rtp, clock)
-
-    def insert_params(self, key, value, prev_prefix_len=0, cursor=0):
-        return self._bpc.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
-                                      component_evicted_seqlens={self._SWA: cursor})
-
-    def evict_params(self, n, swa_n=0):
-        return self._bpc.EvictParams(num_tokens=n, swa_num_tokens=swa_n)
-
-    def tree_tokens(self, ctx):
-        return tuple(ctx.cache.total_size())
-
-    def available(self, ctx):
-        return ctx.alloc.full_available_size(), ctx.alloc.swa_available_size()
-
-    def lock_unlock_fn(self, ctx):
-        lock, unlock = ctx.cache.lock, ctx.cache.unlock
-
-        def lock_unlock(node):
-            unlock(lock(node))
-        return lock_unlock
-
-    def match_result(self, m):
-        return (m.device_prefix_len, m.full_kv_hit_length, m.swa_branching_seqlen)
 
     def make_request(self, ctx, prompt, output, rolling=False, slide=True):
         """As ``FlatradixSWAEngine.make_request``, with SGLang's ``Req``."""
