@@ -674,7 +674,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         c = self._check_component(component)
         num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
         with self._mutex:
-            if _k_evict_start(self._engine.st.nodes, self._engine.meta, c, num) != L.OK:
+            st_ = self._engine.st
+            if _k_evict_start(st_.nodes, st_.heap, st_.meta, c, num) != L.OK:
                 raise RuntimeError("device eviction already in progress")
 
     def evict_device_next_node(self, component=ComponentType.FULL):

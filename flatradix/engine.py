@@ -31,7 +31,7 @@ class TreeArrays(NamedTuple):
 
     ``nodes`` int64 ``(node_capacity, NCOL)``, ``ctab`` int64 ``(2^k, CT_NCOL)``,
     ``pool`` int64 ``(pool_capacity, POOL_NCOL[_EVENTS])``, ``heap`` int64
-    ``(N_HEAPS, node_capacity)``, ``meta`` int64 ``(META_LEN,)``. Rebuilt (a new
+    ``(HEAP_ROWS, node_capacity)``, ``meta`` int64 ``(META_LEN,)``. Rebuilt (a new
     tuple) whenever an array is replaced by a larger one.
     """
 
@@ -149,7 +149,7 @@ class Engine:
         ncap = max(node_capacity, L.FIRST_SLOT + 8)
         self.pool_ncol = L.POOL_NCOL_EVENTS if self.events else L.POOL_NCOL
         nodes = aligned_zeros(ncap, L.NCOL)
-        heap = np.full((L.N_HEAPS, ncap), -1, dtype=np.int64)
+        heap = np.full((L.HEAP_ROWS, ncap), -1, dtype=np.int64)
         ctab = aligned_zeros(ct_capacity_for(ncap), L.CT_NCOL)
         pool = np.zeros((max(64, pool_capacity), self.pool_ncol), dtype=np.int64)
         meta = np.zeros(L.META_LEN, dtype=np.int64)
@@ -226,7 +226,7 @@ class Engine:
             new = aligned_zeros(new_cap, L.NCOL)
             new[:ncap] = nodes
             nodes = new
-            new_heap = np.full((L.N_HEAPS, new_cap), -1, dtype=np.int64)
+            new_heap = np.full((L.HEAP_ROWS, new_cap), -1, dtype=np.int64)
             new_heap[:, :ncap] = heap
             heap = new_heap
         ccap = ctab.shape[0]

@@ -131,6 +131,34 @@ def test_step_wise_eviction_matches_evict():
     c.sanity_check()
 
 
+def test_step_wise_round_keys_leaves_at_its_start():
+    """SGLang §5.4: a Full round heapifies the evictable leaves with their keys at
+    the start. LRU, leaves A [1,2,3] (oldest), B [5,6], C [8]: step 1 takes A; a
+    match of B between the steps does not spare it (its stale key is still older
+    than C's), so step 2 takes B. C gets a child and D is inserted between the
+    steps: neither the child nor D was a leaf at the start and C's entry is stale
+    (not a leaf), so step 3 finds nothing; the next round takes them."""
+    c = UnifiedRadixCache()
+    for k, v in (([1, 2, 3], [0, 1, 2]), ([5, 6], [3, 4]), ([8], [5])):
+        c.insert(InsertParams(key=RadixKey(k), value=np.array(v)))
+    c.evict_device_start(num_tokens=100)
+    assert c.evict_device_next_node().freed_indices.tolist() == [0, 1, 2]
+    c.match_prefix(MatchPrefixParams(key=RadixKey([5, 6])))
+    c.insert(InsertParams(key=RadixKey([9, 9]), value=np.array([6, 7])))       # D
+    c.insert(InsertParams(key=RadixKey([8, 4]), value=np.array([5, 8])))       # C's child
+    assert c.evict_device_next_node().freed_indices.tolist() == [3, 4]          # B, stale key
+    assert c.evict_device_next_node().made_progress is False
+    assert c.evict_device_end() == 5
+    assert c.evictable_size() == 4
+    c.evict_device_start(num_tokens=100)                                        # next round
+    got = []
+    while (st := c.evict_device_next_node()).made_progress:
+        got.append(st.freed_indices.tolist())
+    assert c.evict_device_end() == 4
+    assert got == [[6, 7], [8], [5]]  # D (older than C's child), the child, then C as its parent
+    c.sanity_check()
+
+
 def test_evict_for_alloc_stops_when_allocation_fits():
     alloc = TokenToKVPoolAllocator(10)
     c = UnifiedRadixCache(page_size=1, token_to_kv_pool_allocator=alloc)

@@ -10,7 +10,16 @@ any other is tombstoned (``components/swa.py: evict_component``; on an internal
 node SWA's cascade reaches only lower-priority components, none yet). Within
 one ``evict`` call every entry the walk passes is deleted, tombstoned or
 locked, so the next victim is always the LRU's least recent unlocked entry.
-A step-wise round (§5.4) keeps SGLang's cursor in ``meta[M_EVICT_CURSOR + c]``
+A step-wise Full round (§5.4) takes its victims as SGLang's does: from a heap
+of the evictable leaves *keyed at the round's start* (heap rows ``WALK_*``:
+``(key0, key1, node id)`` entries), the previous victim's parent pushed with
+its current key when it became an evictable leaf, stale entries (a node
+deleted, locked or no longer a leaf) skipped. So a refresh between steps does
+not spare a leaf, and a leaf inserted between steps waits for the next round.
+Whole ``evict`` calls use the incrementally kept heap instead: within one call
+no key changes, so both give the same order.
+
+A step-wise SWA round (§5.4) keeps SGLang's cursor in ``meta[M_EVICT_CURSOR + c]``
 (a node id): each step takes the cursor and moves it to the next more recent
 unlocked entry, so an LRU refresh between steps does not change the next
 victim; a cursor that left the list (or got window-locked since) restarts the
@@ -25,13 +34,14 @@ from ..components import swa
 from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, KEY_LEN, LRU_SWA,
+    C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, HEAP_POS, KEY_LEN, LRU_SWA,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
-    M_NOUT, NIL, OK, SWA,
+    M_NOUT, M_WALK_N, M_WALK_PARENT, NIL, OK, PARENT, SWA, WALK_K0, WALK_K1,
+    WALK_NID,
 )
 from .lru import lru_in_list, lru_lock_col, lru_prev_unlocked, lru_tail_unlocked
-from .order import heap_pop, is_device_leaf
-from .state import need, node_id, resolve
+from .order import heap_pop, is_device_leaf, priority_key
+from .state import SLOT_MASK, need, node_id, resolve
 from .tree import delete_leaf
 
 #: ``evict``'s phases: the Full walk, then the SWA walk.
@@ -107,12 +117,67 @@ def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, phase, out, acts):
 
 
 @helper
+def _walk_less(heap, i, j):
+    """Entry ``i`` before entry ``j`` of the snapshot heap: by key, then slot."""
+    if heap[WALK_K0, i] != heap[WALK_K0, j]:
+        return heap[WALK_K0, i] < heap[WALK_K0, j]
+    if heap[WALK_K1, i] != heap[WALK_K1, j]:
+        return heap[WALK_K1, i] < heap[WALK_K1, j]
+    return (heap[WALK_NID, i] & SLOT_MASK) < (heap[WALK_NID, j] & SLOT_MASK)
+
+
+@helper
+def _walk_swap(heap, i, j):
+    for r in (WALK_K0, WALK_K1, WALK_NID):
+        t = heap[r, i]
+        heap[r, i] = heap[r, j]
+        heap[r, j] = t
+
+
+@helper
+def _walk_push(nodes, heap, meta, s):
+    """Push slot ``s`` with its current key. The heap holds at most the leaves
+    the round started with (each push follows a pop), so it fits its rows."""
+    i = meta[M_WALK_N]
+    meta[M_WALK_N] = i + 1
+    k0, k1 = priority_key(nodes, meta, s)
+    heap[WALK_K0, i] = k0
+    heap[WALK_K1, i] = k1
+    heap[WALK_NID, i] = node_id(nodes, s)
+    while i > 0:
+        up = (i - 1) >> 1
+        if not _walk_less(heap, i, up):
+            break
+        _walk_swap(heap, i, up)
+        i = up
+
+
+@helper
+def _walk_pop(heap, meta):
+    """Drop the top entry."""
+    n = meta[M_WALK_N] - 1
+    meta[M_WALK_N] = n
+    _walk_swap(heap, 0, n)
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _walk_less(heap, c + 1, c):
+            c += 1
+        if not _walk_less(heap, c, i):
+            break
+        _walk_swap(heap, i, c)
+        i = c
+
+
+@helper
 def _id_or_nil(nodes, s):
     return NIL if s == NIL else node_id(nodes, s)
 
 
 @kernel
-def evict_start(nodes, meta, component, num_tokens):
+def evict_start(nodes, heap, meta, component, num_tokens):
     """Open a step-wise eviction round of ``component`` for ``num_tokens`` units
     (SWA: the cursor starts at the least recent unlocked entry)."""
     if meta[M_EVICT_WALK + component]:
@@ -123,6 +188,11 @@ def evict_start(nodes, meta, component, num_tokens):
     meta[M_EVICT_CURSOR + component] = NIL
     if component == SWA:
         meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, swa_victim(nodes))
+    elif component == FULL:  # snapshot the evictable leaves with today's keys
+        meta[M_WALK_N] = 0
+        meta[M_WALK_PARENT] = NIL
+        for i in range(meta[M_HEAP_N + HEAP_DEVICE]):
+            _walk_push(nodes, heap, meta, heap[HEAP_DEVICE, i])
     return OK
 
 
@@ -144,9 +214,10 @@ def _swa_cursor(nodes, meta):
 def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     """One step of the open round of ``component``.
 
-    Full: delete the least-priority evictable leaf. SWA: evict SWA from the least
-    recently used unlocked entry (a leaf is deleted whole, another node
-    tombstoned), from the round's cursor (see the module docstring). Returns
+    Full: delete the least-priority evictable leaf by the keys the round started
+    with. SWA: evict SWA from the round's cursor, the least recently used
+    unlocked entry (a leaf is deleted whole, another node tombstoned); see the
+    module docstring for both. Returns
     ``(status, node_id, full_units, swa_units)``:
     ``node_id`` is the deleted node, -1 for a tombstone step or when the round
     is over (its request met, or nothing evictable: then both counts are 0).
@@ -159,13 +230,24 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     if meta[M_EVICT_DONE + component] >= meta[M_EVICT_REQ + component]:
         return OK, -1, 0, 0
     if component == FULL:
-        if meta[M_HEAP_N + HEAP_DEVICE] == 0:
+        p = resolve(nodes, meta, meta[M_WALK_PARENT])
+        meta[M_WALK_PARENT] = NIL
+        if p >= 0 and nodes[p, HEAP_POS + HEAP_DEVICE] >= 0:
+            _walk_push(nodes, heap, meta, p)
+        s = NIL
+        while meta[M_WALK_N] > 0:  # skip stale entries (deleted, locked, not a leaf)
+            s = resolve(nodes, meta, heap[WALK_NID, 0])
+            if s >= 0 and nodes[s, HEAP_POS + HEAP_DEVICE] >= 0:
+                break
+            s = NIL
+            _walk_pop(heap, meta)
+        if s == NIL:
             return OK, -1, 0, 0
-        s = heap[HEAP_DEVICE, 0]
         if _short(nodes, acts, out, meta, s):
             return E_CAPACITY, -1, 0, 0
-        heap_pop(nodes, heap, meta, HEAP_DEVICE)
+        _walk_pop(heap, meta)
         nid = node_id(nodes, s)
+        meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
         w = nodes[s, KEY_LEN] if swa.has_data(nodes, s) else 0
         n = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         meta[M_EVICT_DONE + FULL] += n
@@ -191,4 +273,7 @@ def evict_end(meta, component):
     meta[M_EVICT_REQ + component] = 0
     meta[M_EVICT_DONE + component] = 0
     meta[M_EVICT_CURSOR + component] = NIL
+    if component == FULL:
+        meta[M_WALK_N] = 0
+        meta[M_WALK_PARENT] = NIL
     return done

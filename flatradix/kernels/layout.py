@@ -26,9 +26,10 @@ array argument, so there are few):
     ``F_HAS(SWA)`` bit is set. Space of removed nodes is counted in
     ``meta[M_POOL_DEAD]`` and reclaimed by compaction (``kernels/state.py:
     compact_pool``).
-``heap``   Heaps = int64 ``(N_HEAPS, node_capacity)``
+``heap``   Heaps = int64 ``(HEAP_ROWS, node_capacity)``
     Binary min-heaps of node slots, one per heap id (``HEAP_DEVICE``: every
-    *evictable device leaf*), ordered by the eviction policy
+    *evictable device leaf*), then the three rows of a step-wise Full round's
+    snapshot heap (``WALK_K0/K1/NID``), ordered by the eviction policy
     (``kernels/order.py``). Kept incrementally, so an eviction round costs
     O(evicted * log leaves), never O(tree).
 ``meta``   Meta = int64 ``(META_LEN,)``
@@ -109,6 +110,13 @@ FIRST_SLOT = SENTINEL0 + N_SENTINELS
 #: Heap ids (rows of ``heap``): the device-leaf heap; the host-leaf heap lands here.
 HEAP_DEVICE = 0
 N_HEAPS = 1
+#: Rows of ``heap`` after the heaps: a step-wise Full round's own heap of
+#: ``(key0, key1, node id)`` entries, snapshotted at the round's start (SGLang
+#: heapifies the evictable leaves with their keys then; ``kernels/evict.py``).
+WALK_K0 = N_HEAPS
+WALK_K1 = N_HEAPS + 1
+WALK_NID = N_HEAPS + 2
+HEAP_ROWS = N_HEAPS + 3
 
 def _number(fields, align=1):
     """Assign consecutive indices to ``(name, width)`` fields; returns
@@ -257,7 +265,9 @@ META_FIELDS = (
     ("EVICT_WALK", N_COMPONENTS),  # + c: 1 while a step-wise eviction round of c is open
     ("EVICT_REQ", N_COMPONENTS),   # + c: request of that round
     ("EVICT_DONE", N_COMPONENTS),  # + c: units of c evicted so far in that round
-    ("EVICT_CURSOR", N_COMPONENTS),  # + c: aux round's LRU cursor slot (NIL: none)
+    ("EVICT_CURSOR", N_COMPONENTS),  # + c: SWA round's LRU cursor (a node id; NIL: none)
+    ("WALK_N", 1),        # entries of a step-wise Full round's snapshot heap (heap rows WALK_*)
+    ("WALK_PARENT", 1),   # node id of that round's last victim's parent (NIL: none)
     ("EVENTS", 1),        # 1 when KV events are on: mutating kernels emit event actions
     ("BIGRAM", 1),        # 1 for an EAGLE bigram tree (units pack two tokens)
     ("RETIRED", 1),       # slots retired for good: their generation reached GEN_LIMIT
@@ -293,6 +303,8 @@ M_EVICT_WALK = _META["EVICT_WALK"]
 M_EVICT_REQ = _META["EVICT_REQ"]
 M_EVICT_DONE = _META["EVICT_DONE"]
 M_EVICT_CURSOR = _META["EVICT_CURSOR"]
+M_WALK_N = _META["WALK_N"]
+M_WALK_PARENT = _META["WALK_PARENT"]
 M_EVENTS = _META["EVENTS"]
 M_BIGRAM = _META["BIGRAM"]
 M_RETIRED = _META["RETIRED"]

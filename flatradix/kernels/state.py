@@ -13,6 +13,7 @@ from .layout import (
     CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD,
     FIRST_SLOT, FLAGS, GEN, GEN_LIMIT, HEAP_POS, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
     LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB, M_EVICT_CURSOR,
+    M_WALK_N, M_WALK_PARENT,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
     M_HWM, M_NEED_ACTS, M_NEED_OUT, M_NEED_SLOTS, M_NEED_UNITS, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
     MAMBA_SLOT, N_COMPONENTS, N_HEAPS, N_LRU, N_TIERS, NEXT_SIB, NIL,
@@ -202,6 +203,8 @@ def reset_tree(nodes, ctab, meta):
         meta[M_EVICT_REQ + c] = 0
         meta[M_EVICT_DONE + c] = 0
         meta[M_EVICT_CURSOR + c] = NIL
+    meta[M_WALK_N] = 0
+    meta[M_WALK_PARENT] = NIL
     ctab[:, CT_CHILD] = CT_EMPTY
     s = _make_root(nodes, meta)  # slot 0, its generation bumped above
     for t in range(SENTINEL0, FIRST_SLOT):

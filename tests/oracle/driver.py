@@ -120,6 +120,7 @@ MUTANTS = {
     "prev_prefix_len-dropped": ("p16-lru", dict(drop_prev=True)),
     "swa-window-larger": ("p16-swa40-lru", dict(swa_window=48)),
     "swa-cursor-dropped": ("p1-swa24-lfu", dict(drop_cursor=True)),
+    "step-round-restarted": ("p1-swa24-lfu", dict(restart_round=True)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.
@@ -479,6 +480,48 @@ class Executor:
         self.stats["evicted_swa_tokens"] += a[1]
         self._sync("evict", (None, None))
 
+    def op_evict_steps(self, ct, n, k, key=None, nsi=0):
+        """A step-wise eviction round (``evict_device_start`` / ``_next_node`` /
+        ``_end``), step by step; with ``key``, a match of it between the first and
+        second steps (an LRU refresh the round's cursor must survive). ``key ==
+        "next"``: the path to the node the round takes next by the tree's order
+        (read from flatradix's arrays after its first step, matched on both)."""
+        if ct == 1 and not self.swa:
+            return
+        got = {}
+        target = {}
+
+        def refresh(side, eng):
+            def run():
+                if key == "next":
+                    if side == "f":
+                        target["k"] = self.f.next_victim_key(ct)
+                    if target.get("k") is None:
+                        return
+                    toks, ns = target["k"]
+                else:
+                    toks, ns = key, NAMESPACES[nsi]
+                got[side] = eng.match(toks, ns)
+            return run if key is not None else None
+        a, b = self._both("evict_steps",
+                          lambda: self.f.evict_steps(ct, n, k, refresh("f", self.f)),
+                          lambda: self.s.evict_steps(ct, n, k, refresh("s", self.s)))
+        compare("evict_steps.steps", len(a), len(b))
+        for i, (x, y) in enumerate(zip(a, b)):
+            compare(f"evict_steps[{i}].(made_progress,full,swa)", x[1:], y[1:])
+            if x[0] is None or y[0] is None:
+                compare(f"evict_steps[{i}].node", x[0], y[0])
+            else:
+                self.ids.bind(f"evict_steps[{i}].node", x[0], y[0])
+            self.stats["evicted_tokens"] += x[2]
+            self.stats["evicted_swa_tokens"] += x[3]
+        if "f" in got or "s" in got:
+            (fl, fi, fn, _), (sl, si, sn, _) = got.get("f"), got.get("s")
+            compare("evict_steps.match.prefix_len", fl, sl)
+            compare("evict_steps.match.indices", fi, si)
+            self.ids.bind("evict_steps.match", fn, sn)
+        self._sync("evict_steps", (None, None))
+
     def op_admit(self, rid, prompt, nsi, prio):
         if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt:
             return
@@ -726,7 +769,8 @@ class Generator:
             choices.append(("finish", 0.07))
         if ex.reqs:
             choices.append(("abort", 0.01))
-        choices += [("insert", 0.12), ("match", 0.16), ("evict", 0.05), ("reset", 0.002)]
+        choices += [("insert", 0.12), ("match", 0.16), ("evict", 0.05), ("evict_steps", 0.01),
+                    ("reset", 0.002)]
         if ex.locks:
             choices.append(("unlock", 0.05))
         if self.swa:
@@ -791,6 +835,13 @@ class Generator:
                     n = 0
                 return ("evict", n, swa_n)
             return ("evict", n)
+        if kind == "evict_steps":
+            ct = 1 if self.swa and rng.random() < 0.6 else 0
+            n = rng.choice((1, self.P, rng.randint(1, 4 * self.unit), 10 ** 6))
+            k = rng.choice((1, 2, 3, rng.randint(1, 12)))
+            r = rng.random()
+            key, nsi = ("next", 0) if r < 0.5 else self.source_key(ex) if r < 0.8 else (None, 0)
+            return ("evict_steps", ct, n, k, key, nsi)
         if kind in ("slide", "req_release_swa"):
             return (kind, rng.choice(sorted(decode if kind == "slide" else ex.reqs)))
         if kind == "release_swa":

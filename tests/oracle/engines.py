@@ -202,6 +202,70 @@ class FlatEngine:
         r = self.cache.evict(flatradix.EvictParams(num_tokens=n, swa_num_tokens=swa))
         return r.num_tokens_evicted, r.swa_num_tokens_evicted
 
+    def next_victim_key(self, ct):
+        """``(tokens, namespace)`` of the path root -> the node a round of ``ct`` (0
+        FULL, 1 SWA) would take next by the tree's own order -- the least-priority
+        evictable leaf, or the least recent unlocked SWA entry -- or None (also in
+        EAGLE trees, whose units are token pairs). For the driver's refresh
+        between steps."""
+        from flatradix.kernels import layout as L
+        from flatradix.kernels.lru import lru_lock_col
+
+        if self.cache.is_eagle:
+            return None
+        eng = self.cache._engine
+        nodes, heap, meta, pool = eng.st.nodes, eng.st.heap, eng.meta, eng.st.pool
+        if ct == 0:
+            if meta[L.M_HEAP_N + L.HEAP_DEVICE] == 0:
+                return None
+            s = int(heap[L.HEAP_DEVICE, 0])
+        else:
+            head, lst = L.SENTINEL0 + 2 * L.LRU_SWA, L.LRU_SWA
+            s = int(nodes[head + 1, L.LRU_PREV + lst])
+            col = lru_lock_col(lst)
+            while s != head and nodes[s, col] > 0:
+                s = int(nodes[s, L.LRU_PREV + lst])
+            if s == head:
+                return None
+        ns_id = int(nodes[s, L.NS])
+        parts = []
+        while s != eng.root and s >= 0:
+            off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
+            parts.append(pool[off:off + n, L.TOK].tolist())
+            s = int(nodes[s, L.PARENT])
+        ns = next(k for k, v in eng.ns.ids.items() if v == ns_id)
+        return tuple(t for p in reversed(parts) for t in p), ns
+
+    def evict_steps(self, ct, n, k, between=None):
+        """A step-wise round of component ``ct`` (0 FULL, 1 SWA) for ``n`` units, at
+        most ``k`` steps, the controller freeing each step's slots (SWA peers, then
+        Full), ``between()`` after the first step. Returns per step
+        ``(deleted node or None, made_progress, full units, swa units)``."""
+        c = self.cache
+        comp = flatradix.ComponentType(ct)
+        out = []
+        c.evict_device_start(comp, n)
+        try:
+            for i in range(k):
+                st = c.evict_device_next_node(comp)
+                if self.swa:
+                    self.alloc.free_swa_segment(st.swa_freed_indices)
+                    self.alloc.free_full_segment(st.freed_indices)
+                else:
+                    self.alloc.free(st.freed_indices)
+                out.append((st.node_id, st.made_progress, st.num_tokens, st.swa_num_tokens))
+                if not st.made_progress:
+                    break
+                if self.mut.get("restart_round"):  # self-test: a round that forgets its cursor
+                    done = c.evict_device_end(comp)
+                    n = max(n - done, 0)
+                    c.evict_device_start(comp, n)
+                if i == 0 and between is not None:
+                    between()
+        finally:
+            c.evict_device_end(comp)
+        return out
+
     def sizes(self):
         c = self.cache
         if self.swa:
@@ -536,6 +600,33 @@ class SglEngine:
     def evict(self, n, swa=0):
         r = self.cache.evict(self.S["EvictParams"](num_tokens=n, swa_num_tokens=swa))
         return r.num_tokens_evicted, r.swa_num_tokens_evicted
+
+    def evict_steps(self, ct, n, k, between=None):
+        """``FlatEngine.evict_steps`` through SGLang's controller loop, one step at a
+        time: the tree core's round, the cache's ``_evict_device_next_node`` and
+        ``_evict_device_leaf`` (which apply each step's frees)."""
+        c = self.cache
+        comp = self.S["ComponentType"](ct)
+        tracker = {t: 0 for t in c.tree_components}
+        out = []
+        c.tree_core.evict_device_start(comp, n)
+        try:
+            for i in range(k):
+                before = dict(tracker)
+                node, progress = c._evict_device_next_node(comp, tracker)
+                if node is not None:
+                    c._evict_device_leaf(node, tracker)
+                full = tracker[self.S["ComponentType"].FULL] - before[self.S["ComponentType"].FULL]
+                swa = (tracker[self.S["ComponentType"].SWA] - before[self.S["ComponentType"].SWA]
+                       if self.swa else 0)
+                out.append((node, bool(progress or node is not None), full, swa))
+                if not out[-1][1]:
+                    break
+                if i == 0 and between is not None:
+                    between()
+        finally:
+            c.tree_core.evict_device_end(comp)
+        return out
 
     def sizes(self):
         c = self.cache
