@@ -133,6 +133,18 @@ class FlatradixEngine:
         """match + the matched KV indices: flatradix's match already returns them."""
         return ctx.cache.match_prefix
 
+    def match_queue_fn(self, ctx):
+        """Score a waiting queue (a list of match params): one batched call."""
+        return ctx.cache.match_prefix_batch
+
+    def lock_unlock_batch_fn(self, ctx):
+        """Lock then unlock a batch of nodes (a batch admission and its release)."""
+        lock_batch, unlock_batch = ctx.cache.lock_batch, ctx.cache.unlock_batch
+
+        def lock_unlock_batch(nodes):
+            unlock_batch(lock_batch(nodes))
+        return lock_unlock_batch
+
     def release_fn(self, ctx):
         return ctx.cache.cache_finished_req
 
@@ -272,6 +284,23 @@ class SGLangEngine:
         def lock_unlock(node):
             dec(node, inc(node).to_dec_params())
         return lock_unlock
+
+    def match_queue_fn(self, ctx):
+        """Score a waiting queue as SGLang's scheduler does: one match per request."""
+        match = ctx.cache.match_prefix
+
+        def match_queue(params):
+            return [match(p) for p in params]
+        return match_queue
+
+    def lock_unlock_batch_fn(self, ctx):
+        """A batch admission's locks and their release: one lock / unlock per node."""
+        lock, unlock = ctx.cache.lock, ctx.cache.unlock
+
+        def lock_unlock_batch(nodes):
+            for lk in [lock(n) for n in nodes]:
+                unlock(lk)
+        return lock_unlock_batch
 
     def match_indices_fn(self, ctx):
         """match + the matched KV indices (0.5.23's match returns none; the

@@ -937,39 +937,45 @@ class UnifiedRadixCache(RequestCachingMixin):
         k = len(params)
         eng = self._engine
         get = eng.ns.get
-        parts, lens, nss = [], np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+        key_of = self._key
+        parts, lens_l, nss_l = [], [], []
         for i, p in enumerate(params):
             key = p.key if type(p) is MatchPrefixParams else p
-            units, n, nk, _ = self._key(key, f"params[{i}].key")
+            units, n, nk, _ = key_of(key, f"params[{i}].key")
             ns = get(nk)
             if ns is None or n == 0:
                 ns, n = -1, 0
-            lens[i] = n
-            nss[i] = ns
-            parts.append(units[:n])
+            lens_l.append(n)
+            nss_l.append(ns)
+            parts.append(units if n == units.shape[0] else units[:n])
         if self.disable or k == 0:
             return [self._empty_match() for _ in range(k)]
-        keys = np.concatenate(parts) if k > 1 else np.ascontiguousarray(parts[0])
+        lens = np.array(lens_l, dtype=np.int64)
+        nss = np.array(nss_l, dtype=np.int64)
         offs = np.zeros(k, dtype=np.int64)
         np.cumsum(lens[:-1], out=offs[1:])
-        out = np.empty(keys.shape[0], dtype=np.int64)
+        total = int(offs[-1] + lens[-1])
         res = np.empty((k, 4), dtype=np.int64)
-        with self._mutex:
-            eng.call_tree(_k_match_batch, keys, offs, lens, nss, out, res)
-        torch_kind = self._vals.kind == "torch"
-        if torch_kind:
-            out = self._vals.out(out)
+        with self._mutex:  # the scratch rows are the engine's: filled and read under the lock
+            buf = eng.batch_buffers(total)
+            keys, out = buf[0, :total], buf[1, :total]
+            np.concatenate(parts, out=keys)
+            _, packed = eng.call_tree(_k_match_batch, keys, offs, lens, nss, out, res)
+            idx = out[:packed].copy()  # the packed matched indices (the scratch is reused)
+        pos = np.zeros(k + 1, dtype=np.int64)
+        np.cumsum(res[:, 0], out=pos[1:])
+        idx = self._vals.out(idx)
         swa = self._swa
         results = []
-        for (plen, best, vis, full_hit), o in zip(res.tolist(), offs.tolist()):
+        for (plen, best, vis, full_hit), p0 in zip(res.tolist(), pos[:-1].tolist()):
             if full_hit == 0 and plen == 0 and vis < 0:
                 results.append(_tuple_new(MatchResult, (
-                    out[o:o], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
+                    idx[p0:p0], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
                 continue
             branch = full_hit if swa and full_hit > plen else None
             results.append(_tuple_new(MatchResult, (
-                out[o:o + plen], best, best, best, 0, plen, full_hit, None if vis < 0 else vis,
-                0, branch, 0, None, None, None)))
+                idx[p0:p0 + plen], best, best, best, 0, plen, full_hit,
+                None if vis < 0 else vis, 0, branch, 0, None, None, None)))
         return results
 
     def inc_lock_ref_batch(self, nodes, skip_lock_components=()):

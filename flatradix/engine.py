@@ -21,6 +21,8 @@ from .kernels.children import rebuild_children as _k_rebuild_children
 from .kernels.state import compact_pool as _k_compact
 from .kernels.state import reset_tree as _k_reset
 
+#: most entries per row the batch-match scratch keeps between calls (2 rows: 32 MiB)
+BATCH_KEEP = 1 << 21
 #: initial length of the ``out`` scratch and rows of ``acts`` (both grown on demand)
 OUT_MIN = 1024
 ACTS_MIN = 64
@@ -166,6 +168,7 @@ class Engine:
         self.st = TreeArrays(nodes, ctab, pool, heap, meta)
         self.out = np.zeros(OUT_MIN, dtype=np.int64)
         self.acts = np.zeros((ACTS_MIN, ACT_NCOL), dtype=np.int64)
+        self.batch = np.zeros((2, 0), dtype=np.int64)  # match_prefix_batch: keys, indices
         self.root = int(_k_reset(nodes, ctab, meta))
 
     @property
@@ -252,6 +255,18 @@ class Engine:
                 _k_compact(nodes, pool, new_pool, meta)
                 pool = new_pool
         self.st = TreeArrays(nodes, ctab, pool, heap, meta)
+
+    def batch_buffers(self, n):
+        """Two int64 scratch rows of ``n`` entries for ``match_prefix_batch`` (the
+        queue's keys back to back, and the indices the kernel writes), kept and
+        reused while ``n`` <= ``BATCH_KEEP`` so a scheduler scoring its queue every
+        step touches warm pages instead of faulting in fresh ones; larger queues
+        get fresh arrays that are dropped after the call."""
+        if n > BATCH_KEEP:
+            return np.empty((2, n), dtype=np.int64)
+        if self.batch.shape[1] < n:
+            self.batch = np.zeros((2, max(n, 2 * self.batch.shape[1])), dtype=np.int64)
+        return self.batch
 
     def ensure_out(self, n):
         """Make ``out`` hold at least ``n`` entries. It is sized by what calls need

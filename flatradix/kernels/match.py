@@ -92,14 +92,17 @@ def match_prefix_batch(nodes, ctab, pool, heap, meta, keys, offs, lens, nss, out
 
     Key ``i`` is ``keys[offs[i] : offs[i] + lens[i]]`` (page-aligned length) in
     namespace ``nss[i]``; a key with length 0 or namespace -1 matches nothing and
-    touches nothing. Its matched indices go to ``out[offs[i]:]`` and its result to
-    ``res[i] = (prefix_len, best_node_id, last_visited_node_id, full_kv_hit_length)``.
-    Requires room for ``k`` splits; E_CAPACITY otherwise, nothing changed.
-    Returns ``(status, k)``.
+    touches nothing. The matched indices are packed: key ``i``'s come right after
+    key ``i - 1``'s in ``out`` (``out`` as long as ``keys``; a walk writes at
+    most its key's length past the packed end, which never passes ``offs[i]``).
+    ``res[i] = (prefix_len, best_node_id, last_visited_node_id,
+    full_kv_hit_length)``. Requires room for ``k`` splits; E_CAPACITY
+    otherwise, nothing changed. Returns ``(status, packed length)``.
     """
     k = lens.shape[0]
     if not has_room(nodes, ctab, pool, meta, k, 0):
         return E_CAPACITY, 0
+    w = 0
     for i in range(k):
         n = lens[i]
         if n == 0 or nss[i] < 0:
@@ -110,9 +113,10 @@ def match_prefix_batch(nodes, ctab, pool, heap, meta, keys, offs, lens, nss, out
             continue
         o = offs[i]
         plen, best, visited, full_hit = match_one(nodes, ctab, pool, heap, meta, keys[o:o + n],
-                                                  n, nss[i], out[o:o + n])
+                                                  n, nss[i], out[w:w + n])
+        w += plen
         res[i, 0] = plen
         res[i, 1] = node_id(nodes, best)
         res[i, 2] = node_id(nodes, visited) if visited >= 0 else -1
         res[i, 3] = full_hit
-    return 0, k
+    return 0, w
