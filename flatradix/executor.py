@@ -25,6 +25,10 @@ def _cat(parts):
     return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
 
+assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
+        A.ACT_NCOL) == (0, 1, 2, 3, 4, 5, 6), "execute unpacks the action columns in this order"
+
+
 def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
@@ -40,11 +44,12 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.
     """
+    if rows.shape[0] == 0:
+        return _EMPTY
     full = []
     swa = []
-    for row in rows:
-        kind = int(row[A.ACT_KIND])
-        src, off, n = int(row[A.ACT_SRC]), int(row[A.ACT_OFF]), int(row[A.ACT_LEN])
+    # one tolist() instead of per-field numpy scalar reads (column order: actions.ACT_*)
+    for kind, comp, src, off, n, aux in rows.tolist():
         if kind == A.A_STORED:
             if sink is not None:
                 sink.stored(off)
@@ -55,11 +60,10 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
             continue
         if kind == A.A_ADOPTED:
             if adopted is not None:
-                _adopt(adopted, int(row[A.ACT_COMP]), off, off + n)
+                _adopt(adopted, comp, off, off + n)
             continue
         v = value_in[off:off + n] if src == A.SRC_IN else out[off:off + n]
         if kind == A.A_SWA_RECOVER_LOCKED:
-            aux = int(row[A.ACT_AUX])
             incoming = value_in[aux:aux + n]
             if vals is not None:
                 vals.swa_recover_locked(v, incoming)
@@ -76,7 +80,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
         elif kind == A.A_FREE_KV_FULL_ONLY:
             full.append(v)
         elif kind == A.A_FREE_SLOT:
-            (swa if int(row[A.ACT_COMP]) == SWA else full).append(v)
+            (swa if comp == SWA else full).append(v)
         else:
             raise AssertionError(f"unhandled action kind {kind}")
     freed_full = _cat(full)
