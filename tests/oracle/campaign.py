@@ -5,6 +5,7 @@ such logs (operations run without divergence per configuration and core).
 In the oracle venv (see driver.py for the environment)::
 
     python -m tests.oracle.campaign run --backend rust --ops 20000 --hours 5 --log rust.jsonl
+    python -m tests.oracle.campaign run --backend rust --ops 50000 --rounds 20 --hours 9 ...
     python -m tests.oracle.campaign summary rust.jsonl python.jsonl
 
 A round stops at its first divergence per configuration (the driver shrinks it
@@ -25,7 +26,9 @@ def run(args):
     t_end = time.monotonic() + args.hours * 3600
     seed = args.first_seed
     names = list(driver.CONFIGS) if args.config == "all" else args.config.split(",")
-    while time.monotonic() < t_end:
+    rounds = 0
+    while time.monotonic() < t_end and (args.rounds is None or rounds < args.rounds):
+        rounds += 1
         for name in names:
             if time.monotonic() >= t_end:
                 break
@@ -84,6 +87,8 @@ def main(argv=None):
     r.add_argument("--config", default="all")
     r.add_argument("--ops", type=int, default=20000, help="ops per configuration per round")
     r.add_argument("--hours", type=float, default=1.0)
+    r.add_argument("--rounds", type=int, default=None,
+                   help="stop after this many rounds (one seed each) even before --hours")
     r.add_argument("--first-seed", type=int, default=1)
     r.add_argument("--episode", type=int, default=5000)
     r.add_argument("--shrink-seconds", type=float, default=900)
