@@ -44,8 +44,8 @@ class _Tree:
         self.cache, self.alloc, self.rtp, self.stream = build_tree(tree_tokens)
 
 
-class MatchPrefix(_Tree):
-    """match_prefix: BATCH keys, 1/3 hits, 1/3 partial, 1/3 misses."""
+class _MatchKeys(_Tree):
+    """BATCH match keys, 1/3 hits, 1/3 partial, 1/3 misses."""
 
     def setup(self, tree_tokens):
         super().setup(tree_tokens)
@@ -53,10 +53,22 @@ class MatchPrefix(_Tree):
         for p in self.params_:  # first pass splits nodes at partial hits; samples see a steady tree
             self.cache.match_prefix(p)
 
+
+class MatchPrefix(_MatchKeys):
+    """match_prefix: BATCH single calls."""
+
     def time_match_prefix(self, tree_tokens):
         m = self.cache.match_prefix
         for p in self.params_:
             m(p)
+
+
+class MatchPrefixBatch(_MatchKeys):
+    """match_prefix_batch: the same BATCH keys as one waiting queue, one call
+    (compare with time_match_prefix: BATCH single calls)."""
+
+    def time_match_prefix_batch(self, tree_tokens):
+        self.cache.match_prefix_batch(self.params_)
 
 
 class _Nodes(_Tree):
@@ -75,6 +87,13 @@ class LockUnlock(_Nodes):
         inc, dec = self.cache.inc_lock_ref, self.cache.dec_lock_ref
         for n in self.nodes:
             dec(n, inc(n))
+
+
+class LockUnlockBatch(_Nodes):
+    """lock_batch + unlock_batch of the same BATCH nodes (one call each)."""
+
+    def time_lock_unlock_batch(self, tree_tokens):
+        self.cache.unlock_batch(self.cache.lock_batch(self.nodes))
 
 
 class PathIndices(_Nodes):
@@ -178,6 +197,50 @@ class CacheUnfinishedReq(_Requests):
         f = self.cache.cache_unfinished_req
         for r in self.reqs:
             f(r)
+
+
+class RequestPath(_Mutating):
+    """The scheduler's request path, end to end, for 50 requests whose prompt
+    (a cached sequence's prefix + new tokens) comes in a ``container``: admit
+    (``Req`` built, ``match_prefix`` with ``req``, ``cache.lock``, KV for the
+    uncached part, the row written) then ``release_kv_cache``. Tracks what
+    ``benchmarks/replay_peer.py`` measures against SGLang, per container."""
+
+    params = (SIZES, ["list", "array", "numpy", "torch"])
+    param_names = ["tree_tokens", "container"]
+
+    def setup(self, tree_tokens, container):
+        super().setup(tree_tokens)
+        from array import array
+
+        make = {"list": lambda t: t.tolist(), "array": lambda t: array("q", t.tobytes()),
+                "numpy": lambda t: t}.get(container)
+        if make is None:
+            try:
+                import torch
+            except ImportError:  # asv skips a parameter whose setup says so
+                raise NotImplementedError("torch is not installed in this environment")
+            make = torch.from_numpy
+        self.prompts = []
+        for i, s in enumerate(self.stream.sample(50, seed=13)):
+            full = np.concatenate([s, np.arange(1, 33, dtype=np.int64) + 7 * W.VOCAB + i * 32])
+            self.prompts.append(make(full))
+
+    def time_request_path(self, tree_tokens, container):
+        c, rtp, alloc = self.cache, self.rtp, self.alloc
+        table = rtp.req_to_token
+        for ids in self.prompts:
+            req = fr.Req(origin_input_ids=ids)
+            m = c.match_prefix(fr.MatchPrefixParams(key=fr.RadixKey(ids), req=req))
+            req.lock = c.lock(m.last_device_node)
+            req.last_node = m.last_device_node
+            n, hit = len(ids), m.device_prefix_len
+            req.req_pool_idx = row = rtp.alloc(1)[0]
+            table[row, :hit] = m.device_indices
+            table[row, hit:n] = alloc.alloc(n - hit)
+            req.cache_protected_len = hit
+            req.kv_committed_len = req.kv_allocated_len = n
+            c.release_kv_cache(req)
 
 
 class Reset(_Mutating):
