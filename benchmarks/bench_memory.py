@@ -6,9 +6,9 @@ that nothing is evicted; keys are page-aligned down.
 
 flatradix is measured two ways:
 
-* arrays: ``nbytes`` of the engine's state arrays (``_nodes``, ``_ctab``,
-  ``_pool``, ``_heap``, ``_out``, ``_meta``): **allocated** (capacity,
-  including doubling slack and the ``_out`` scratch) and **used** (node rows
+* arrays: ``nbytes`` of the engine's arrays (the state tuple ``nodes, ctab,
+  pool, heap, meta`` and the scratch ``out, acts, batch``): **allocated** (capacity,
+  including doubling slack and the scratch) and **used** (node rows
   below the high-water mark, heap slots, live child-table entries, pool rows in
   use, meta);
 * RSS, as for SGLang (below).
@@ -58,13 +58,13 @@ def flatradix_array_bytes(cache):
     """(allocated, used) bytes of a flatradix cache's state arrays."""
     from flatradix.kernels import layout as L
 
-    arrays = [getattr(cache, n) for n in ("_nodes", "_ctab", "_pool", "_heap", "_out", "_meta")
-              if getattr(cache, n, None) is not None]
+    eng = cache._engine
+    arrays = list(eng.st) + [eng.out, eng.acts, eng.batch]
     allocated = sum(a.nbytes for a in arrays)
-    meta = cache._engine.meta
-    nodes, pool, ctab, heap = cache._engine.st.nodes, cache._engine.st.pool, cache._engine.st.ctab, cache._engine.st.heap
+    meta = eng.meta
+    nodes, pool, ctab, heap = eng.st.nodes, eng.st.pool, eng.st.ctab, eng.st.heap
     hwm = int(meta[L.M_HWM])
-    used = (hwm * nodes.strides[0] + hwm * heap.itemsize
+    used = (hwm * nodes.strides[0] + hwm * heap.shape[0] * heap.itemsize
             + int(meta[L.M_POOL_TOP]) * pool.strides[0]
             + int(meta[L.M_CT_LIVE]) * ctab.strides[0] + meta.nbytes)
     return allocated, used
