@@ -219,12 +219,14 @@ def op_evict(eng, wl):
                       "evicted_tokens": sum(r.num_tokens_evicted for r in res)}
 
 
-def op_lock_unlock(eng, wl):
+def _lock_unlock(eng, wl, populate):
+    """lock + unlock of random matched nodes of a tree ``populate`` filled; returns
+    ``(ctx, nodes, lat, fre)``."""
     import random
 
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
     keys = wl.keys(eng, "seqs")[: wl.half]
-    E.populate(eng, ctx, keys, wl.seqs[: wl.half])
+    populate(eng, ctx, keys, wl.seqs[: wl.half])
     root = eng.root(ctx)
     nodes = []
     for k in keys:
@@ -235,6 +237,11 @@ def op_lock_unlock(eng, wl):
     n = min(2 * len(nodes), wl.num_seqs)
     items = [rng.choice(nodes) for _ in range(n + warmup_count(n))]
     lat, fre, _ = timed_loop(eng.lock_unlock_fn(ctx), items, ctx.clock)
+    return ctx, nodes, lat, fre
+
+
+def op_lock_unlock(eng, wl):
+    ctx, _, lat, fre = _lock_unlock(eng, wl, E.populate)
     return lat, fre, {"protected_after": ctx.cache.protected_size()}
 
 
@@ -375,21 +382,7 @@ def swa_op_evict_swa(eng, wl):
 
 
 def swa_op_lock_unlock(eng, wl):
-    import random
-
-    ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
-    keys = wl.keys(eng, "seqs")[: wl.half]
-    E.populate_swa(eng, ctx, keys, wl.seqs[: wl.half])
-    root = eng.root(ctx)
-    nodes = []
-    for k in keys:
-        m = ctx.cache.match_prefix(eng.match_params(k))
-        if m.last_device_node != root:
-            nodes.append(m.last_device_node)
-    rng = random.Random(99)
-    n = min(2 * len(nodes), wl.num_seqs)
-    items = [rng.choice(nodes) for _ in range(n + warmup_count(n))]
-    lat, fre, _ = timed_loop(eng.lock_unlock_fn(ctx), items, ctx.clock)
+    ctx, nodes, lat, fre = _lock_unlock(eng, wl, E.populate_swa)
     return lat, fre, {"locked_nodes": len(nodes),
                       "protected_after": (ctx.cache.protected_size(),
                                           ctx.cache.swa_protected_size())}

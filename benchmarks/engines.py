@@ -339,16 +339,24 @@ class SGLangEngine:
             req.prefix_len = plen
             req.last_node = m.last_device_node
             req.lock = ctx.cache.lock(m.last_device_node)
+            self._admitted(ctx, req, m)
             if plen:
                 idx = ctx.cache.path_device_indices(m.last_device_node)[:plen]
                 ctx.rtp.write((row, slice(0, plen)), idx.to(torch.int32))
             req.kv.cache_protected_len = plen
-        slots = need_slots(self, ctx, committed - plen)
+        slots = self._need_slots(ctx, committed - plen)
         ctx.rtp.write((row, slice(plen, committed)), slots.to(torch.int32))
         req.kv.kv_committed_len = committed
         req.kv.kv_allocated_len = committed
         req.finished_reason = self._FINISH_LENGTH(length=len(o))
         return req
+
+    # hooks of make_request (the SWA engine overrides them)
+    def _admitted(self, ctx, req, m):
+        pass
+
+    def _need_slots(self, ctx, n):
+        return need_slots(self, ctx, n)
 
 
 def alloc_slots(eng, ctx, n, evict=None):
@@ -533,39 +541,17 @@ class SGLangSWAEngine(_SWADriving, SGLangEngine):
 
     def make_request(self, ctx, prompt, output, rolling=False, slide=True):
         """As ``FlatradixSWAEngine.make_request``, with SGLang's ``Req``."""
-        torch = self.torch
-        p = array("q", prompt)
-        o = array("q", output)
-        committed = len(p) + len(o) - 1
-        self._rid += 1
-        req = self._Req(rid=f"b{self._rid}", origin_input_text="", origin_input_ids=p,
-                        sampling_params=self._SamplingParams(temperature=0,
-                                                             max_new_tokens=len(o) + 1))
-        req.output_ids = o
-        ctx.rtp.alloc([req])
-        row = req.kv.req_pool_idx
-        plen = 0
-        req.last_node = ctx.cache.root_node_handle()
-        if rolling:
-            m = ctx.cache.match_prefix(self._bpc.MatchPrefixParams(key=self._RadixKey(p)))
-            plen = m.device_prefix_len
-            ctx.admissions.append(self.match_result(m))
-            req.prefix_len = plen
-            req.last_node = m.last_device_node
-            req.lock = ctx.cache.lock(m.last_device_node)
-            req.swa_branching_seqlen = m.swa_branching_seqlen
-            if plen:
-                idx = ctx.cache.path_device_indices(m.last_device_node)[:plen]
-                ctx.rtp.write((row, slice(0, plen)), idx.to(torch.int32))
-            req.kv.cache_protected_len = plen
-        slots = need_slots_swa(self, ctx, committed - plen)
-        ctx.rtp.write((row, slice(plen, committed)), slots.to(torch.int32))
-        req.kv.kv_committed_len = committed
-        req.kv.kv_allocated_len = committed
-        req.finished_reason = self._FINISH_LENGTH(length=len(o))
+        req = super().make_request(ctx, prompt, output, rolling=rolling)
         if slide:
-            ctx.cache.evict_sliding_windows(req, committed - 1)
+            ctx.cache.evict_sliding_windows(req, req.kv.kv_committed_len - 1)
         return req
+
+    def _admitted(self, ctx, req, m):
+        ctx.admissions.append(self.match_result(m))
+        req.swa_branching_seqlen = m.swa_branching_seqlen
+
+    def _need_slots(self, ctx, n):
+        return need_slots_swa(self, ctx, n)
 
 
 def alloc_slots_swa(eng, ctx, n, evict=None):
