@@ -864,10 +864,11 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise self._stale(nid)
         return DecLockRefResult()
 
-    def _raise_underflow(self, slot, nid, what="segment release"):
+    def _raise_underflow(self, slot, nid, what="segment release", name=None):
         nodes = self._engine.st.nodes
         comp = "FULL" if nodes[slot, L.FULL_LOCK] <= 0 else "SWA"
-        raise LockRefError(f"{comp} {what} hit lock_ref=0 on node {node_id(nodes, slot)} "
+        where = f"{name}: " if name else ""
+        raise LockRefError(f"{where}{comp} {what} hit lock_ref=0 on node {node_id(nodes, slot)} "
                            f"(releasing node {nid}: unlock without lock, twice, or without "
                            "skip_swa after release_swa)")
 
@@ -1036,7 +1037,7 @@ class UnifiedRadixCache(RequestCachingMixin):
                                    "(its lock_ref is held by locks on its descendants, or the batch "
                                    "released it already)")
             if st == L.E_LOCK_UNDERFLOW:
-                self._raise_underflow(int(x), int(nids[i]))
+                self._raise_underflow(int(x), int(nids[i]), name=f"nodes[{i}]")
         if st == L.E_STALE:
             raise self._stale(int(nids[i]), f"nodes[{i}]")
         return [DecLockRefResult() for _ in range(k)]

@@ -136,6 +136,9 @@ def _policies(text):
 
 def build_parser():
     p = _Parser(prog="flatradix", description=__doc__.split("\n\n")[0])
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"flatradix {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser(
         "replay", help="replay a request trace through the prefix cache",
@@ -255,6 +258,8 @@ def build_parser():
 
 def _check_output(path, option):
     """Fail now, not after an hour of replay, if ``path`` cannot be written."""
+    if not path.strip():
+        raise UsageError(f"{option}: empty file name")
     if os.path.isdir(path):
         raise UsageError(f"{option}: {path} is a directory")
     parent = os.path.dirname(os.path.abspath(path))

@@ -261,6 +261,7 @@ class SWATokenToKVPoolAllocator:
     """
 
     def __init__(self, size, size_swa, page_size=1, index_kind="numpy", device="cpu"):
+        _pool_size(size_swa, "size_swa")  # checked first, so an error names the right one
         self.full_attn_allocator = TokenToKVPoolAllocator(size, page_size, index_kind, device)
         self.swa_attn_allocator = TokenToKVPoolAllocator(size_swa, page_size, index_kind, device)
         self.size_full = self.full_attn_allocator.size

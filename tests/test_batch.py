@@ -97,7 +97,7 @@ def test_lock_batches_equal_single_calls_and_are_all_or_nothing(swa):
         single.protected_size(), single.swa_protected_size())
     # a release that fails half-way (the first node twice, locked once) undoes the batch
     before = batch._snapshot()
-    with pytest.raises(LockRefError):
+    with pytest.raises(LockRefError, match=rf"nodes\[{len(nodes)}\]"):
         batch.dec_lock_ref_batch(nodes + nodes[:1], rb + rb[:1])
     assert_state_equal(before, batch._snapshot())
     with pytest.raises(NodeAccessError, match=r"nodes\[1\]"):

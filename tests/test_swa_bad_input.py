@@ -87,6 +87,16 @@ def test_ctor_window_must_be_an_int(W):
                           token_to_kv_pool_allocator=SWATokenToKVPoolAllocator(16, 16))
 
 
+@pytest.mark.parametrize("args,exc,msg", [
+    ((16, "x"), TypeError, "size_swa must be an int"),
+    ((16, -1), ValueError, "size_swa must be >= 0"),
+    (("x", 16), TypeError, "size must be an int"),
+])
+def test_swa_allocator_sizes_name_the_argument(args, exc, msg):
+    with pytest.raises(exc, match=msg):
+        SWATokenToKVPoolAllocator(*args)
+
+
 def test_ctor_window_on_a_full_only_cache():
     with pytest.raises(ValueError, match="sliding_window_size"):
         UnifiedRadixCache(sliding_window_size=4)

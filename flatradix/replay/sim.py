@@ -90,6 +90,7 @@ KV pool never holds more slots than the workload can use
 
 import collections
 import heapq
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -266,15 +267,38 @@ def _latency(samples_ns):
 _warm = set()
 
 
-def warm_up(swa=False):
+#: a warm-up longer than this says on a terminal that it is compiling (seconds)
+WARM_UP_NOTICE_S = 1.0
+
+
+def warm_up(swa=False, notice=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
     process (and once more for the SWA mode when ``swa``), so the timed loop
-    measures the cache and not the JIT. Returns seconds."""
+    measures the cache and not the JIT. ``notice``: when it runs longer than
+    ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
+    compiles for ~10-25 s in silence otherwise). Returns seconds."""
     kind = "swa" if swa else "full"
     if kind in _warm:
         return 0.0
     from .trace import Workload
 
+    timer = None
+    if notice and sys.stderr.isatty():
+        import threading
+
+        timer = threading.Timer(WARM_UP_NOTICE_S, lambda: print(
+            "flatradix: compiling the kernels (first run only: Numba caches them) ...",
+            file=sys.stderr, flush=True))
+        timer.daemon = True
+        timer.start()
+    try:
+        return _warm_up(kind, swa, Workload)
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _warm_up(kind, swa, Workload):
     t = time.perf_counter()
     _warm.add(kind)
     tiny = Workload("warm-up", 4, np.zeros(4), np.array([8, 10, 7, 4], dtype=np.int64),
@@ -520,9 +544,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     if swa:
         swa_slots = swa_pool_slots(None if unbounded else int(capacity), swa_ratio, page_size,
                                    bound)
-    warmup_s = warm_up()
+    warmup_s = warm_up(notice=bool(progress))
     if swa:
-        warmup_s += warm_up(swa=True)
+        warmup_s += warm_up(swa=True, notice=bool(progress))
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     if swa:
         alloc = SWATokenToKVPoolAllocator(slots, swa_slots, page_size=page_size)
