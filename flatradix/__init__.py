@@ -9,7 +9,10 @@ __version__ = "0.1.0"
 
 from .cache import UnifiedRadixCache
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
-from .pools import ReqToTokenPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from .pools import (
+    HybridReqToTokenPool, MambaSlotAllocator, ReqToTokenPool, SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 from .requests import Req
 from .types import (
     ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult,
@@ -22,5 +25,5 @@ __all__ = [
     "InsertResult", "EvictParams", "EvictResult", "EvictStep", "IncLockRefResult",
     "DecLockRefParams", "DecLockRefResult", "ComponentType", "NodeAccessError",
     "LockRefError", "CacheInvariantError", "TokenToKVPoolAllocator", "ReqToTokenPool", "Req",
-    "SWATokenToKVPoolAllocator", "TreeLock",
+    "SWATokenToKVPoolAllocator", "TreeLock", "HybridReqToTokenPool", "MambaSlotAllocator",
 ]

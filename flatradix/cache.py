@@ -7,6 +7,7 @@ runs under one re-entrant lock (the kernels hold the GIL; see
 ``docs/architecture.md``).
 """
 
+import math
 import threading
 from collections.abc import Mapping
 
@@ -79,7 +80,8 @@ def _components(components):
 #: The default component set (compared by identity: ``tree_components`` may replace it).
 _FULL_ONLY = (ComponentType.FULL,)
 #: The component sets a cache can be built with, in SGLang's order.
-_COMPONENT_SETS = ((ComponentType.FULL,), (ComponentType.FULL, ComponentType.SWA))
+_COMPONENT_SETS = ((ComponentType.FULL,), (ComponentType.FULL, ComponentType.SWA),
+                   (ComponentType.FULL, ComponentType.MAMBA))
 #: Largest accepted sliding_window_size (tokens).
 MAX_WINDOW = 1 << 40
 
@@ -121,8 +123,9 @@ class UnifiedRadixCache(RequestCachingMixin):
     page_size : int, >= 1
         Keys are aligned down to whole pages; nodes hold whole pages.
     components : tuple of ComponentType
-        ``(FULL,)`` or ``(FULL, SWA)`` (Mamba is not implemented yet:
-        ``ValueError``). ``tree_components`` is SGLang's keyword for it.
+        ``(FULL,)``, ``(FULL, SWA)`` or ``(FULL, MAMBA)`` (``(FULL, SWA, MAMBA)``
+        is not implemented yet: ``ValueError``). ``tree_components`` is SGLang's
+        keyword for it.
     sliding_window_size : int, keyword-only
         SWA only: the retain window ``W`` in tokens (>= 1), as SGLang's
         ``sliding_window_size``. A match needs ``W`` contiguous tokens with SWA
@@ -141,7 +144,18 @@ class UnifiedRadixCache(RequestCachingMixin):
         SGLang's ``SWATokenToKVPoolAllocator``, duck-typed) with the cache's page
         size: the SWA pool's slots are freed through its Full -> SWA mapping.
     req_to_token_pool : optional
-        Needed by ``cache_finished_req`` / ``cache_unfinished_req``.
+        Needed by ``cache_finished_req`` / ``cache_unfinished_req``. Mamba caches
+        need one with a ``mamba_allocator`` (``alloc(n)``, ``free(indices)``,
+        ``available_size()``): ``flatradix.HybridReqToTokenPool`` or SGLang's
+        ``HybridReqToTokenPool``; evicted states are freed through it.
+    mamba_cache_chunk_size : int, keyword-only
+        Mamba only (default 64, SGLang's): tokens per Mamba checkpoint chunk; a
+        match's ``mamba_branching_seqlen`` lies on the grid
+        ``lcm(mamba_cache_chunk_size, page_size)``.
+    enable_mamba_extra_buffer : bool, keyword-only
+        Mamba only: the request pool keeps extra (ping-pong) state slots so a
+        checkpoint can be cached at any chunk boundary. Without it only the
+        sequence-end state exists and ``page_size`` must be 1 (SGLang's rule).
     device : str or torch.device
         ``"cpu"`` (values live in host memory; CUDA tensors are accepted and
         returned on their device, with one copy each way), or ``"cuda"`` /
@@ -192,7 +206,8 @@ class UnifiedRadixCache(RequestCachingMixin):
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
                  enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16,
-                 kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None):
+                 kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None,
+                 mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False):
         if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
             raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
         self.page_size = int(page_size)
@@ -205,8 +220,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             components = tree_components
         comps = _components(components)
         if comps not in _COMPONENT_SETS:
-            raise ValueError(f"components must be (FULL,) or (FULL, SWA) (Mamba is not "
-                             f"implemented yet), got {comps}")
+            raise ValueError(f"components must be (FULL,), (FULL, SWA) or (FULL, MAMBA) "
+                             f"(FULL, SWA, MAMBA is not implemented yet), got {comps}")
         self.components = comps
         self._swa = ComponentType.SWA in comps
         if self._swa:
@@ -231,6 +246,28 @@ class UnifiedRadixCache(RequestCachingMixin):
         elif sliding_window_size is not None:
             raise ValueError("sliding_window_size given, but components has no ComponentType.SWA")
         self._window = int(sliding_window_size) if self._swa else 0
+        self._mamba = ComponentType.MAMBA in comps
+        chunk = as_int(mamba_cache_chunk_size, "mamba_cache_chunk_size")
+        if chunk < 1:
+            raise ValueError(f"mamba_cache_chunk_size must be >= 1, got {chunk}")
+        extra = as_flag(enable_mamba_extra_buffer, "enable_mamba_extra_buffer")
+        disable_flag = as_flag(disable, "disable")
+        if self._mamba:
+            malloc = getattr(req_to_token_pool, "mamba_allocator", None)
+            if malloc is None or not all(callable(getattr(malloc, m, None))
+                                         for m in ("alloc", "free", "available_size")):
+                raise TypeError("req_to_token_pool: a Mamba cache needs a request pool with a "
+                                "mamba_allocator (alloc, free, available_size): "
+                                "flatradix.HybridReqToTokenPool or SGLang's "
+                                f"HybridReqToTokenPool, got {type(req_to_token_pool).__name__}")
+            if not extra and self.page_size != 1 and not disable_flag:
+                raise ValueError(f"page_size={self.page_size}: a Mamba cache without "
+                                 "enable_mamba_extra_buffer caches only sequence-end states and "
+                                 "needs page_size=1 (SGLang's rule)")
+        self.mamba_cache_chunk_size = chunk
+        self.enable_mamba_extra_buffer = extra
+        #: The grid a branching Mamba checkpoint lands on (tokens).
+        self.mamba_checkpoint_grid = chunk * self.page_size // math.gcd(chunk, self.page_size)
         if not isinstance(eviction_policy, str) or eviction_policy.lower() not in L.POLICY_NAMES:
             raise ValueError(f"eviction_policy must be one of {', '.join(L.POLICY_NAMES)}; "
                              f"got {eviction_policy!r}")
@@ -263,12 +300,15 @@ class UnifiedRadixCache(RequestCachingMixin):
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.req_to_token_pool = req_to_token_pool
         self.device = device
-        self.is_eagle = as_flag(is_eagle, "is_eagle")
+        # a Mamba tree is never a bigram tree (SGLang: bigram iff is_eagle and no Mamba)
+        self.is_eagle = as_flag(is_eagle, "is_eagle") and not self._mamba
         self.disable = as_flag(disable, "disable")
         self.enable_kv_cache_events = (as_flag(enable_kv_cache_events, "enable_kv_cache_events")
                                        and not self.disable)
         self._mutex = threading.RLock()
         self._vals = ValueBridge(token_to_kv_pool_allocator)
+        if self._mamba:
+            self._vals.set_mamba(req_to_token_pool.mamba_allocator)
         cfg = self._policy_cfg
         pa = pb = 0
         if self.eviction_policy == "slru":
@@ -279,7 +319,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._engine = Engine(
                 page_size=self.page_size, policy=L.POLICY_NAMES.index(self.eviction_policy),
                 policy_a=pa, policy_b=pb, events=self.enable_kv_cache_events,
-                components=L.C_FULL | (L.C_SWA if self._swa else 0), swa_window=self._window,
+                components=(L.C_FULL | (L.C_SWA if self._swa else 0)
+                            | (L.C_MAMBA if self._mamba else 0)), swa_window=self._window,
                 bigram=self.is_eagle, node_capacity=max(4, ncap), pool_capacity=max(64, pcap))
         except MemoryError as e:
             raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "
@@ -346,7 +387,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         return units, n, (ek, salt), raw
 
     def _insert_units(self, units, value, n, nk, prev, inserted_len, priority, limit, name,
-                      want_path=False, keep_own=False, cursor=0, track=False):
+                      want_path=False, keep_own=False, cursor=0, track=False, mamba_slot=-1):
         """One insert kernel call on validated arguments (shared by ``insert`` and the
         request path); executes its actions (duplicate frees, SWA recovery, events).
 
@@ -356,8 +397,9 @@ class UnifiedRadixCache(RequestCachingMixin):
         ``path[:prefix_len]`` are the tree's slots). ``keep_own`` (request path):
         duplicates equal to the tree's own slot at their position are not freed.
         ``cursor``: the request's SWA eviction cursor (page-aligned; SWA caches).
-        ``track``: SWA caches report adopted ranges.
-        Returns ``(prefix_len, target_id, freed, path, adopted)``; ``freed`` are the
+        ``track``: SWA caches report adopted ranges. ``mamba_slot``: the state slot
+        donated to the target (Mamba caches; validated by the caller).
+        Returns ``(prefix_len, target_id, freed, path, adopted, mamba_exist)``; ``freed`` are the
         duplicate slots freed (what the caller frees without an allocator),
         ``adopted`` ``{component: [(start, end)]}`` when tracked on an SWA cache.
         Raises ``ValueError`` naming ``name`` for a bad KV index, nothing changed
@@ -376,9 +418,10 @@ class UnifiedRadixCache(RequestCachingMixin):
                 ns = eng.ns.intern(nk)
             if want_path:
                 eng.ensure_out(2 * n)
-            st, plen, target = eng.call(_k_insert, units, value, n, ns, inserted_len, priority,
-                                        limit, prev, cursor, _TRACK if track else 0,
-                                        n if want_path else 0)
+            st, plen, target, exist = eng.call(_k_insert, units, value, n, ns, inserted_len,
+                                               priority, limit, prev, cursor,
+                                               _TRACK if track else 0, mamba_slot,
+                                               n if want_path else 0)
             if st == L.E_BAD_VALUE:
                 if new_ns:
                     eng.ns.forget(nk)
@@ -393,7 +436,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             freed = execute(eng.actions(), eng.out, value, self._vals, self._sink,
                             keep_own=keep_own, adopted=adopted)
             path = eng.out[:n] if want_path else None
-        return plen, target, freed, path, adopted
+        return plen, target, freed, path, adopted, bool(exist)
 
     def _check_anchored(self, node, name):
         """Raise (before any change) unless ``dec_lock_ref(node)`` would succeed for
@@ -419,7 +462,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         ``dec_lock_ref`` makes first, without releasing. Errors as ``dec_lock_ref``,
         naming ``name``. Returns the node id."""
         nid = self._check_anchored(node, f"{name}.node" if receipt is not None else name)
-        if self.disable or not self._swa:
+        if self.disable or not (self._swa or self._mamba):
             return nid
         skip, boundary = self._receipt(nid, receipt, f"{name}.receipt")
         if swa_released:
@@ -455,10 +498,13 @@ class UnifiedRadixCache(RequestCachingMixin):
         ``origin_input_ids`` / ``fill_ids`` (as SGLang's scheduler passes them)
         is converted through the request's memo: once per request, not per call.
         """
+        cow = False
         if type(params) is MatchPrefixParams:
             key = params.key
             if params.req is not None and type(key) is RadixKey and type(key.token_ids) is list:
                 key = self._req_key(params.req, key)
+            if params.cow_mamba:
+                cow = self._check_cow(params)
         else:
             key = params
         units, n, nk, _ = self._key(key, "params.key")
@@ -479,9 +525,67 @@ class UnifiedRadixCache(RequestCachingMixin):
         # SWA: how far the match could have gone with the window present (the walk's
         # page-aligned length, when it is past the usable prefix)
         branch = full_hit if self._swa and full_hit > plen else None
+        mbranch = None
+        if self._mamba:
+            mbranch = self._mamba_branch(full_hit, plen)
+            if cow:
+                self._cow_mamba(params.req, best)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
         return _tuple_new(MatchResult, (idx, best, best, best, 0, plen, full_hit, vis,
-                                        0, branch, 0, None, None, None))
+                                        0, branch, 0, mbranch, None, None))
+
+    def _mamba_branch(self, full_hit, plen):
+        """SGLang's ``mamba_branching_seqlen``: the Full hit aligned down to the
+        checkpoint grid ``lcm(mamba_cache_chunk_size, page_size)``, when that is
+        past the usable prefix (spec §6.3), else None."""
+        grid = self.mamba_checkpoint_grid
+        aligned = full_hit // grid * grid
+        return aligned if aligned > plen else None
+
+    def _check_cow(self, params):
+        """Validate a ``cow_mamba`` match's request (before anything changes)."""
+        if not self._mamba:
+            raise ValueError("params.cow_mamba given, but this cache has no Mamba component")
+        req = params.req
+        kv = getattr(req, "kv", None)
+        if req is None or kv is None or not hasattr(kv, "mamba_pool_idx"):
+            raise ValueError("params.cow_mamba needs params.req with a .kv holding "
+                             "mamba_pool_idx (SGLang's Req)")
+        return True
+
+    def _cow_mamba(self, req, best):
+        """Copy-on-write of the best node's state (SGLang's Mamba cache finaliser):
+        the request gets a private slot (allocated when it holds none; when the
+        pool is empty one state is evicted with the best node locked meanwhile)
+        and ``req.kv.mamba_cow_src_index`` names the node's slot (the copy itself
+        is the caller's, on its stream). Nothing when the node has no state."""
+        with self._mutex:
+            nodes = self._engine.st.nodes
+            s = int(_k_resolve(nodes, self._engine.meta, best))
+            if s < 0 or not nodes[s, L.FLAGS] & L.F_HAS(L.MAMBA):
+                return
+            src = int(nodes[s, L.MAMBA_SLOT])
+            kv = req.kv
+            holds = getattr(kv, "holds_mamba", None)
+            if holds is None:
+                holds = kv.mamba_pool_idx is not None
+            if not holds:
+                alloc = self._vals.mamba
+                dst = alloc.alloc(1)
+                if dst is None:
+                    receipt = self.inc_lock_ref(best)
+                    try:
+                        self.evict(EvictParams(num_tokens=0, mamba_num=1))
+                    finally:
+                        self.dec_lock_ref(best, receipt.to_dec_params())
+                    dst = alloc.alloc(1)
+                    if dst is None:
+                        raise RuntimeError("Can not alloc mamba cache: the Mamba state pool is "
+                                           "empty and nothing is evictable")
+                kv.mamba_pool_idx = dst[0]
+            src_t = self._vals.mamba_out(src)
+            kv.mamba_cow_src_index = src_t
+            kv.mamba_needs_clear = False
 
     # ------------------------------------------------------------------ insert
     def insert(self, params):
@@ -498,7 +602,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         their duplicates freed Full-only; a matched tombstone at or past the
         cursor is recovered from ``value`` (its duplicate is then the tree's);
         the new leaf keeps at most ``ceil(W / P) * P`` tokens of SWA data (an
-        older part becomes its parent). ``swa_branch_inserted`` is
+        older part becomes its parent). Mamba caches (spec §6.3):
+        ``params.mamba_value`` (a 1-element slot of ``req_to_token_pool.
+        mamba_allocator``) is required; the new leaf -- or the node the key ended
+        on, when it has no state -- takes it; when that node already has a state,
+        ``mamba_exist`` is True and the slot stays the caller's to free.
+        ``swa_branch_inserted`` is
         ``len(key) >= params.swa_branching_seqlen`` when the latter is set;
         ``adopted_ranges`` (when tracked) lists per component the ranges whose
         slots the tree took over.
@@ -523,8 +632,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         prev = as_count(params.prev_prefix_len, "params.prev_prefix_len")
         inserted_len = as_count(params.inserted_len, "params.inserted_len")
         priority = as_int(params.priority if params.priority is not None else 0, "params.priority")
+        mamba_slot = -1
         if params.mamba_value is not None:
-            raise ValueError("params.mamba_value given, but this cache has no Mamba component")
+            if not self._mamba:
+                raise ValueError("params.mamba_value given, but this cache has no Mamba component")
+            mamba_slot = self._vals.mamba_slot(params.mamba_value, "params.mamba_value")
         cursor, branching = self._swa_params(params)
         nlog = units.shape[0]
         if params.value is None:
@@ -556,6 +668,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             # (SGLang returns before the component commits: swa_branch_inserted False)
             return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
                                 mamba_exist=True)
+        if self._mamba and mamba_slot < 0:
+            raise ValueError("params.mamba_value is required with ComponentType.MAMBA (the "
+                             "state slot donated to the inserted node)")
         if limit != L.VALUES_UNCHECKED and self._vals.check_held(value, name):
             # flatradix's allocator: every slot is held (allocated, in 1..size, not
             # given twice), which implies the kernel's bound check: skip that pass
@@ -564,9 +679,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             self._vals.check_swa_peers(value[:n], max(prev, cursor), name)
         branch_inserted = branching is not None and nlog >= branching
         track = bool(params.track_adopted_ranges)
-        plen, target, dup, _, adopted = self._insert_units(
+        plen, target, dup, _, adopted, exist = self._insert_units(
             units, value, n, nk, prev, inserted_len, priority, limit, name, cursor=cursor,
-            track=track and self._swa)
+            track=track and self._swa, mamba_slot=mamba_slot)
         if params.value is not None:
             self._vals.note_kind(params.value)
         dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
@@ -576,7 +691,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             else:  # only components that adopted something appear (SGLang: {} when none)
                 adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
         return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
-                            duplicate_indices=dup_out, mamba_exist=False,
+                            duplicate_indices=dup_out, mamba_exist=exist,
                             swa_branch_inserted=branch_inserted)
 
     def _swa_params(self, params):
@@ -622,17 +737,23 @@ class UnifiedRadixCache(RequestCachingMixin):
         returns what that freed (never an error; counts above 2**62, e.g. 2**63,
         are clamped). Raises ``TypeError`` for a non-int count and
         ``ValueError`` for a negative one, before anything changes.
-        ``mamba_num`` is validated the same way and ignored (no such
-        component); so is ``swa_num_tokens`` on a cache without SWA.
+        With Mamba, the Mamba walk then takes the least recently used states
+        not locked (``mamba_num``): an unlocked leaf is deleted whole, another
+        node loses its state only; states freed by the Full walk's deletions
+        count. ``mamba_num`` / ``swa_num_tokens`` are validated the same way on
+        a cache without that component, and ignored.
         """
+        mamba_num = 0
         if isinstance(params, EvictParams):
             num = as_count(params.num_tokens, "params.num_tokens")
             swa_num = 0
             if params.swa_num_tokens != 0 or params.mamba_num != 0:
                 swa_num = as_count(params.swa_num_tokens, "params.swa_num_tokens")
-                as_count(params.mamba_num, "params.mamba_num")
+                mamba_num = as_count(params.mamba_num, "params.mamba_num")
             if not self._swa:
                 swa_num = 0
+            if not self._mamba:
+                mamba_num = 0
         elif isinstance(params, (int, np.integer)) and not isinstance(params, bool):
             num = as_count(params, "params.num_tokens")
             swa_num = 0
@@ -640,31 +761,33 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise TypeError(f"params must be an EvictParams or an int (params.num_tokens), got "
                             f"{type(params).__name__}")
         num, swa_num = min(num, _COUNT_CLAMP), min(swa_num, _COUNT_CLAMP)
+        mamba_num = min(mamba_num, _COUNT_CLAMP)
         no_alloc = self.token_to_kv_pool_allocator is None
-        if self.disable or (num == 0 and swa_num == 0):
+        if self.disable or (num == 0 and swa_num == 0 and mamba_num == 0):
             return EvictResult(0, 0, 0, self._vals.empty() if no_alloc else None)
         eng = self._engine
         parts = []
         with self._mutex:
-            done = swa_done = 0
+            done = swa_done = m_done = 0
             phase = 0
             while True:
-                st, f, w, phase = _k_evict(*eng.st, num - done, swa_num - swa_done, phase,
-                                           eng.out, eng.acts)
+                st, f, w, m, phase = _k_evict(*eng.st, num - done, swa_num - swa_done,
+                                              mamba_num - m_done, phase, eng.out, eng.acts)
                 done += f
                 swa_done += w
+                m_done += m
                 parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
                 if st == L.OK:
                     break
                 eng.grow()  # out / acts too small for the next victim: grow, go on
         if no_alloc:
-            return EvictResult(done, swa_done, 0, self._vals.out(
+            return EvictResult(done, swa_done, m_done, self._vals.out(
                 np.concatenate(parts) if len(parts) > 1 else parts[0]))
-        return EvictResult(done, swa_done, 0, None)
+        return EvictResult(done, swa_done, m_done, None)
 
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
         """Open a step-wise eviction round of ``num_tokens`` units for ``component``
-        (FULL, or SWA on an SWA cache).
+        (FULL, or SWA / MAMBA when configured; Mamba counts states).
 
         Raises ``RuntimeError("device eviction already in progress")`` when one is
         open for that component, ``ValueError`` for a component that is not
@@ -696,19 +819,35 @@ class UnifiedRadixCache(RequestCachingMixin):
         c = self._check_component(component)
         eng = self._engine
         with self._mutex:
-            st, nid, f, w = eng.call(_k_evict_next, c)
+            st, nid, f, w, m = eng.call(_k_evict_next, c)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             rows = eng.actions()
             # the controller frees the step's slots: execute the events only
-            freed = execute(rows, eng.out, None, None, self._sink)
+            mamba_freed = []
+            freed = execute(rows, eng.out, None, None, self._sink, mamba_out=mamba_freed)
             swa = rows[(rows[:, 0] == L_A.A_FREE_SLOT) & (rows[:, 1] == L.SWA)]
             swa_freed = (np.concatenate([eng.out[o:o + k] for o, k in swa[:, 3:5].tolist()])
                          if len(swa) else _EMPTY.copy())
-        if f == 0 and w == 0:
-            return EvictStep(None, self._vals.empty(), 0, False, swa_freed_indices=self._vals.empty())
+        if f == 0 and w == 0 and m == 0:
+            return EvictStep(None, self._vals.empty(), 0, False, swa_freed_indices=self._vals.empty(),
+                             mamba_freed_indices=self._mamba_empty())
         return EvictStep(None if nid < 0 else int(nid), self._vals.out(freed), int(f), True,
-                         swa_freed_indices=self._vals.out(swa_freed), swa_num_tokens=int(w))
+                         swa_freed_indices=self._vals.out(swa_freed), swa_num_tokens=int(w),
+                         mamba_freed_indices=(self._mamba_slots(mamba_freed[0]) if mamba_freed
+                                              else self._mamba_empty()),
+                         mamba_num=int(m))
+
+    def _mamba_empty(self):
+        return self._mamba_slots(_EMPTY) if self._mamba else None
+
+    def _mamba_slots(self, a):
+        """int64 state slots as the Mamba allocator's kind."""
+        if self._vals._mamba_numpy:
+            return a.copy()
+        import torch
+
+        return torch.from_numpy(a.copy())
 
     def evict_device_end(self, component=ComponentType.FULL):
         """Close the open round of ``component`` (idempotent); returns the units it evicted."""
@@ -734,12 +873,13 @@ class UnifiedRadixCache(RequestCachingMixin):
         if isinstance(params, EvictParams):
             num = as_count(params.num_tokens, "params.num_tokens")
             swa_num = as_count(params.swa_num_tokens, "params.swa_num_tokens")
-            as_count(params.mamba_num, "params.mamba_num")
+            mnum = as_count(params.mamba_num, "params.mamba_num")
             if alloc is None:
                 raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
             # each freed slot raises the allocator's available size by one (a
             # cascade's collateral frees count): evicting the shortfalls reaches it
-            return self.evict(EvictParams(num_tokens=num, swa_num_tokens=swa_num))
+            return self.evict(EvictParams(num_tokens=num, swa_num_tokens=swa_num,
+                                          mamba_num=mnum))
         num = as_count(params, "num_tokens")
         if alloc is None:
             raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
@@ -763,9 +903,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         Full locks the path root -> ``node``; with SWA, the window segment from
         ``node`` up until ``W`` tokens are covered is locked too and the receipt's
         ``component_lock_uuids[SWA]`` names its boundary (``None``: it reached the
-        root). ``delta``: Full units moved evictable -> protected. Locking the
+        root); with Mamba, the node's own state is locked (not its ancestors'). ``delta``: Full units moved evictable -> protected. Locking the
         root is a no-op. ``skip_lock_components``: ComponentTypes not to lock
-        (SWA; FULL cannot be skipped: ``ValueError``); the receipt remembers them.
+        (SWA, MAMBA -- a decode hold skips MAMBA; FULL cannot be skipped:
+        ``ValueError``); the receipt remembers them, so a release drops exactly
+        what this lock took.
         Raises ``NodeAccessError`` for a stale or never-issued id, ``TypeError``
         for a non-int id; the tree is unchanged then. O(depth).
         """
@@ -777,13 +919,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             if self._swa and ComponentType.SWA not in skip:
                 return IncLockRefResult(0, nid, skip, {ComponentType.SWA: None})
             return IncLockRefResult(0, nid, skip)
-        skip_mask = L.C_SWA if ComponentType.SWA in skip else 0
+        skip_mask = ((L.C_SWA if ComponentType.SWA in skip else 0)
+                     | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
         st_ = self._engine.st
         with self._mutex:
             st, delta, boundary = _k_inc(st_.nodes, st_.heap, st_.meta, nid, skip_mask)
         if st == L.E_STALE:
             raise self._stale(nid)
-        if self._swa and not skip_mask:
+        if self._swa and not skip_mask & L.C_SWA:
             return IncLockRefResult(delta, nid, skip, {ComponentType.SWA: boundary or None})
         return IncLockRefResult(delta, nid, skip)
 
@@ -800,9 +943,10 @@ class UnifiedRadixCache(RequestCachingMixin):
     def _receipt(self, nid, receipt, name="receipt"):
         """The validated receipt's ``(skip mask, SWA boundary)`` (checks only)."""
         if receipt is None:
-            if self._swa:
-                raise ReceiptError(f"{name}: an SWA cache needs the lock's receipt (the "
-                                   "IncLockRefResult, or lock() / its TreeLock)")
+            if self._swa or self._mamba:
+                raise ReceiptError(f"{name}: an {'SWA' if self._swa else 'Mamba'} cache needs "
+                                   "the lock's receipt (the IncLockRefResult, or lock() / its "
+                                   "TreeLock): it says which components the lock took")
             return 0, 0
         if not hasattr(receipt, "node_id"):
             raise TypeError(f"{name} must be the IncLockRefResult of inc_lock_ref (or its "
@@ -810,22 +954,25 @@ class UnifiedRadixCache(RequestCachingMixin):
         anchor = receipt.node_id
         if anchor is not None and anchor != nid:
             raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
-        if not self._swa:
+        if not self._swa and not self._mamba:
             return 0, 0
         skipped = getattr(receipt, "skipped_lock_components", ()) or ()
+        mask = L.C_MAMBA if self._mamba and ComponentType.MAMBA in skipped else 0
+        if not self._swa:
+            return mask, 0
         if ComponentType.SWA in skipped:
-            return L.C_SWA, 0
+            return mask | L.C_SWA, 0
         uuids = getattr(receipt, "component_lock_uuids", None)
         if not isinstance(uuids, Mapping) or ComponentType.SWA not in uuids:
             raise ReceiptError(f"{name}.component_lock_uuids has no ComponentType.SWA entry "
                                "(the window lock's boundary)")
         boundary = uuids[ComponentType.SWA]
         if boundary is None:
-            return 0, 0
+            return mask, 0
         if isinstance(boundary, bool) or not isinstance(boundary, (int, np.integer)) or boundary <= 0:
             raise TypeError(f"{name}.component_lock_uuids[SWA] must be a boundary stamp (a "
                             f"positive int) or None, got {boundary!r}")
-        return 0, int(boundary)
+        return mask, int(boundary)
 
     def dec_lock_ref(self, node, receipt=None, skip_swa=False):
         """Release a lock taken by ``inc_lock_ref(node)``; returns ``DecLockRefResult``.
@@ -847,7 +994,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         if self.disable:        # nothing was locked (SGLang returns at once too)
             return DecLockRefResult()
         skip_mask, boundary = self._receipt(nid, receipt) if (
-            receipt is not None or self._swa) else (0, 0)
+            receipt is not None or self._swa or self._mamba) else (0, 0)
         if skip_swa:
             skip_mask |= L.C_SWA
         st_ = self._engine.st
@@ -866,7 +1013,13 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def _raise_underflow(self, slot, nid, what="segment release", name=None):
         nodes = self._engine.st.nodes
-        comp = "FULL" if nodes[slot, L.FULL_LOCK] <= 0 else "SWA"
+        if nodes[slot, L.FULL_LOCK] <= 0:
+            comp = "FULL"
+        elif self._mamba and nodes[slot, L.LOCK_COL(L.MAMBA)] <= 0:
+            comp = "Mamba"
+            what = "release"
+        else:
+            comp = "SWA"
         where = f"{name}: " if name else ""
         raise LockRefError(f"{where}{comp} {what} hit lock_ref=0 on node {node_id(nodes, slot)} "
                            f"(releasing node {nid}: unlock without lock, twice, or without "
@@ -990,14 +1143,15 @@ class UnifiedRadixCache(RequestCachingMixin):
             skip = self._skip_components(skip)
         if self.disable:
             return [self.inc_lock_ref(int(x), skip) for x in nids]
-        skip_mask = L.C_SWA if ComponentType.SWA in skip else 0
+        skip_mask = ((L.C_SWA if ComponentType.SWA in skip else 0)
+                     | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
         out = np.empty((nids.shape[0], 2), dtype=np.int64)
         st_ = self._engine.st
         with self._mutex:
             st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, skip_mask, out)
         if st == L.E_STALE:
             raise self._stale(int(nids[bad]), f"nodes[{bad}]")
-        swa = self._swa and not skip_mask
+        swa = self._swa and not skip_mask & L.C_SWA
         return [IncLockRefResult(d, nid, skip, {ComponentType.SWA: b or None})
                 if swa else IncLockRefResult(d, nid, skip)
                 for nid, (d, b) in zip(nids.tolist(), out.tolist())]
@@ -1025,7 +1179,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         bounds = np.zeros(k, dtype=np.int64)
         for i, nid in enumerate(nids.tolist()):
             r = None if receipts is None else receipts[i]
-            if r is not None or self._swa:
+            if r is not None or self._swa or self._mamba:
                 skips[i], bounds[i] = self._receipt(nid, r, f"receipts[{i}]")
             if flags[i]:
                 skips[i] |= L.C_SWA
@@ -1100,13 +1254,24 @@ class UnifiedRadixCache(RequestCachingMixin):
         return int(self._engine.meta[L.M_PROTECTED + L.SWA])
 
     def mamba_evictable_size(self):
-        return 0
+        """Mamba states held by nodes without a Mamba lock (0 without Mamba)."""
+        return int(self._engine.meta[L.M_EVICTABLE + L.MAMBA])
 
-    mamba_protected_size = mamba_evictable_size
+    def mamba_protected_size(self):
+        """Mamba states held by Mamba-locked nodes (0 without Mamba)."""
+        return int(self._engine.meta[L.M_PROTECTED + L.MAMBA])
+
+    def all_mamba_values_flatten(self):
+        """Every node's Mamba device state slot, in DFS order (int64 1-D, the Mamba
+        allocator's kind; empty without Mamba)."""
+        with self._mutex:
+            flat = inspection.all_mamba_values_flatten(self._engine)
+        return self._mamba_slots(flat) if self._mamba else flat
 
     def total_size(self):
         """``(full_units, aux_units)`` held on device: Full tokens, and the auxiliary
-        components' units lumped together (SWA tokens; 0 for Full-only), as SGLang."""
+        components' units lumped together (SWA tokens + Mamba states; 0 for
+        Full-only), as SGLang."""
         meta = self._engine.meta
         return int(meta[L.M_TOTAL + L.FULL]), int(meta[L.M_TOTAL + L.SWA] + meta[L.M_TOTAL + L.MAMBA])
 
@@ -1134,7 +1299,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         return self._swa
 
     def supports_mamba(self):
-        return False
+        return self._mamba
 
     def supports_prefix_sharing(self):
         return not self.disable

@@ -14,7 +14,7 @@ the mapping, ``A_SWA_RECOVER_LOCKED``, only touches slots no pending free holds.
 import numpy as np
 
 from .kernels import actions as A
-from .kernels.layout import SWA
+from .kernels.layout import MAMBA, SWA
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -29,7 +29,7 @@ assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
         A.ACT_NCOL) == (0, 1, 2, 3, 4, 5, 6), "execute unpacks the action columns in this order"
 
 
-def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
+def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -39,7 +39,10 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
     tree's own slot at its position (``out[pos]``, the path the insert wrote)
     is the same KV, not a duplicate, and is kept. ``adopted``: a dict
     ``{component: [(start, end), ...]}`` that ``A_ADOPTED`` reports are added to
-    (coalesced as SGLang's ``record_adopted_range``).
+    (coalesced as SGLang's ``record_adopted_range``). ``mamba_out``: a list the
+    Mamba state slots freed are appended to when ``vals`` is None (a step-wise
+    round: the controller frees them); with ``vals`` they go to its Mamba
+    allocator.
 
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.
@@ -48,6 +51,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
         return _EMPTY
     full = []
     swa = []
+    mamba = None
     # one tolist() instead of per-field numpy scalar reads (column order: actions.ACT_*)
     for kind, comp, src, off, n, aux in rows.tolist():
         if kind == A.A_STORED:
@@ -80,12 +84,21 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None):
         elif kind == A.A_FREE_KV_FULL_ONLY:
             full.append(v)
         elif kind == A.A_FREE_SLOT:
-            (swa if comp == SWA else full).append(v)
+            if comp == MAMBA:  # state slots: their own pool
+                if mamba is None:
+                    mamba = []
+                mamba.append(v)
+            else:
+                (swa if comp == SWA else full).append(v)
         else:
             raise AssertionError(f"unhandled action kind {kind}")
     freed_full = _cat(full)
     if vals is not None:
         vals.free_split(freed_full, _cat(swa) if swa else _EMPTY)
+        if mamba is not None:
+            vals.free_mamba(_cat(mamba))
+    elif mamba is not None and mamba_out is not None:
+        mamba_out.append(_cat(mamba))
     return freed_full
 
 

@@ -61,6 +61,9 @@ def node_info(engine, slot, nid):
             name = _NAMES[c]
             info[f"{name}_lock_ref"] = int(row[L.LOCK_COL(c)])
             info[f"has_{name}"] = bool(row[L.FLAGS] & L.F_HAS(c))
+    if L.MAMBA in components_of(meta):
+        info["mamba_value"] = (int(row[L.MAMBA_SLOT]) if row[L.FLAGS] & L.F_HAS(L.MAMBA)
+                               else None)
     return info
 
 
@@ -71,6 +74,14 @@ def all_values_flatten(engine):
                   L.FULL_DEV]
              for s, _ in dfs(nodes) if s != L.ROOT]
     return np.concatenate(parts) if parts else _EMPTY.copy()
+
+
+def all_mamba_values_flatten(engine):
+    """Every node's Mamba device state slot in DFS order (int64, owned)."""
+    nodes = engine.st.nodes
+    bit = L.F_HAS(L.MAMBA)
+    return np.array([int(nodes[s, L.MAMBA_SLOT]) for s, _ in dfs(nodes)
+                     if s != L.ROOT and nodes[s, L.FLAGS] & bit], dtype=np.int64)
 
 
 def pretty_lines(engine):

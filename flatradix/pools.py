@@ -233,6 +233,93 @@ class ReqToTokenPool:
             raise IndexError(f"indices: {e}") from None
 
 
+class MambaSlotAllocator:
+    """Mamba / SSM state slots ``0 .. size - 1`` (SGLang ``MambaSlotAllocator``: one
+    slot holds one request's -- or one cached checkpoint's -- recurrent state).
+
+    ``alloc(n)`` hands out the lowest free slots first (int64, 1-D; ``None``
+    when fewer are free); ``free(indices)`` takes them back, O(len(indices)),
+    and refuses (``ValueError``, nothing freed) a slot outside the pool, a free
+    one or one given twice. Thread-safe (one lock). ``index_kind`` as
+    ``TokenToKVPoolAllocator``'s.
+    """
+
+    def __init__(self, size, index_kind="numpy", device="cpu"):
+        self.size = _pool_size(size, "size")
+        if index_kind not in ("numpy", "torch"):
+            raise ValueError(f"index_kind must be 'numpy' or 'torch', got {index_kind!r}")
+        if device != "cpu":
+            raise ValueError(f"device: only 'cpu' is supported by this allocator, got {device!r}")
+        self.index_kind = index_kind
+        self.device = device
+        self._lock = threading.Lock()
+        _allocating(self.clear, f"size={self.size}")
+
+    def clear(self):
+        """Every slot free again."""
+        stack = np.arange(self.size - 1, -1, -1, dtype=np.int64)
+        held = np.zeros(self.size, dtype=bool)
+        with self._lock:
+            self._stack, self._held, self._top = stack, held, self.size
+
+    def available_size(self):
+        """Free slots."""
+        return self._top
+
+    def alloc(self, need_size):
+        """``need_size`` free slots (int64, 1-D), or ``None`` when fewer are free."""
+        n = as_count(need_size, "need_size")
+        with self._lock:
+            if n > self._top:
+                return None
+            idx = self._stack[self._top - n:self._top][::-1].copy()
+            self._top -= n
+            self._held[idx] = True
+        return _torch().from_numpy(idx) if self.index_kind == "torch" else idx
+
+    def free(self, free_index):
+        """Return slots. ``ValueError`` (nothing freed) for a slot outside
+        ``[0, size)``, a free slot or a slot given twice."""
+        idx = as_int64(free_index, "free_index").reshape(-1)
+        n = idx.size
+        if n == 0:
+            return
+        with self._lock:
+            bad = (idx < 0) | (idx >= self.size)
+            if bad.any():
+                raise ValueError(f"free_index: slot {int(idx[bad.argmax()])} outside "
+                                 f"[0, {self.size})")
+            free = ~self._held[idx]
+            if free.any():
+                raise ValueError(f"free_index: double free of slot {int(idx[free.argmax()])}")
+            if n > 1 and np.unique(idx).size != n:
+                raise ValueError("free_index: a slot is given more than once")
+            self._held[idx] = False
+            self._stack[self._top:self._top + n] = idx[::-1]
+            self._top += n
+
+    def is_held(self, indices):
+        """Boolean mask: which of ``indices`` are handed out (``False`` outside the pool)."""
+        idx = as_int64(indices, "indices").reshape(-1)
+        ok = (idx >= 0) & (idx < self.size)
+        out = np.zeros(idx.size, dtype=bool)
+        out[ok] = self._held[idx[ok]]
+        return out
+
+
+class HybridReqToTokenPool(ReqToTokenPool):
+    """A ``ReqToTokenPool`` with a Mamba state pool (SGLang ``HybridReqToTokenPool``):
+    ``mamba_allocator`` is a ``MambaSlotAllocator`` of ``mamba_size`` slots.
+
+    The cache frees the states it evicts through ``mamba_allocator.free`` and
+    allocates copy-on-write slots through ``mamba_allocator.alloc(1)``.
+    """
+
+    def __init__(self, size, max_context_len, mamba_size, index_kind="numpy", device="cpu"):
+        self.mamba_allocator = MambaSlotAllocator(mamba_size, index_kind, device)
+        super().__init__(size, max_context_len, index_kind, device)
+
+
 class SWATokenToKVPoolAllocator:
     """KV slots of a hybrid sliding-window model: a Full pool, an SWA pool and the
     Full -> SWA slot mapping (SGLang ``SWATokenToKVPoolAllocator``'s API, on flat

@@ -158,6 +158,12 @@ class RequestCachingMixin:
     def _need_pools(self, what):
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
+        if self._mamba:
+            # refused before anything changes: the request path's state donation /
+            # fork / cleanup (SGLang prepare_for_caching_req) is not built yet
+            raise NotImplementedError(f"{what}: the request path of a Mamba cache is not "
+                                      "implemented yet; drive insert (with mamba_value), "
+                                      "match_prefix and lock / unlock directly")
 
     @staticmethod
     def _check_req_type(req):
@@ -398,7 +404,7 @@ class RequestCachingMixin:
                 # _row checked every slot held when flatradix's allocator is attached,
                 # which implies the kernel's bound check: skip that pass then
                 limit = L.VALUES_UNCHECKED if self._vals.checks_held else self._vals.kv_bound()
-                plen, new_node, _, path, _ = self._insert_units(
+                plen, new_node, _, path, _, _ = self._insert_units(
                     units, values, aligned, nk, protected, inserted, priority, limit,
                     "req row (req_to_token_pool)", want_path=True, keep_own=True, cursor=cursor)
                 self._vals.note_kind(values)

@@ -253,7 +253,9 @@ class EvictStep:
     ``freed_indices``: the Full KV indices to free; ``swa_freed_indices``: the
     Full indices whose SWA peers to free (an SWA allocator's
     ``free_swa_segment``); the caller (the controller) frees both.
-    ``num_tokens`` / ``swa_num_tokens``: units freed per component.
+    ``mamba_freed_indices``: the Mamba state slots to free (the request pool's
+    ``mamba_allocator.free``; ``None`` without Mamba).
+    ``num_tokens`` / ``swa_num_tokens`` / ``mamba_num``: units freed per component.
     ``made_progress``: something was freed (``False`` ends the round).
     ``needs_backup``: always False without a host tier.
     """
@@ -265,6 +267,8 @@ class EvictStep:
     needs_backup: bool = False
     swa_freed_indices: Any = None
     swa_num_tokens: int = 0
+    mamba_freed_indices: Any = None
+    mamba_num: int = 0
 
 
 @dataclass

@@ -36,6 +36,8 @@ class ValueBridge:
         # an SWA allocator: Full and SWA pools and the Full -> SWA mapping
         self.swa = is_swa_allocator(allocator)
         self._numpy = getattr(allocator, "index_kind", "torch") == "numpy"
+        self.mamba = None
+        self._mamba_numpy = False
 
     # ------------------------------------------------------------------ kinds
     def note_kind(self, value):
@@ -145,6 +147,56 @@ class ValueBridge:
             alloc.free_swa_segment(self._arg(swa), start_pos=0)
         if full.size:
             alloc.free_full_segment(self._arg(full), start_pos=0)
+
+    def set_mamba(self, allocator):
+        """Attach the Mamba state allocator (``req_to_token_pool.mamba_allocator``)."""
+        self.mamba = allocator
+        self._mamba_numpy = getattr(allocator, "index_kind", "torch") == "numpy"
+
+    def mamba_slot(self, value, name, check_held=True):
+        """The one state slot of ``value`` (an ``InsertParams.mamba_value``: a
+        1-element integer tensor / array / sequence, or an int), validated: in the
+        pool and, with flatradix's allocator, handed out. ``TypeError`` /
+        ``ValueError`` naming ``name``; changes nothing."""
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            arr = np.array([int(value)], dtype=np.int64)
+        else:
+            from ._cast import as_int64
+
+            arr = as_int64(value, name).reshape(-1)
+        if arr.size != 1:
+            raise ValueError(f"{name} must hold exactly one Mamba state slot, got {arr.size}")
+        slot = int(arr[0])
+        size = getattr(self.mamba, "size", None)
+        if slot < 0 or (isinstance(size, (int, np.integer)) and slot >= size):
+            raise ValueError(f"{name}: Mamba slot {slot} is outside the state pool "
+                             f"[0, {size})")
+        if check_held and hasattr(self.mamba, "is_held") and not self.mamba.is_held([slot])[0]:
+            raise ValueError(f"{name}: Mamba slot {slot} is free in the state pool (not "
+                             "handed out by mamba_allocator.alloc)")
+        return slot
+
+    def mamba_out(self, slot):
+        """A state slot as a 1-element int64 array of the Mamba allocator's kind."""
+        a = np.array([slot], dtype=np.int64)
+        if self._mamba_numpy:
+            return a
+        import torch
+
+        return torch.from_numpy(a)
+
+    def free_mamba(self, idx):
+        """Give the int64 numpy state slots ``idx`` back to the Mamba allocator."""
+        if self.mamba is None or idx.size == 0:
+            return
+        if self._mamba_numpy:
+            self.mamba.free(idx)
+            return
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(idx))
+        dev = getattr(self.mamba, "device", "cpu")
+        self.mamba.free(t.to(dev) if str(dev) != "cpu" else t)
 
     def swa_recover_locked(self, kept, incoming):
         """SGLang ``RecoverSWAWithLockedFull``'s mapping move: the locked Full slots

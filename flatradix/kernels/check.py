@@ -23,13 +23,18 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
      node's Full lock_ref, or SWA data / locks on a cache without SWA
 117  SWA LRU: membership disagrees with the data bit, or broken links
 118  SWA evictable / protected / total ledgers disagree with a recount
+119  Mamba: a state bit without a slot (or a slot without the bit), a
+     negative Mamba lock_ref or one above the node's Full lock_ref, or
+     Mamba states / locks on a cache without Mamba
+120  Mamba LRU: membership disagrees with the state bit, or broken links
+121  Mamba evictable / protected / total ledgers disagree with a recount
 ===  =====================================================================
 """
 
 from ._jit import kernel
 from .children import find_child
 from .layout import (
-    C_SWA, CHILD_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
+    C_MAMBA, C_SWA, CHILD_LOCK, F_HAS, LRU_MAMBA, MAMBA, MAMBA_SLOT, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
     FULL, FULL_LOCK, LRU_NEXT, LRU_PREV, LRU_SWA, M_COMPONENTS, SWA, SWA_LOCK,
     HEAP_DEVICE, HEAP_POS, N_SENTINELS, SENTINEL0,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
@@ -39,6 +44,10 @@ from .layout import (
 )
 from .lru import lru_head, lru_in_list, lru_tail
 from .order import _less, is_device_leaf
+
+
+_MAMBA_LOCK = LOCK_REF + MAMBA * N_TIERS
+_F_HAS_MAMBA = F_HAS(MAMBA)
 
 
 @kernel
@@ -51,6 +60,12 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         if nodes[ROOT, LOCK_REF + c * N_TIERS] < 1:
             return 101, ROOT
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    mamba_lock = _MAMBA_LOCK
+    mamba_bit = _F_HAS_MAMBA
+    m_nodes = 0
+    m_evictable = 0
+    m_protected = 0
     live = 0
     leaves = 0
     evictable = 0
@@ -119,6 +134,24 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             evictable += n
         else:
             protected += n
+        has_m = (nodes[s, FLAGS] & mamba_bit) != 0
+        m_lk = nodes[s, mamba_lock]
+        if has_m != (nodes[s, MAMBA_SLOT] != NIL) or (has_m and nodes[s, MAMBA_SLOT] < 0):
+            return 119, s
+        if not mamba_on:
+            if has_m or m_lk != 0 or lru_in_list(nodes, LRU_MAMBA, s):
+                return 119, s
+        else:
+            if m_lk < 0 or m_lk > lk:
+                return 119, s
+            if has_m != lru_in_list(nodes, LRU_MAMBA, s):
+                return 120, s
+            if has_m:
+                m_nodes += 1
+                if m_lk == 0:
+                    m_evictable += 1
+                else:
+                    m_protected += 1
         has_swa = (nodes[s, FLAGS] & F_HAS_SWA_DEV) != 0
         swa_lk = nodes[s, SWA_LOCK]
         if not swa_on:
@@ -179,4 +212,20 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     if (swa_evictable != meta[M_EVICTABLE + SWA] or swa_protected != meta[M_PROTECTED + SWA]
             or swa_evictable + swa_protected != meta[M_TOTAL + SWA]):
         return 118, NIL
+    h, t = lru_head(LRU_MAMBA), lru_tail(LRU_MAMBA)
+    count = 0
+    prev = h
+    x = nodes[h, LRU_NEXT + LRU_MAMBA]
+    while x != t:
+        if (x < FIRST_SLOT or x >= hwm or count > hwm or nodes[x, LRU_PREV + LRU_MAMBA] != prev
+                or not (nodes[x, FLAGS] & F_ALIVE) or not (nodes[x, FLAGS] & mamba_bit)):
+            return 120, x
+        count += 1
+        prev = x
+        x = nodes[x, LRU_NEXT + LRU_MAMBA]
+    if nodes[t, LRU_PREV + LRU_MAMBA] != prev or count != m_nodes:
+        return 120, NIL
+    if (m_evictable != meta[M_EVICTABLE + MAMBA] or m_protected != meta[M_PROTECTED + MAMBA]
+            or m_evictable + m_protected != meta[M_TOTAL + MAMBA]):
+        return 121, NIL
     return 0, NIL

@@ -19,7 +19,11 @@ not spare a leaf, and a leaf inserted between steps waits for the next round.
 Whole ``evict`` calls use the incrementally kept heap instead: within one call
 no key changes, so both give the same order.
 
-A step-wise SWA round (§5.4) keeps SGLang's cursor in ``meta[M_EVICT_CURSOR + c]``
+Mamba (§6.3): victims come from the Mamba LRU tail, skipping Mamba-locked
+entries; an evictable device leaf is deleted whole, any other node loses its
+state only. An SWA tombstone cascades to the node's Mamba state.
+
+A step-wise SWA or Mamba round (§5.4) keeps SGLang's cursor in ``meta[M_EVICT_CURSOR + c]``
 (a node id): each step takes the cursor and moves it to the next more recent
 unlocked entry, so an LRU refresh between steps does not change the next
 victim; a cursor that left the list (or got window-locked since) restarts the
@@ -30,11 +34,12 @@ Every victim's frees and events are emitted as actions (``tree.delete_leaf``,
 ``swa.evict_component``); the façade executes them.
 """
 
-from ..components import swa
+from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, HEAP_POS, KEY_LEN, LRU_SWA,
+    C_MAMBA, C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, HEAP_POS, KEY_LEN,
+    LRU_MAMBA, LRU_SWA, MAMBA,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
     M_NOUT, M_WALK_N, M_WALK_PARENT, NIL, OK, PARENT, SWA, WALK_K0, WALK_K1,
     WALK_NID,
@@ -44,17 +49,18 @@ from .order import heap_pop, is_device_leaf, priority_key
 from .state import SLOT_MASK, need, node_id, resolve
 from .tree import delete_leaf
 
-#: ``evict``'s phases: the Full walk, then the SWA walk.
+#: ``evict``'s phases: the Full walk, then the SWA walk, then the Mamba walk.
 PHASE_FULL = 0
 PHASE_SWA = 1
+PHASE_MAMBA = 2
 
 
 @helper
 def _short(nodes, acts, out, meta, s):
-    """Room for one victim ``s`` (3 rows, its length in values); else the needs."""
-    if acts_room(acts, out, meta, 3, nodes[s, KEY_LEN]):
+    """Room for one victim ``s`` (4 rows, its length + 1 values); else the needs."""
+    if acts_room(acts, out, meta, 4, nodes[s, KEY_LEN] + 1):
         return False
-    need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN], meta[M_NACTS] + 3)
+    need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN] + 1, meta[M_NACTS] + 4)
     return True
 
 
@@ -67,53 +73,91 @@ def swa_victim(nodes):
 @helper
 def swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
     """Evict SWA from ``x``: delete it whole when it is an evictable device leaf,
-    else tombstone it. Returns ``(full units, swa units, deleted)``."""
+    else tombstone it; the tombstone cascades to a Mamba state on ``x`` (a state
+    behind an SWA hole is useless: SWA's internal priority is above Mamba's).
+    Returns ``(full units, swa units, mamba states, deleted)``."""
     n = nodes[x, KEY_LEN]
+    m = 1 if mamba.has_data(nodes, x) else 0
     if is_device_leaf(nodes, x):
         delete_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
-        return n, n, True
+        return n, n, m, True
     swa.evict_component(nodes, pool, meta, x, out, acts)
-    return 0, n, False
+    if m:
+        mamba.evict_component(nodes, meta, x, out, acts)
+    return 0, n, m, False
+
+
+@helper
+def mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
+    """Evict Mamba from ``x``: delete it whole when it is an evictable device leaf,
+    else tombstone its state (no cascade). Returns ``(full units, swa units,
+    mamba states, deleted)``."""
+    if is_device_leaf(nodes, x):
+        n = nodes[x, KEY_LEN]
+        w = n if swa.has_data(nodes, x) else 0
+        delete_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        return n, w, 1, True
+    mamba.evict_component(nodes, meta, x, out, acts)
+    return 0, 0, 1, False
 
 
 @kernel
-def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, phase, out, acts):
-    """Evict until ``num_full`` Full units and ``num_swa`` SWA units are freed or
-    nothing evictable is left: the Full walk first (least-priority leaves), then
-    the SWA walk (configured SWA only), which is skipped when the Full walk's
-    deletions already freed enough SWA. Node-granular: may exceed a request.
+def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, num_mamba, phase, out, acts):
+    """Evict until ``num_full`` Full units, ``num_swa`` SWA units and ``num_mamba``
+    Mamba states are freed or nothing evictable is left: the Full walk first
+    (least-priority leaves), then the SWA walk, then the Mamba walk (each only
+    when configured), each skipped when the earlier walks' deletions and
+    cascades already freed enough of its component (SGLang §5.3).
+    Node-granular: may exceed a request.
 
-    Returns ``(status, full_freed, swa_freed, phase)``. ``E_CAPACITY`` when
-    ``out`` or ``acts`` cannot hold the next victim (``meta[M_NEED_*]``): what
-    was evicted so far is reported as usual, and calling again with the
-    remaining requests and the returned ``phase`` continues the same round (the
-    façade executes the actions and grows the buffers in between).
-    O(evicted nodes * log(leaves)).
+    Returns ``(status, full_freed, swa_freed, mamba_freed, phase)``.
+    ``E_CAPACITY`` when ``out`` or ``acts`` cannot hold the next victim
+    (``meta[M_NEED_*]``): what was evicted so far is reported as usual, and
+    calling again with the remaining requests and the returned ``phase``
+    continues the same round (the façade executes the actions and grows the
+    buffers in between). O(evicted nodes * log(leaves)).
     """
     acts_begin(meta, 0)
     full_freed = 0
     swa_freed = 0
+    mamba_freed = 0
     if phase == PHASE_FULL:
         while full_freed < num_full and meta[M_HEAP_N + HEAP_DEVICE] > 0:
             s = heap[HEAP_DEVICE, 0]
             if _short(nodes, acts, out, meta, s):
-                return E_CAPACITY, full_freed, swa_freed, PHASE_FULL
+                return E_CAPACITY, full_freed, swa_freed, mamba_freed, PHASE_FULL
             heap_pop(nodes, heap, meta, HEAP_DEVICE)
             if swa.has_data(nodes, s):
                 swa_freed += nodes[s, KEY_LEN]
+            if mamba.has_data(nodes, s):
+                mamba_freed += 1
             full_freed += delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         phase = PHASE_SWA
-    if meta[M_COMPONENTS] & C_SWA:
-        while swa_freed < num_swa:
-            x = swa_victim(nodes)
+    if phase == PHASE_SWA:
+        if meta[M_COMPONENTS] & C_SWA:
+            while swa_freed < num_swa:
+                x = swa_victim(nodes)
+                if x == NIL:
+                    break
+                if _short(nodes, acts, out, meta, x):
+                    return E_CAPACITY, full_freed, swa_freed, mamba_freed, PHASE_SWA
+                f, w, m, _ = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+                full_freed += f
+                swa_freed += w
+                mamba_freed += m
+        phase = PHASE_MAMBA
+    if meta[M_COMPONENTS] & C_MAMBA:
+        while mamba_freed < num_mamba:
+            x = lru_tail_unlocked(nodes, LRU_MAMBA)
             if x == NIL:
                 break
             if _short(nodes, acts, out, meta, x):
-                return E_CAPACITY, full_freed, swa_freed, PHASE_SWA
-            f, w, _ = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+                return E_CAPACITY, full_freed, swa_freed, mamba_freed, PHASE_MAMBA
+            f, w, m, _ = mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
             full_freed += f
             swa_freed += w
-    return OK, full_freed, swa_freed, PHASE_SWA
+            mamba_freed += m
+    return OK, full_freed, swa_freed, mamba_freed, PHASE_MAMBA
 
 
 @helper
@@ -179,16 +223,17 @@ def _id_or_nil(nodes, s):
 @kernel
 def evict_start(nodes, heap, meta, component, num_tokens):
     """Open a step-wise eviction round of ``component`` for ``num_tokens`` units
-    (SWA: the cursor starts at the least recent unlocked entry)."""
+    (SWA, Mamba: the cursor starts at the least recent unlocked entry)."""
     if meta[M_EVICT_WALK + component]:
         return E_WALK_OPEN
     meta[M_EVICT_WALK + component] = 1
     meta[M_EVICT_REQ + component] = num_tokens
     meta[M_EVICT_DONE + component] = 0
     meta[M_EVICT_CURSOR + component] = NIL
-    if component == SWA:
-        meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, swa_victim(nodes))
-    elif component == FULL:  # snapshot the evictable leaves with today's keys
+    if component != FULL:
+        lst = LRU_SWA if component == SWA else LRU_MAMBA
+        meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_tail_unlocked(nodes, lst))
+    else:  # snapshot the evictable leaves with today's keys
         meta[M_WALK_N] = 0
         meta[M_WALK_PARENT] = NIL
         for i in range(meta[M_HEAP_N + HEAP_DEVICE]):
@@ -197,16 +242,17 @@ def evict_start(nodes, heap, meta, component, num_tokens):
 
 
 @helper
-def _swa_cursor(nodes, meta):
-    """The SWA round's cursor slot, restarted at the least recent unlocked entry
-    when its node left the list or is window-locked now; NIL: the round is over."""
-    cur = meta[M_EVICT_CURSOR + SWA]
+def _aux_cursor(nodes, meta, c, lst):
+    """The SWA / Mamba round's cursor slot, restarted at the least recent unlocked
+    entry of list ``lst`` when its node left the list or is locked now; NIL: the
+    round is over."""
+    cur = meta[M_EVICT_CURSOR + c]
     if cur == NIL:
         return NIL
     x = resolve(nodes, meta, cur)
-    if x < 0 or not lru_in_list(nodes, LRU_SWA, x) or nodes[x, lru_lock_col(LRU_SWA)] > 0:
-        x = swa_victim(nodes)
-        meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, x)
+    if x < 0 or not lru_in_list(nodes, lst, x) or nodes[x, lru_lock_col(lst)] > 0:
+        x = lru_tail_unlocked(nodes, lst)
+        meta[M_EVICT_CURSOR + c] = _id_or_nil(nodes, x)
     return x
 
 
@@ -215,20 +261,20 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     """One step of the open round of ``component``.
 
     Full: delete the least-priority evictable leaf by the keys the round started
-    with. SWA: evict SWA from the round's cursor, the least recently used
-    unlocked entry (a leaf is deleted whole, another node tombstoned); see the
-    module docstring for both. Returns
-    ``(status, node_id, full_units, swa_units)``:
+    with. SWA / Mamba: evict the component from the round's cursor, the least
+    recently used unlocked entry (a leaf is deleted whole, another node
+    tombstoned); see the module docstring. Returns
+    ``(status, node_id, full_units, swa_units, mamba_states)``:
     ``node_id`` is the deleted node, -1 for a tombstone step or when the round
-    is over (its request met, or nothing evictable: then both counts are 0).
+    is over (its request met, or nothing evictable: then all counts are 0).
     The step's actions are emitted as in ``evict``. ``E_CAPACITY``
     (``meta[M_NEED_*]``) when the buffers cannot hold the victim: nothing changed.
     """
     if not meta[M_EVICT_WALK + component]:
-        return E_NO_WALK, -1, 0, 0
+        return E_NO_WALK, -1, 0, 0, 0
     acts_begin(meta, 0)
     if meta[M_EVICT_DONE + component] >= meta[M_EVICT_REQ + component]:
-        return OK, -1, 0, 0
+        return OK, -1, 0, 0, 0
     if component == FULL:
         p = resolve(nodes, meta, meta[M_WALK_PARENT])
         meta[M_WALK_PARENT] = NIL
@@ -242,26 +288,32 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
             s = NIL
             _walk_pop(heap, meta)
         if s == NIL:
-            return OK, -1, 0, 0
+            return OK, -1, 0, 0, 0
         if _short(nodes, acts, out, meta, s):
-            return E_CAPACITY, -1, 0, 0
+            return E_CAPACITY, -1, 0, 0, 0
         _walk_pop(heap, meta)
         nid = node_id(nodes, s)
         meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
         w = nodes[s, KEY_LEN] if swa.has_data(nodes, s) else 0
+        m = 1 if mamba.has_data(nodes, s) else 0
         n = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         meta[M_EVICT_DONE + FULL] += n
-        return OK, nid, n, w
-    x = _swa_cursor(nodes, meta)
+        return OK, nid, n, w, m
+    lst = LRU_SWA if component == SWA else LRU_MAMBA
+    x = _aux_cursor(nodes, meta, component, lst)
     if x == NIL:
-        return OK, -1, 0, 0
+        return OK, -1, 0, 0, 0
     if _short(nodes, acts, out, meta, x):
-        return E_CAPACITY, -1, 0, 0
-    meta[M_EVICT_CURSOR + SWA] = _id_or_nil(nodes, lru_prev_unlocked(nodes, LRU_SWA, x))
+        return E_CAPACITY, -1, 0, 0, 0
+    meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_prev_unlocked(nodes, lst, x))
     nid = node_id(nodes, x)
-    f, w, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-    meta[M_EVICT_DONE + SWA] += w
-    return OK, (nid if deleted else -1), f, w
+    if component == SWA:
+        f, w, m, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+        meta[M_EVICT_DONE + SWA] += w
+    else:
+        f, w, m, deleted = mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+        meta[M_EVICT_DONE + MAMBA] += m
+    return OK, (nid if deleted else -1), f, w, m
 
 
 @kernel

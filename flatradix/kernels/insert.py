@@ -1,11 +1,11 @@
 """``insert``: add a page-aligned key and its KV indices, reusing the cached prefix."""
 
-from ..components import swa
+from ..components import mamba, swa
 from ._jit import kernel
 from .actions import A_ADOPTED, A_FREE_KV, A_STORED, SRC_IN, SRC_POOL, acts_begin, emit
 from .children import find_child
 from .layout import (
-    C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FULL, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FULL, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS,
     M_COMPONENTS, M_EVENTS, M_NLIVE, M_PAGE, OK, PRIORITY, ROOT, VALUES_UNCHECKED,
 )
 from .order import fix
@@ -19,7 +19,7 @@ TRACK_ADOPTED = 1
 
 @kernel
 def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, priority, limit, prev,
-           cursor, flags, out_base, out, acts):
+           cursor, flags, mamba_slot, out_base, out, acts):
     """Insert ``key[:n]`` -> ``value[:n]`` (n page-aligned, > 0) in namespace ``ns``.
 
     Check first: every entry of ``value`` (all of it, not only ``[:n]``) must be
@@ -46,8 +46,9 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     ``out[:prefix_len] ++ value[prefix_len:n]`` is the path's value (the request
     path needs it); action data goes to ``out[out_base:]``. Pass 0 to skip.
 
-    Returns ``(status, prefix_len, target_node_id)`` where the target is the new
-    leaf, else the node the key ended on. Requires free slots (2; 4 with SWA),
+    Returns ``(status, prefix_len, target_node_id, mamba_exist)`` where the
+    target is the new leaf, else the node the key ended on, and ``mamba_exist``
+    is 1 when the target already owned a Mamba state (0 without Mamba). Requires free slots (2; 4 with SWA),
     child-table entries, ``n`` free pool rows, ``out`` and ``acts`` room for the
     actions; E_CAPACITY otherwise (``meta[M_NEED_*]`` say how much), with
     nothing changed.
@@ -61,7 +62,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         if lo < 0 or (limit >= 0 and hi >= limit):
             for i in range(value.shape[0]):
                 if value[i] < 0 or (limit >= 0 and value[i] >= limit):
-                    return E_BAD_VALUE, i, -1
+                    return E_BAD_VALUE, i, -1, 0
     page = meta[M_PAGE]
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
     track = (flags & TRACK_ADOPTED) != 0
@@ -78,9 +79,9 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         slots = 4
     if out.shape[0] < need_out or acts.shape[0] < need_acts:
         need(meta, 0, 0, need_out, need_acts)
-        return E_CAPACITY, 0, -1
+        return E_CAPACITY, 0, -1, 0
     if not has_room(nodes, ctab, pool, meta, slots, n):
-        return E_CAPACITY, 0, -1
+        return E_CAPACITY, 0, -1, 0
     acts_begin(meta, out_base if want_path else 0)
     nodes[ROOT, LAST_ACCESS] = tick(meta)
     if priority > nodes[ROOT, PRIORITY]:
@@ -134,6 +135,10 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         if n > inserted_len:
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
+    exist = 0
+    if meta[M_COMPONENTS] & C_MAMBA:
+        exist = 1 if mamba.commit_insert_component_data(nodes, heap, meta, target,
+                                                        target != node, mamba_slot) else 0
     if swa_on and target != ROOT:
         swa.refresh_lru(nodes, meta, target)
-    return OK, prefix_len, node_id(nodes, target)
+    return OK, prefix_len, node_id(nodes, target), exist

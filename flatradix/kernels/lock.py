@@ -3,16 +3,17 @@
 Each configured component acquires its own lock extent, in component order,
 and releases it in reverse (the rules are in ``flatradix.components``): Full
 locks the whole path (``components/full.py``), SWA the window segment up to
-its boundary stamp (``components/swa.py``). A release is checked for every
+its boundary stamp (``components/swa.py``), Mamba the node itself
+(``components/mamba.py``). A release is checked for every
 component before anything changes, so an unlock without lock, a double unlock,
 a release on an ancestor or a window released twice is refused with the tree
 untouched.
 """
 
-from ..components import full, swa
+from ..components import full, mamba, swa
 from ._jit import kernel
 from .actions import acts_begin
-from .layout import C_SWA, E_CAPACITY, E_STALE, M_COMPONENTS, OK, ROOT
+from .layout import C_MAMBA, C_SWA, E_CAPACITY, E_STALE, M_COMPONENTS, OK, ROOT
 from .state import need, resolve
 
 
@@ -29,6 +30,8 @@ def inc_lock_ref(nodes, heap, meta, nid, skip):
     boundary = 0
     if meta[M_COMPONENTS] & C_SWA and not skip & C_SWA:
         boundary = swa.acquire_component_lock(nodes, meta, s)
+    if meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA:
+        mamba.acquire_component_lock(nodes, meta, s)
     return OK, delta, boundary
 
 
@@ -50,10 +53,18 @@ def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
     if st != OK:
         return st, bad
     with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
+    with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
+    if with_mamba:
+        st, bad = mamba.check_release(nodes, s)
+        if st != OK:
+            return st, bad
     if with_swa:
         st, bad, _ = swa.check_release(nodes, s, boundary)
         if st != OK:
             return st, bad
+    if with_mamba:
+        mamba.release_component_lock(nodes, meta, s)
+    if with_swa:
         swa.release_component_lock(nodes, heap, meta, s, boundary)
     delta = full.release_component_lock(nodes, heap, meta, s)
     return OK, delta
@@ -95,6 +106,10 @@ def check_dec(nodes, meta, nid, skip, boundary):
         st, bad, _ = swa.check_release(nodes, s, boundary)
         if st != OK:
             return st, bad
+    if meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA:
+        st, bad = mamba.check_release(nodes, s)
+        if st != OK:
+            return st, bad
     return OK, -1
 
 
@@ -108,10 +123,13 @@ def inc_lock_ref_batch(nodes, heap, meta, nids, skip, out):
         if resolve(nodes, meta, nids[i]) < 0:
             return E_STALE, i
     with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
+    with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
         out[i, 0] = full.acquire_component_lock(nodes, heap, meta, s)
         out[i, 1] = swa.acquire_component_lock(nodes, meta, s) if with_swa else 0
+        if with_mamba:
+            mamba.acquire_component_lock(nodes, meta, s)
     return OK, -1
 
 
@@ -130,23 +148,31 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
         if resolve(nodes, meta, nids[i]) < 0:
             return E_STALE, i, -1
     swa_on = meta[M_COMPONENTS] & C_SWA
+    mamba_on = meta[M_COMPONENTS] & C_MAMBA
     st = OK
     bad = -1
     fail = k
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
         with_swa = swa_on and not skips[i] & C_SWA
+        with_mamba = mamba_on and not skips[i] & C_MAMBA
         st, bad = full.check_release(nodes, s)
         if st == OK and with_swa:
             st, bad, _ = swa.check_release(nodes, s, boundaries[i])
+        if st == OK and with_mamba:
+            st, bad = mamba.check_release(nodes, s)
         if st != OK:
             fail = i
             break
         full.shift_counts(nodes, s, -1)
         if with_swa:
             swa.shift_counts(nodes, s, boundaries[i], -1)
+        if with_mamba:
+            mamba.shift_counts(nodes, s, -1)
     for j in range(fail - 1, -1, -1):  # move the counts back, exactly
         sj = resolve(nodes, meta, nids[j])
+        if mamba_on and not skips[j] & C_MAMBA:
+            mamba.shift_counts(nodes, sj, 1)
         if swa_on and not skips[j] & C_SWA:
             swa.shift_counts(nodes, sj, boundaries[j], 1)
         full.shift_counts(nodes, sj, 1)
@@ -154,6 +180,8 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
         return st, fail, bad
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
+        if mamba_on and not skips[i] & C_MAMBA:
+            mamba.release_component_lock(nodes, meta, s)
         if swa_on and not skips[i] & C_SWA:
             swa.release_component_lock(nodes, heap, meta, s, boundaries[i])
         full.release_component_lock(nodes, heap, meta, s)

@@ -1,10 +1,10 @@
 """``match_prefix``: the longest cached page-aligned prefix of a key (may split a node)."""
 
-from ..components import full, swa
+from ..components import full, mamba, swa
 from ._jit import helper, kernel
 from .children import find_child
 from .layout import (
-    C_SWA, E_CAPACITY, KEY_LEN, KEY_OFF, LAST_ACCESS, M_COMPONENTS, M_PAGE, PARENT, ROOT,
+    C_MAMBA, C_SWA, E_CAPACITY, KEY_LEN, KEY_OFF, LAST_ACCESS, M_COMPONENTS, M_PAGE, PARENT, ROOT,
 )
 from .order import fix
 from .state import has_room, node_id, tick
@@ -17,6 +17,7 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     Returns ``(prefix_len, best_slot, last_visited_slot, full_kv_hit_length)``."""
     page = meta[M_PAGE]
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
     acc = swa.NO_HOLE
     node = ROOT
     best = ROOT
@@ -39,6 +40,8 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
         ok = True
         if swa_on:
             ok, acc = swa.validate(nodes, meta, child, acc)
+        if mamba_on and ok:
+            ok = mamba.validate(nodes, child)
         if ok:
             best = child
             best_len = length
@@ -46,6 +49,8 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
             break
     if swa_on:
         swa.refresh_lru(nodes, meta, best)
+    if mamba_on:
+        mamba.refresh_lru(nodes, best)
     t = tick(meta)
     a = best
     k = 0
@@ -67,10 +72,11 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     ``out[:prefix_len]``. A match ending inside an edge splits that node so the
     walk ends on a node boundary (SGLang §5.1). Every walked node is evaluated
     by each configured component's validator (Full: a device value; SWA: a
-    window of contiguous SWA data, ``components/swa.py``); the deepest node
-    valid for all is the best node, and ``prefix_len`` the units up to it. The
-    best node and its ancestors within the SWA window move to the SWA LRU's MRU
-    end; the best node is stamped with a fresh tick ``t`` and each ancestor
+    window of contiguous SWA data, ``components/swa.py``; Mamba: a state,
+    ``components/mamba.py``); the deepest node valid for all is the best node,
+    and ``prefix_len`` the units up to it. The best node and its ancestors
+    within the SWA window move to the SWA LRU's MRU end, the best node alone
+    to the Mamba LRU's; the best node is stamped with a fresh tick ``t`` and each ancestor
     ``k`` levels up, root included, with ``t - k`` (SGLang §2.4).
 
     Returns ``(status, prefix_len, best_node_id, last_visited_node_id,

@@ -6,7 +6,7 @@ sibling lists, the NCHILD / NDEVCHILD counters, the size ledgers and the
 eviction heap consistent.
 """
 
-from ..components import full, swa
+from ..components import full, mamba, swa
 from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
@@ -161,10 +161,11 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     ``_delete_unbacked_device_leaf``); returns its length in units.
 
     Emits ``A_FREE_SLOT(FULL)`` with its KV indices (copied to ``out``), then
-    ``A_FREE_SLOT(SWA)`` over the same indices when it holds SWA data and, with
+    ``A_FREE_SLOT(SWA)`` over the same indices when it holds SWA data,
+    ``A_FREE_SLOT(MAMBA)`` with its state slot when it owns one and, with
     KV events on, ``A_REMOVED`` with its pool span (the rows keep their page
     digests until the next compaction). The parent re-enters the heap if it
-    became a leaf. The caller checked room for 3 rows and ``len`` values.
+    became a leaf. The caller checked room for 4 rows and ``len + 1`` values.
     """
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
@@ -173,6 +174,8 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     if nodes[s, FLAGS] & F_HAS_SWA_DEV:
         emit(acts, meta, A_FREE_SLOT, SWA, SRC_OUT, at, n, 0)
         swa.release_deleted(nodes, meta, s)
+    if mamba.has_data(nodes, s):
+        mamba.evict_component(nodes, meta, s, out, acts)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)
     meta[M_EVICTABLE + FULL] -= n

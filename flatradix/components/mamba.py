@@ -1,0 +1,173 @@
+"""The Mamba / SSM component (SGLang ``MambaComponent``, spec §6.3).
+
+Value: one recurrent-state slot per node that owns a checkpoint, in column
+``MAMBA_SLOT`` (``F_HAS(MAMBA)`` set while present), only at the exact depth it
+was produced: a state cannot be divided, so a split's upper part holds none.
+A node with Full data but no state is a Mamba *tombstone*. Every node with a
+state is in the Mamba device LRU (``kernels/lru.py``, list ``LRU_MAMBA``); the
+Mamba ledgers count states (1 per node).
+
+Rules (hook names as SGLang's):
+
+* ``validate`` (``create_match_validator``, device only): a state is present.
+  So a match's usable prefix ends at the deepest walked node owning a state.
+* ``refresh_lru``: at match end only the best node itself moves to the MRU end
+  (its ancestors keep their places); the insert walk and insert end touch
+  nothing -- a new state enters the LRU when it is committed.
+* ``redistribute_on_node_split``: the upper part gets nothing (no state, lock
+  count 0); the state stays on the lower part, which keeps its LRU place.
+* ``commit_insert_component_data``: a new leaf takes the donated slot; a node
+  the key ended on without a state takes it too (fresh access tick); one that
+  already has a state moves to the MRU end (fresh tick) and the caller keeps
+  its slot (``mamba_exist``).
+* ``acquire_component_lock`` / ``release_component_lock``: the node itself
+  only (never the root); its state moves evictable <-> protected on 0 <-> 1.
+* eviction (``evict_component`` / the walk): from the LRU tail, skipping
+  Mamba-locked entries; an evictable device leaf is deleted whole, any other
+  node loses its state only (no cascade: Mamba's internal priority is the
+  lowest).
+* ``eviction_priority``: 0 everywhere.
+
+Writes ``MAMBA_SLOT``, ``F_HAS(MAMBA)``, ``LOCK_COL(MAMBA)``, the Mamba ledgers
+and (through ``kernels/lru.py``) the Mamba LRU links.
+"""
+
+from ..kernels._jit import helper
+from ..kernels.actions import A_FREE_SLOT, SRC_OUT, emit
+from ..kernels.layout import (
+    E_LOCK_UNDERFLOW, F_HAS, FLAGS, LAST_ACCESS, LOCK_REF, LRU_MAMBA, M_EVICTABLE, M_NOUT,
+    M_PROTECTED, M_TOTAL, MAMBA, MAMBA_SLOT, N_TIERS, NIL, OK, ROOT,
+)
+from ..kernels.lru import lru_move_to_front, lru_push_front, lru_remove
+from ..kernels.order import fix
+from ..kernels.state import tick
+
+#: Cascade priority on an internal node (leaf: 0).
+PRIORITY_INTERNAL = 0
+#: FLAGS bit of a device state; column of the device Mamba lock_ref.
+F_HAS_MAMBA_DEV = F_HAS(MAMBA)
+MAMBA_LOCK = LOCK_REF + MAMBA * N_TIERS
+
+
+@helper
+def has_data(nodes, s):
+    return (nodes[s, FLAGS] & F_HAS_MAMBA_DEV) != 0
+
+
+@helper
+def validate(nodes, s):
+    """``create_match_validator`` (device only): the node owns a state."""
+    return (nodes[s, FLAGS] & F_HAS_MAMBA_DEV) != 0
+
+
+@helper
+def refresh_lru(nodes, s):
+    """Match end: the best node alone moves to the MRU end (when it owns a state)."""
+    if s != ROOT and has_data(nodes, s):
+        lru_move_to_front(nodes, LRU_MAMBA, s)
+
+
+@helper
+def attach(nodes, meta, s, slot):
+    """Give node ``s`` the state ``slot``: data bit, MRU in the LRU, one unit on
+    the ledger (protected when the node is Mamba-locked)."""
+    nodes[s, MAMBA_SLOT] = slot
+    nodes[s, FLAGS] |= F_HAS_MAMBA_DEV
+    lru_push_front(nodes, LRU_MAMBA, s)
+    if nodes[s, MAMBA_LOCK] > 0:
+        meta[M_PROTECTED + MAMBA] += 1
+    else:
+        meta[M_EVICTABLE + MAMBA] += 1
+    meta[M_TOTAL + MAMBA] += 1
+
+
+@helper
+def commit_insert_component_data(nodes, heap, meta, s, new_leaf, slot):
+    """Attach the donated ``slot`` to the insert's target ``s`` (see the module
+    docstring). Returns ``mamba_exist``: True when ``s`` already had a state
+    (the caller keeps -- and frees -- its slot)."""
+    if new_leaf:
+        attach(nodes, meta, s, slot)
+        return False
+    if not has_data(nodes, s):
+        attach(nodes, meta, s, slot)
+        nodes[s, LAST_ACCESS] = tick(meta)
+        fix(nodes, heap, meta, s)
+        return False
+    lru_move_to_front(nodes, LRU_MAMBA, s)
+    nodes[s, LAST_ACCESS] = tick(meta)
+    fix(nodes, heap, meta, s)
+    return True
+
+
+@helper
+def put_slot(nodes, meta, s, out):
+    """Copy ``s``'s state slot to ``out``; returns its offset there (room checked)."""
+    at = meta[M_NOUT]
+    out[at] = nodes[s, MAMBA_SLOT]
+    meta[M_NOUT] = at + 1
+    return at
+
+
+@helper
+def drop(nodes, meta, s):
+    """Forget ``s``'s state (ledger, LRU, column) -- the caller emitted its free."""
+    if nodes[s, MAMBA_LOCK] > 0:
+        meta[M_PROTECTED + MAMBA] -= 1
+    else:
+        meta[M_EVICTABLE + MAMBA] -= 1
+    meta[M_TOTAL + MAMBA] -= 1
+    nodes[s, FLAGS] &= ~F_HAS_MAMBA_DEV
+    nodes[s, MAMBA_SLOT] = NIL
+    lru_remove(nodes, LRU_MAMBA, s)
+
+
+@helper
+def evict_component(nodes, meta, s, out, acts):
+    """Tombstone ``s``'s state: ``A_FREE_SLOT(MAMBA)`` with its slot, ledger, LRU.
+    Returns 1 (states freed). The caller checked room for 1 row and 1 value."""
+    at = put_slot(nodes, meta, s, out)
+    emit(acts, meta, A_FREE_SLOT, MAMBA, SRC_OUT, at, 1, 0)
+    drop(nodes, meta, s)
+    return 1
+
+
+@helper
+def acquire_component_lock(nodes, meta, s):
+    """Lock the node itself (never the root): ``lock_ref += 1``, its state moving
+    evictable -> protected on 0 -> 1."""
+    if s == ROOT:
+        return
+    if nodes[s, MAMBA_LOCK] == 0 and has_data(nodes, s):
+        meta[M_EVICTABLE + MAMBA] -= 1
+        meta[M_PROTECTED + MAMBA] += 1
+    nodes[s, MAMBA_LOCK] += 1
+
+
+@helper
+def check_release(nodes, s):
+    """Whether ``release_component_lock(s)`` would succeed: ``(OK, -1)`` or
+    ``(E_LOCK_UNDERFLOW, s)`` (SGLang: "Mamba release hit lock_ref=0")."""
+    if s != ROOT and nodes[s, MAMBA_LOCK] <= 0:
+        return E_LOCK_UNDERFLOW, s
+    return OK, -1
+
+
+@helper
+def release_component_lock(nodes, meta, s):
+    """The reverse of ``acquire_component_lock`` (checked by ``check_release``); the
+    caller refreshes the node's leaf membership (the Full release does)."""
+    if s == ROOT:
+        return
+    if nodes[s, MAMBA_LOCK] == 1 and has_data(nodes, s):
+        meta[M_PROTECTED + MAMBA] -= 1
+        meta[M_EVICTABLE + MAMBA] += 1
+    nodes[s, MAMBA_LOCK] -= 1
+
+
+@helper
+def shift_counts(nodes, s, d):
+    """Add ``d`` to the node's Mamba lock_ref without ledger changes (a batch
+    release's dry run; see ``full.shift_counts``)."""
+    if s != ROOT:
+        nodes[s, MAMBA_LOCK] += d

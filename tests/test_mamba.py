@@ -1,0 +1,399 @@
+"""The Mamba / SSM component (spec §6.3): hand-worked scenarios, bad input, and a
+seeded random run that checks the state-slot partition after every operation.
+
+Every expected value here is worked out by hand from the spec's rules (state only
+at the exact depth it was produced; a split's upper part holds none; match stops
+at the deepest node owning a state; the Mamba LRU refreshes the matched node
+only; leaf -> whole-node eviction, internal -> tombstone; single-node lock).
+The differential comparison with SGLang's own cache is in ``tests/oracle``.
+"""
+
+import numpy as np
+import pytest
+
+from flatradix import (
+    ComponentType, EvictParams, HybridReqToTokenPool, InsertParams, LockRefError,
+    MatchPrefixParams, RadixKey, TokenToKVPoolAllocator, UnifiedRadixCache,
+)
+from flatradix.errors import ReceiptError
+
+FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
+
+
+class Env:
+    """A FULL+MAMBA cache with flatradix's pools; ``ins`` allocates both values."""
+
+    def __init__(self, page=1, chunk=64, states=16, extra=False, policy="lru"):
+        self.alloc = TokenToKVPoolAllocator(4096)
+        self.pool = HybridReqToTokenPool(4, 256, mamba_size=states)
+        self.ma = self.pool.mamba_allocator
+        self.cache = UnifiedRadixCache(
+            page_size=page, tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, mamba_cache_chunk_size=chunk,
+            enable_mamba_extra_buffer=extra, eviction_policy=policy)
+        self.caller = set()  # state slots the caller holds (mamba_exist returns)
+
+    def ins(self, toks):
+        """Insert ``toks`` with fresh KV slots and a fresh state; frees what the
+        tree did not take (duplicates go through the allocator; a state when
+        ``mamba_exist``). Returns the InsertResult."""
+        kv = self.alloc.alloc(len(toks))
+        st = self.ma.alloc(1)
+        r = self.cache.insert(InsertParams(key=RadixKey(list(toks)), value=kv, mamba_value=st))
+        n = len(toks) - len(toks) % self.cache.page_size
+        self.alloc.free(kv[n:]) if n < len(toks) else None
+        if r.mamba_exist:
+            self.ma.free(st)
+        return r, int(st[0])
+
+    def match(self, toks):
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(toks))))
+
+    def partition(self):
+        """Every state slot is exactly one of: free, in the tree, held by the caller."""
+        tree = self.cache.all_mamba_values_flatten().tolist()
+        free = [s for s in range(self.ma.size) if not self.ma.is_held([s])[0]]
+        assert len(set(tree)) == len(tree)
+        assert sorted(tree + free + sorted(self.caller)) == list(range(self.ma.size))
+        assert self.cache.mamba_evictable_size() + self.cache.mamba_protected_size() == len(tree)
+        assert self.cache.total_size()[1] == len(tree)
+        self.cache.sanity_check()
+
+
+def snap(env):
+    c = env.cache
+    return (c.all_values_flatten().tolist(), c.all_mamba_values_flatten().tolist(),
+            c.evictable_size(), c.protected_size(), c.mamba_evictable_size(),
+            c.mamba_protected_size(), env.ma.available_size(), env.alloc.available_size(),
+            c.node_count())
+
+
+def test_new_leaf_takes_the_state_and_an_existing_state_is_kept():
+    env = Env()
+    r, s1 = env.ins(range(1, 9))
+    assert (r.prefix_len, r.mamba_exist) == (0, False)
+    assert env.cache.all_mamba_values_flatten().tolist() == [s1]
+    assert (env.cache.mamba_evictable_size(), env.cache.total_size()) == (1, (8, 1))
+    r, s2 = env.ins(range(1, 9))            # same key: the node has a state
+    assert (r.prefix_len, r.mamba_exist) == (8, True)
+    assert env.cache.all_mamba_values_flatten().tolist() == [s1]
+    assert env.ma.available_size() == env.ma.size - 1   # s2 went back (mamba_exist)
+    env.partition()
+
+
+def test_split_upper_part_has_no_state_and_can_take_one_later():
+    env = Env()
+    _, s1 = env.ins(range(10))
+    _, s2 = env.ins([0, 1, 2, 3, 4, 99])     # splits [0..9] at 5: upper [0..4] stateless
+    assert env.cache.node_count() == 3
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == sorted([s1, s2])
+    m = env.match([0, 1, 2, 3, 4])
+    assert (m.device_prefix_len, m.full_kv_hit_length) == (0, 5)
+    r, s3 = env.ins(range(5))                # ends on the stateless upper node: it takes s3
+    assert (r.prefix_len, r.mamba_exist) == (5, False)
+    assert env.match(range(5)).device_prefix_len == 5
+    assert env.cache.mamba_evictable_size() == 3
+    env.partition()
+
+
+def test_b10_checkpoint_survives_a_mid_edge_split():
+    """known_bugs B10 (SGLang issue #22935): the n-1 lookup splits the edge; the
+    split part has no state; the identical prompt still hits in full."""
+    env = Env()
+    _, s8 = env.ins(range(1, 9))
+    m7 = env.match(range(1, 8))
+    assert (m7.device_prefix_len, m7.full_kv_hit_length) == (0, 7)
+    assert env.cache.node_count() == 2       # the split happened
+    m8 = env.match(range(1, 9))
+    assert m8.device_prefix_len == 8
+    assert env.cache.node_info(m8.last_device_node)["mamba_value"] == s8
+    assert env.match(range(1, 10)).device_prefix_len == 8
+    assert env.cache.mamba_evictable_size() == 1  # the split part is not a state
+    env.partition()
+
+
+def test_branching_seqlen_on_the_checkpoint_grid():
+    # chunk 4, page 1: grid 4. Full hit 8, usable prefix 5 -> 8; hit 7 -> 4 (> 5? no: None)
+    env = Env(chunk=4)
+    env.ins(range(10))
+    env.ins(range(5))                       # state at 5 (upper part of the split)
+    m = env.match(list(range(8)) + [77])
+    assert (m.device_prefix_len, m.full_kv_hit_length, m.mamba_branching_seqlen) == (5, 8, 8)
+    m = env.match(list(range(7)) + [77])
+    assert (m.device_prefix_len, m.full_kv_hit_length, m.mamba_branching_seqlen) == (5, 7, None)
+    # chunk 64 on page 16 (extra buffer): grid 64
+    env = Env(page=16, chunk=24, extra=True)   # lcm(24, 16) = 48
+    env.ins(range(160))
+    m = env.match(list(range(112)) + [5] * 16)
+    assert (m.device_prefix_len, m.full_kv_hit_length, m.mamba_branching_seqlen) == (0, 112, 96)
+    assert env.cache.mamba_checkpoint_grid == 48
+
+
+def test_match_refreshes_only_the_matched_state_and_eviction_takes_the_lru_one():
+    env = Env()
+    _, a = env.ins(range(4))                 # node A [0..3]
+    _, b = env.ins(range(8))                 # node B [4..7] under A
+    _, c = env.ins([50, 51])                 # node C
+    env.match(range(8))                      # refreshes B only (not its ancestor A)
+    # Mamba LRU, least recent first: A, C, B
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (0, 1)   # A is internal: tombstone
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == sorted([b, c])
+    assert env.cache.node_count() == 3       # Full KV kept
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (2, 1)   # C is a leaf: deleted whole
+    assert env.cache.node_count() == 2
+    assert env.match(range(8)).device_prefix_len == 8              # B's state still there
+    assert env.match(range(4)).device_prefix_len == 0              # A was tombstoned
+    env.partition()
+
+
+def test_full_eviction_frees_the_leaf_state_and_chains_collapse():
+    env = Env()
+    env.ins(range(4))
+    env.ins(range(8))
+    r = env.cache.evict(EvictParams(num_tokens=100))
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (8, 2)
+    assert env.ma.available_size() == env.ma.size
+    assert env.alloc.available_size() == 4096
+    env.partition()
+
+
+def test_locks_are_single_node_and_the_receipt_remembers_a_skip():
+    env = Env()
+    env.ins(range(4))
+    env.ins(range(8))
+    m = env.match(range(8))
+    full_lock = env.cache.lock(m.last_device_node, skip_lock_components=(MAMBA,))
+    assert (env.cache.mamba_evictable_size(), env.cache.mamba_protected_size()) == (2, 0)
+    lk = env.cache.lock(m.last_device_node)
+    assert (env.cache.mamba_evictable_size(), env.cache.mamba_protected_size()) == (1, 1)
+    # the ancestor's state is not locked: the Mamba walk tombstones it, the locked one stays
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=5))
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (0, 1)
+    assert env.cache.mamba_protected_size() == 1
+    env.cache.unlock(full_lock)             # drops no Mamba lock (it skipped Mamba)
+    assert env.cache.mamba_protected_size() == 1
+    env.cache.unlock(lk)
+    assert (env.cache.mamba_evictable_size(), env.cache.mamba_protected_size()) == (1, 0)
+    before = snap(env)
+    with pytest.raises(LockRefError, match="lock_ref=0"):
+        env.cache.unlock(lk)                # released twice: refused, nothing changed
+    assert snap(env) == before
+    env.partition()
+
+
+def test_a_full_locked_leaf_loses_only_its_state():
+    env = Env()
+    env.ins(range(4))
+    m = env.match(range(4))
+    lk = env.cache.lock(m.last_device_node, skip_lock_components=(MAMBA,))
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (0, 1)
+    assert env.cache.node_count() == 1 and env.cache.protected_size() == 4
+    env.cache.unlock(lk)
+    env.partition()
+
+
+def test_mamba_release_needs_the_receipt():
+    env = Env()
+    env.ins(range(4))
+    node = env.match(range(4)).last_device_node
+    r = env.cache.inc_lock_ref(node)
+    before = snap(env)
+    with pytest.raises(ReceiptError, match="Mamba cache needs the lock's receipt"):
+        env.cache.dec_lock_ref(node)
+    assert snap(env) == before
+    env.cache.dec_lock_ref(node, r.to_dec_params())
+    env.partition()
+
+
+def test_step_wise_mamba_round():
+    env = Env()
+    _, a = env.ins(range(4))
+    _, b = env.ins(range(8))
+    _, c = env.ins([50, 51])
+    env.cache.evict_device_start(MAMBA, 2)
+    st1 = env.cache.evict_device_next_node(MAMBA)     # A (internal): tombstone
+    assert (st1.node_id, st1.made_progress, st1.mamba_num) == (None, True, 1)
+    assert st1.mamba_freed_indices.tolist() == [a]
+    env.match(range(8))                                # a refresh between steps
+    st2 = env.cache.evict_device_next_node(MAMBA)     # the cursor moved on: B (leaf)
+    assert st2.node_id is not None and st2.mamba_freed_indices.tolist() == [b]
+    assert st2.freed_indices.tolist() and st2.num_tokens == 4
+    st3 = env.cache.evict_device_next_node(MAMBA)     # request met
+    assert not st3.made_progress
+    assert env.cache.evict_device_end(MAMBA) == 2
+    # the controller frees the steps' slots
+    env.alloc.free(st2.freed_indices)
+    env.ma.free(np.concatenate([st1.mamba_freed_indices, st2.mamba_freed_indices]))
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == [c]
+    env.partition()
+
+
+def test_sub_page_key_is_a_no_op():
+    """The 63-token key on 64-token pages (issue 12): nothing is created, no
+    empty-key node, the caller keeps its state; later operations are unaffected."""
+    env = Env(page=64, extra=True)
+    kv = env.alloc.alloc(63)
+    st = env.ma.alloc(1)
+    r = env.cache.insert(InsertParams(key=RadixKey(list(range(63))), value=kv, mamba_value=st))
+    assert (r.prefix_len, r.mamba_exist, env.cache.node_count()) == (0, True, 0)
+    env.alloc.free(kv)
+    env.ma.free(st)
+    env.ins(range(128))
+    env.ins(range(64))
+    assert env.match(range(127)).device_prefix_len == 64
+    assert env.match(range(128)).device_prefix_len == 128
+    env.partition()
+
+
+class _Kv:
+    def __init__(self):
+        self.mamba_pool_idx = None
+        self.mamba_cow_src_index = None
+        self.mamba_needs_clear = True
+
+
+class _Req:
+    def __init__(self):
+        self.kv = _Kv()
+
+
+def test_copy_on_write_allocates_a_request_slot_and_names_the_source():
+    env = Env(states=2)
+    _, a = env.ins(range(4))
+    _, b = env.ins([9, 9])
+    req = _Req()
+    m = env.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(4))), cow_mamba=True,
+                                                 req=req))
+    assert m.device_prefix_len == 4
+    assert int(req.kv.mamba_cow_src_index[0]) == a
+    assert req.kv.mamba_needs_clear is False
+    # the pool was empty: one state (b's leaf, least recent) was evicted for it
+    assert int(req.kv.mamba_pool_idx) == b
+    assert env.cache.all_mamba_values_flatten().tolist() == [a]
+    env.caller.add(b)
+    env.partition()
+    # a request that holds a slot keeps it
+    req2 = _Req()
+    req2.kv.mamba_pool_idx = 123
+    env.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(4))), cow_mamba=True,
+                                             req=req2))
+    assert req2.kv.mamba_pool_idx == 123 and int(req2.kv.mamba_cow_src_index[0]) == a
+
+
+# ---------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("value, exc, msg", [
+    (None, ValueError, "mamba_value is required"),
+    (np.array([1, 2]), ValueError, "exactly one Mamba state slot"),
+    (np.array([99]), ValueError, "outside the state pool"),
+    (np.array([-1]), ValueError, "outside the state pool"),
+    (np.array([5]), ValueError, "is free in the state pool"),
+    ("x", TypeError, "mamba_value"),
+    (np.array([1.5]), TypeError, "mamba_value"),
+])
+def test_bad_mamba_value_changes_nothing(value, exc, msg):
+    env = Env()
+    env.ins(range(4))
+    kv = env.alloc.alloc(4)
+    before = snap(env)
+    with pytest.raises(exc, match=msg):
+        env.cache.insert(InsertParams(key=RadixKey([7, 7, 7, 7]), value=kv, mamba_value=value))
+    assert snap(env) == before
+
+
+def test_mamba_parameters_refused_where_they_do_not_apply():
+    alloc = TokenToKVPoolAllocator(64)
+    plain = UnifiedRadixCache(token_to_kv_pool_allocator=alloc)
+    with pytest.raises(ValueError, match="no Mamba component"):
+        plain.insert(InsertParams(key=RadixKey([1]), value=alloc.alloc(1), mamba_value=[0]))
+    with pytest.raises(ValueError, match="no Mamba component"):
+        plain.match_prefix(MatchPrefixParams(key=RadixKey([1]), cow_mamba=True, req=_Req()))
+    env = Env()
+    with pytest.raises(ValueError, match="params.mamba_num"):
+        env.cache.evict(EvictParams(num_tokens=0, mamba_num=-1))
+    with pytest.raises(ValueError, match="cow_mamba needs params.req"):
+        env.cache.match_prefix(MatchPrefixParams(key=RadixKey([1]), cow_mamba=True))
+
+
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    (dict(page_size=16), ValueError, "needs page_size=1"),
+    (dict(mamba_cache_chunk_size=0), ValueError, "mamba_cache_chunk_size"),
+    (dict(mamba_cache_chunk_size=1.5), TypeError, "mamba_cache_chunk_size"),
+    (dict(enable_mamba_extra_buffer="yes"), TypeError, "enable_mamba_extra_buffer"),
+    (dict(req_to_token_pool=None), TypeError, "mamba_allocator"),
+    (dict(tree_components=(FULL, SWA, MAMBA)), ValueError, "not implemented yet"),
+])
+def test_bad_mamba_construction(kwargs, exc, msg):
+    args = dict(page_size=1, tree_components=(FULL, MAMBA),
+                token_to_kv_pool_allocator=TokenToKVPoolAllocator(64),
+                req_to_token_pool=HybridReqToTokenPool(2, 16, mamba_size=4))
+    args.update(kwargs)
+    with pytest.raises(exc, match=msg):
+        UnifiedRadixCache(**args)
+
+
+def test_request_path_refused_before_any_change():
+    env = Env()
+    with pytest.raises(NotImplementedError, match="Mamba"):
+        env.cache.cache_finished_req(object())
+
+
+def test_eagle_is_not_bigram_with_mamba():
+    env = Env()
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), is_eagle=True,
+                              token_to_kv_pool_allocator=env.alloc, req_to_token_pool=env.pool)
+    assert cache.is_eagle is False
+
+
+# ---------------------------------------------------------------------- random run
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_ops_keep_the_state_partition(seed):
+    """Seeded random insert / match / lock / unlock / evict (whole and step-wise);
+    after every op: sanity_check and the exact three-way partition of the state
+    pool, and every lock's release still succeeds."""
+    rng = np.random.default_rng(seed)
+    env = Env(page=1, states=24)
+    locks = []
+    for _ in range(600):
+        op = rng.integers(0, 7)
+        toks = rng.integers(0, 4, size=rng.integers(1, 12)).tolist()
+        if op <= 1:
+            if env.ma.available_size() == 0:
+                env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+            if env.ma.available_size() and env.alloc.available_size() >= len(toks):
+                env.ins(toks)
+        elif op == 2:
+            m = env.match(toks)
+            if m.device_prefix_len:
+                assert env.cache.node_info(m.last_device_node)["mamba_value"] is not None
+        elif op == 3:
+            m = env.match(toks)
+            skip = (MAMBA,) if rng.random() < 0.3 else ()
+            locks.append(env.cache.lock(m.last_device_node, skip_lock_components=skip))
+        elif op == 4 and locks:
+            env.cache.unlock(locks.pop(rng.integers(0, len(locks))))
+        elif op == 5:
+            env.cache.evict(EvictParams(num_tokens=int(rng.integers(0, 6)),
+                                        mamba_num=int(rng.integers(0, 3))))
+        else:
+            env.cache.evict_device_start(MAMBA, int(rng.integers(1, 4)))
+            fk, fm = [], []
+            for _ in range(4):
+                st = env.cache.evict_device_next_node(MAMBA)
+                if not st.made_progress:
+                    break
+                fk.append(np.asarray(st.freed_indices))
+                fm.append(np.asarray(st.mamba_freed_indices))
+            env.cache.evict_device_end(MAMBA)
+            if fk:
+                env.alloc.free(np.concatenate(fk))
+                env.ma.free(np.concatenate(fm))
+        env.partition()
+    for lk in locks:
+        env.cache.unlock(lk)
+    assert env.cache.mamba_protected_size() == 0 and env.cache.protected_size() == 0
+    env.cache.evict(EvictParams(num_tokens=10 ** 6))
+    assert env.ma.available_size() == env.ma.size
+    env.partition()
