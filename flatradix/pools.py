@@ -319,6 +319,19 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.mamba_allocator = MambaSlotAllocator(mamba_size, index_kind, device)
         super().__init__(size, max_context_len, index_kind, device)
 
+    def free_mamba_cache(self, req):
+        """Free the request's state slot ``req.kv.mamba_pool_idx`` (SGLang's name) and
+        set the field to None. ``ValueError`` when it holds none (a double free)."""
+        kv = getattr(req, "kv", req)
+        idx = kv.mamba_pool_idx
+        if idx is None:
+            raise ValueError("req.mamba_pool_idx is None: the request holds no Mamba state "
+                             "(double free?)")
+        if isinstance(idx, (int, np.integer)) and not isinstance(idx, bool):
+            idx = np.array([int(idx)], dtype=np.int64)
+        self.mamba_allocator.free(as_int64(idx, "req.mamba_pool_idx").reshape(-1))
+        kv.mamba_pool_idx = None
+
 
 class SWATokenToKVPoolAllocator:
     """KV slots of a hybrid sliding-window model: a Full pool, an SWA pool and the

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
 from .kernels import layout as L
-from .types import ComponentType, RadixKey, TreeLock
+from .types import ComponentType, EvictParams, RadixKey, TreeLock
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -50,6 +50,10 @@ class Req:
     SWA slots below it are freed; the cache advances it), and
     ``swa_branching_seqlen`` the ``MatchResult`` field of its admission match
     (the first checkpoint then inserts only up to it).
+    Mamba caches: ``mamba_pool_idx`` is the request's own state slot (from
+    ``req_to_token_pool.mamba_allocator``; ``None``: holds none);
+    ``mamba_cow_src_index`` / ``mamba_needs_clear`` are set by a ``cow_mamba``
+    match. ``req.kv`` is the request itself (SGLang keeps these under ``req.kv``).
 
     Construction validates every field (``TypeError`` / ``ValueError`` naming it):
     token containers must be 1-D integer sequences (list, tuple, ``array('q')``,
@@ -76,6 +80,9 @@ class Req:
     lock: Any = None
     swa_evicted_seqlen: int = 0
     swa_branching_seqlen: Optional[int] = None
+    mamba_pool_idx: Any = None
+    mamba_cow_src_index: Any = None
+    mamba_needs_clear: bool = False
     #: attr -> (container, its length, int64 view or copy): a list is converted once
     _np_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -113,6 +120,10 @@ class Req:
             v = getattr(self, name)
             if v is not None:
                 as_count(v, name)
+
+
+Req.kv = property(lambda self: self, doc="The request itself: SGLang reads the KV fields "
+                                         "as ``req.kv.<field>``.")
 
 
 def _tokens(x, name):
@@ -158,12 +169,60 @@ class RequestCachingMixin:
     def _need_pools(self, what):
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
-        if self._mamba:
-            # refused before anything changes: the request path's state donation /
-            # fork / cleanup (SGLang prepare_for_caching_req) is not built yet
-            raise NotImplementedError(f"{what}: the request path of a Mamba cache is not "
-                                      "implemented yet; drive insert (with mamba_value), "
-                                      "match_prefix and lock / unlock directly")
+        if self._mamba and self.enable_mamba_extra_buffer:
+            # refused before anything changes: the ping-pong track buffers of the
+            # extra-buffer mode are not modelled yet
+            raise NotImplementedError(f"{what}: the request path of a Mamba cache with "
+                                      "enable_mamba_extra_buffer is not implemented yet; drive "
+                                      "insert (with mamba_value), match_prefix and lock / unlock "
+                                      "directly")
+
+    # ------------------------------------------------------------------ Mamba
+    def _mamba_own(self, req):
+        """``req.kv.mamba_pool_idx`` checked (before any change): the request's
+        state slot as an int, held in the state pool."""
+        kv = getattr(req, "kv", req)
+        idx = getattr(kv, "mamba_pool_idx", None)
+        if idx is None:
+            raise ValueError("req.mamba_pool_idx is None: a Mamba cache caches a request's "
+                             "state, and this request holds none")
+        return self._vals.mamba_slot(idx, "req.mamba_pool_idx")
+
+    def _mamba_fork(self, own):
+        """A fresh slot holding a copy of the state in ``own`` (SGLang: an unfinished
+        request forks its state into the tree). When the pool is empty one state is
+        evicted first (``RuntimeError`` when none is evictable). The copy runs on the
+        pool's own ``mamba_pool.copy_from`` when it has one (SGLang's pool); a pool
+        without state tensors (flatradix's) has nothing to copy."""
+        alloc = self._vals.mamba
+        dst = alloc.alloc(1)
+        if dst is None:
+            self.evict(EvictParams(num_tokens=0, mamba_num=1))
+            dst = alloc.alloc(1)
+            if dst is None:
+                raise RuntimeError("Can not alloc mamba cache: the Mamba state pool is empty "
+                                   "and no state is evictable")
+        slot = self._vals.mamba_slot(dst, "mamba_allocator.alloc(1)", check_held=False)
+        mp = getattr(self.req_to_token_pool, "mamba_pool", None)
+        if mp is not None and callable(getattr(mp, "copy_from", None)):
+            src_t, dst_t = self._vals.mamba_out(own), self._vals.mamba_out(slot)
+            tr = getattr(self.req_to_token_pool, "translate_mamba_indices", None)
+            if callable(tr):
+                src_t, dst_t = tr(src_t), tr(dst_t)
+            mp.copy_from(src_t, dst_t)
+        return slot
+
+    def _mamba_release_own(self, req):
+        """Free the request's own state slot (it holds one) and clear the field."""
+        free = getattr(self.req_to_token_pool, "free_mamba_cache", None)
+        if callable(free):  # SGLang's pool (and flatradix's): frees and clears the field
+            free(req)
+            return
+        kv = getattr(req, "kv", req)
+        self._vals.free_mamba(np.array([self._vals.mamba_slot(kv.mamba_pool_idx,
+                                                              "req.mamba_pool_idx")],
+                                       dtype=np.int64))
+        kv.mamba_pool_idx = None
 
     @staticmethod
     def _check_req_type(req):
@@ -382,6 +441,7 @@ class RequestCachingMixin:
                     branching = None
                 else:
                     effective = branching + eagle
+        own = self._mamba_own(req) if self._mamba else -1
         key = self._request_key(req, all_ids[:effective])
         units, aligned, nk, _ = self._key(key, "req")
         with self._mutex:  # the row's slots and the lock are checked where they can't change
@@ -389,6 +449,10 @@ class RequestCachingMixin:
                 row = self._row(req, up_to, "up_to")
             self._check_last_node(req)
             # every check is done: from here on the request and the tree change
+            # Mamba (SGLang prepare_for_caching_req, no extra buffer): a finished
+            # request donates its own state, a running one forks a copy
+            mslot = own if finished else (self._mamba_fork(own) if self._mamba else -1)
+            exist = True
             cursor = 0
             if self._swa:
                 if not finished:
@@ -404,9 +468,10 @@ class RequestCachingMixin:
                 # _row checked every slot held when flatradix's allocator is attached,
                 # which implies the kernel's bound check: skip that pass then
                 limit = L.VALUES_UNCHECKED if self._vals.checks_held else self._vals.kv_bound()
-                plen, new_node, _, path, _, _ = self._insert_units(
+                plen, new_node, _, path, _, exist = self._insert_units(
                     units, values, aligned, nk, protected, inserted, priority, limit,
-                    "req row (req_to_token_pool)", want_path=True, keep_own=True, cursor=cursor)
+                    "req row (req_to_token_pool)", want_path=True, keep_own=True, cursor=cursor,
+                    mamba_slot=mslot)
                 self._vals.note_kind(values)
                 # the path's value: the tree's slots for the cached prefix, ours after it
                 row[:plen] = path[:plen]
@@ -422,6 +487,14 @@ class RequestCachingMixin:
                 req.cache_inserted_len = max(inserted, aligned)
                 # the inserted key is the page-aligned one (SGLang aligns before insert)
                 branch_inserted = branching is not None and aligned >= branching
+            if self._mamba:  # SGLang cleanup_after_caching_req
+                if not exist:       # the tree took the slot
+                    if finished:
+                        getattr(req, "kv", req).mamba_pool_idx = None
+                elif finished:
+                    self._mamba_release_own(req)
+                else:
+                    self._vals.free_mamba(np.array([mslot], dtype=np.int64))
             self._release_req_lock(req)
             if not finished and new_node is not None:
                 self._take_req_lock(req, new_node)
@@ -469,9 +542,13 @@ class RequestCachingMixin:
             row = self._row(req, allocated,
                             "req.kv_allocated_len" if allocated > committed else "req.kv_committed_len")
             if self.disable:
-                # a disabled cache holds nothing (SGLang: the whole row goes back)
+                # a disabled cache holds nothing (SGLang: the whole row goes back, and
+                # a Mamba request's state)
                 keep = 0
                 req.last_node = None
+                if self._mamba and getattr(getattr(req, "kv", req), "mamba_pool_idx",
+                                           None) is not None:
+                    self._mamba_release_own(req)
             elif checkpoint:
                 self._checkpoint(req, committed, True, row)
                 keep = self._protected_len(req)
@@ -482,7 +559,10 @@ class RequestCachingMixin:
                                      f"req.kv_allocated_len={allocated}")
                 if self._swa:
                     self._swa_cursor(req)
+                own = self._mamba_own(req) if self._mamba else -1
                 self._check_last_node(req)
+                if own >= 0:  # SGLang on_release: not checkpointed, the state goes back
+                    self._mamba_release_own(req)
                 self._release_req_lock(req)
                 req.last_node = None
             if self._swa:

@@ -334,10 +334,105 @@ def test_bad_mamba_construction(kwargs, exc, msg):
         UnifiedRadixCache(**args)
 
 
-def test_request_path_refused_before_any_change():
-    env = Env()
-    with pytest.raises(NotImplementedError, match="Mamba"):
+def test_request_path_with_extra_buffer_refused_before_any_change():
+    env = Env(page=16, extra=True)
+    with pytest.raises(NotImplementedError, match="enable_mamba_extra_buffer"):
         env.cache.cache_finished_req(object())
+
+
+# ---------------------------------------------------------------------- request path
+def admit(env, prompt):
+    """A scheduler's admission: match, a row, the request's own state slot, KV for
+    the uncached part, the lock."""
+    from flatradix import Req
+
+    m = env.match(prompt)
+    req = Req(origin_input_ids=list(prompt))
+    req.req_pool_idx = env.pool.alloc(1)[0]
+    req.mamba_pool_idx = int(env.ma.alloc(1)[0])
+    n, p = len(prompt), m.device_prefix_len
+    env.pool.write((req.req_pool_idx, slice(0, p)), m.device_indices)
+    env.pool.write((req.req_pool_idx, slice(p, n)), env.alloc.alloc(n - p))
+    req.prefix_indices, req.cache_protected_len = m.device_indices, p
+    req.lock, req.last_node = env.cache.lock(m.last_device_node), m.last_device_node
+    req.kv_committed_len = n
+    return req, m
+
+
+def test_finished_request_donates_its_state():
+    env = Env()
+    req, m = admit(env, range(10))
+    own = req.mamba_pool_idx
+    env.cache.release_kv_cache(req)
+    assert env.cache.all_mamba_values_flatten().tolist() == [own]   # adopted, not copied
+    assert req.mamba_pool_idx is None and req.req_pool_idx is None
+    assert env.ma.available_size() == env.ma.size - 1
+    req2, m2 = admit(env, range(10))
+    assert m2.device_prefix_len == 10
+    env.cache.release_kv_cache(req2)            # same key: the tree has a state (mamba_exist)
+    assert env.cache.all_mamba_values_flatten().tolist() == [own]
+    assert env.ma.available_size() == env.ma.size - 1   # req2's slot went back
+    assert env.alloc.available_size() == 4096 - 10
+    env.partition()
+
+
+def test_running_request_forks_a_copy_and_keeps_its_own():
+    env = Env()
+    req, _ = admit(env, range(10))
+    own = req.mamba_pool_idx
+    assert env.cache.checkpoint(req, 10) == 10
+    tree = env.cache.all_mamba_values_flatten().tolist()
+    assert len(tree) == 1 and tree[0] != own and req.mamba_pool_idx == own
+    assert env.cache.mamba_protected_size() == 1          # the request's new lock holds it
+    env.cache.checkpoint(req, 10)                         # again: exists -> the fork is freed
+    assert env.cache.all_mamba_values_flatten().tolist() == tree
+    assert env.ma.available_size() == env.ma.size - 2
+    env.caller.add(own)
+    env.partition()
+    env.cache.release_kv_cache(req, checkpoint=False)     # not checkpointed: own slot freed
+    assert req.mamba_pool_idx is None and env.ma.available_size() == env.ma.size - 1
+    env.caller.discard(own)
+    env.partition()
+
+
+def test_fork_on_a_full_state_pool_evicts_one_state():
+    env = Env(states=2)
+    env.ins([7, 7])                                      # a cached state (evictable leaf)
+    req, _ = admit(env, range(6))                        # takes the last free slot
+    assert env.ma.available_size() == 0
+    env.cache.checkpoint(req, 6)
+    assert env.match([7, 7]).device_prefix_len == 0      # evicted for the fork
+    assert env.match(range(6)).device_prefix_len == 6
+    env.caller.add(req.mamba_pool_idx)
+    env.partition()
+
+
+def test_request_without_a_state_is_refused_before_any_change():
+    env = Env()
+    req, _ = admit(env, range(6))
+    env.ma.free([req.mamba_pool_idx])
+    held = req.mamba_pool_idx
+    before = snap(env)
+    with pytest.raises(ValueError, match="is free in the state pool"):
+        env.cache.release_kv_cache(req)
+    req.mamba_pool_idx = None
+    with pytest.raises(ValueError, match="holds none"):
+        env.cache.checkpoint(req, 6)
+    assert snap(env) == before and req.req_pool_idx is not None and held is not None
+
+
+def test_disabled_mamba_cache_returns_the_request_state():
+    alloc = TokenToKVPoolAllocator(64)
+    pool = HybridReqToTokenPool(2, 16, mamba_size=2)
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool, disable=True)
+    from flatradix import Req
+
+    req = Req(origin_input_ids=[1, 2, 3], req_pool_idx=pool.alloc(1)[0],
+              mamba_pool_idx=int(pool.mamba_allocator.alloc(1)[0]), kv_committed_len=3)
+    pool.write((req.req_pool_idx, slice(0, 3)), alloc.alloc(3))
+    cache.release_kv_cache(req)
+    assert pool.mamba_allocator.available_size() == 2 and alloc.available_size() == 64
 
 
 def test_eagle_is_not_bigram_with_mamba():
