@@ -955,9 +955,14 @@ class UnifiedRadixCache(RequestCachingMixin):
         if anchor is not None and anchor != nid:
             raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
         if not self._swa and not self._mamba:
-            return 0, 0
+            return (L.C_FULL if ComponentType.FULL in (
+                getattr(receipt, "skipped_lock_components", ()) or ()) else 0), 0
         skipped = getattr(receipt, "skipped_lock_components", ()) or ()
         mask = L.C_MAMBA if self._mamba and ComponentType.MAMBA in skipped else 0
+        if ComponentType.FULL in skipped:
+            # SGLang releases a lock's Mamba part alone with a receipt that skips
+            # every other component (MambaComponent._alloc_mamba_slot)
+            mask |= L.C_FULL
         if not self._swa:
             return mask, 0
         if ComponentType.SWA in skipped:

@@ -492,3 +492,24 @@ def test_random_ops_keep_the_state_partition(seed):
     env.cache.evict(EvictParams(num_tokens=10 ** 6))
     assert env.ma.available_size() == env.ma.size
     env.partition()
+
+
+def test_mamba_part_of_a_lock_released_alone():
+    """SGLang's lazy extra-buffer path releases only the Mamba part of a request's
+    lock (a receipt that skips every other component), then marks MAMBA skipped
+    so the final unlock releases the Full path alone."""
+    import dataclasses
+
+    env = Env()
+    env.ins(range(6))
+    lk = env.cache.lock(env.match(range(6)).last_device_node)
+    assert (env.cache.protected_size(), env.cache.mamba_protected_size()) == (6, 1)
+    env.cache.dec_lock_ref(lk.node, dataclasses.replace(lk.receipt,
+                                                        skipped_lock_components=(FULL,)))
+    assert (env.cache.protected_size(), env.cache.mamba_protected_size()) == (6, 0)
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))   # Full-locked: tombstone
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (0, 1)
+    lk.receipt.skipped_lock_components = (MAMBA,)
+    env.cache.unlock(lk)
+    assert (env.cache.protected_size(), env.cache.evictable_size()) == (0, 6)
+    env.partition()

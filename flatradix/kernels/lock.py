@@ -13,7 +13,8 @@ untouched.
 from ..components import full, mamba, swa
 from ._jit import kernel
 from .actions import acts_begin
-from .layout import C_MAMBA, C_SWA, E_CAPACITY, E_STALE, M_COMPONENTS, OK, ROOT
+from .layout import C_FULL, C_MAMBA, C_SWA, E_CAPACITY, E_STALE, M_COMPONENTS, OK, ROOT
+from .order import refresh_leaf
 from .state import need, resolve
 
 
@@ -38,7 +39,9 @@ def inc_lock_ref(nodes, heap, meta, nid, skip):
 @kernel
 def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
     """Release a lock taken by ``inc_lock_ref(nid, skip)``; ``boundary`` is its SWA
-    stamp. ``skip`` here also holds SWA when the window was released early.
+    stamp. ``skip`` here also holds SWA when the window was released early, and
+    may hold FULL: SGLang releases the Mamba part of a lock alone that way (a
+    receipt whose skipped components are all but MAMBA).
     Returns ``(status, x)``.
 
     ``(E_LOCK_UNDERFLOW, slot)`` when node ``slot`` of a released extent has
@@ -49,9 +52,11 @@ def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
-    st, bad = full.check_release(nodes, s)
-    if st != OK:
-        return st, bad
+    with_full = not skip & C_FULL
+    if with_full:
+        st, bad = full.check_release(nodes, s)
+        if st != OK:
+            return st, bad
     with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
     with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
     if with_mamba:
@@ -66,7 +71,11 @@ def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
         mamba.release_component_lock(nodes, meta, s)
     if with_swa:
         swa.release_component_lock(nodes, heap, meta, s, boundary)
-    delta = full.release_component_lock(nodes, heap, meta, s)
+    delta = 0
+    if with_full:
+        delta = full.release_component_lock(nodes, heap, meta, s)
+    else:
+        refresh_leaf(nodes, heap, meta, s)  # a Mamba-only release may free the leaf
     return OK, delta
 
 
@@ -99,9 +108,10 @@ def check_dec(nodes, meta, nid, skip, boundary):
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, -1
-    st, bad = full.check_release(nodes, s)
-    if st != OK:
-        return st, bad
+    if not skip & C_FULL:
+        st, bad = full.check_release(nodes, s)
+        if st != OK:
+            return st, bad
     if meta[M_COMPONENTS] & C_SWA and not skip & C_SWA:
         st, bad, _ = swa.check_release(nodes, s, boundary)
         if st != OK:
@@ -156,7 +166,8 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
         s = resolve(nodes, meta, nids[i])
         with_swa = swa_on and not skips[i] & C_SWA
         with_mamba = mamba_on and not skips[i] & C_MAMBA
-        st, bad = full.check_release(nodes, s)
+        with_full = not skips[i] & C_FULL
+        st, bad = full.check_release(nodes, s) if with_full else (OK, -1)
         if st == OK and with_swa:
             st, bad, _ = swa.check_release(nodes, s, boundaries[i])
         if st == OK and with_mamba:
@@ -164,7 +175,8 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
         if st != OK:
             fail = i
             break
-        full.shift_counts(nodes, s, -1)
+        if with_full:
+            full.shift_counts(nodes, s, -1)
         if with_swa:
             swa.shift_counts(nodes, s, boundaries[i], -1)
         if with_mamba:
@@ -175,7 +187,8 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
             mamba.shift_counts(nodes, sj, 1)
         if swa_on and not skips[j] & C_SWA:
             swa.shift_counts(nodes, sj, boundaries[j], 1)
-        full.shift_counts(nodes, sj, 1)
+        if not skips[j] & C_FULL:
+            full.shift_counts(nodes, sj, 1)
     if fail < k:
         return st, fail, bad
     for i in range(k):
@@ -184,5 +197,8 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
             mamba.release_component_lock(nodes, meta, s)
         if swa_on and not skips[i] & C_SWA:
             swa.release_component_lock(nodes, heap, meta, s, boundaries[i])
-        full.release_component_lock(nodes, heap, meta, s)
+        if not skips[i] & C_FULL:
+            full.release_component_lock(nodes, heap, meta, s)
+        else:
+            refresh_leaf(nodes, heap, meta, s)
     return OK, -1, -1
