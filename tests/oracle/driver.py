@@ -8,6 +8,8 @@ flatradix and sglang import::
     $VENV/bin/python -m tests.oracle.driver --config p16-lru --backend rust --ops 100000
     $VENV/bin/python -m tests.oracle.driver --config all --backend python --ops 2000
     $VENV/bin/python -m tests.oracle.driver --replay repro.json   # re-run a reproducer
+    $VENV/bin/python -m tests.oracle.driver --config mamba --first python --backend rust
+                                 # SGLang's Python core against its Rust core (no flatradix)
 
 A seeded generator produces an operation stream shaped like a scheduler's:
 requests that match a prefix (locked while they run), prefill in chunks
@@ -26,6 +28,15 @@ every op (``normalize.py`` lists the only differences accepted):
   ``swa_branch_inserted`` / ``adopted_ranges``; lock: delta;
 * requests: matched prefix at admission, then after each checkpoint the
   protected length, last node and the request's whole req->token row;
+* Mamba configurations (``MAMBA_CONFIGS``; raw tree ops only, no request
+  path yet): every insert donates a state slot (``mamba_value``), the same
+  number to both engines from one free list, and ``mamba_exist`` is compared
+  (the caller then frees the slot, through each side's ``mamba_allocator``);
+  locks with / without the state (``skip_lock_components=(MAMBA,)``), through
+  ``lock()`` or ``inc_lock_ref``, released by ``unlock()`` or ``dec_lock_ref``,
+  and a Mamba-only release of a held lock (``release_mamba``); ``evict`` with
+  ``mamba_num``, Mamba step-wise rounds; Mamba sizes, the freed state slots
+  in order, ``all_mamba_values_flatten`` at content checks;
 * evict: tokens evicted; every op: the freed KV indices *in order* (the
   eviction order of the policy), evictable and protected sizes, the KV event
   stream (``enable_kv_cache_events=True``); total size every
@@ -104,6 +115,45 @@ for _c in SWA_CONFIGS.values():
     _c["slot_space"] = (1 << 16) * _c["page_size"]
 CONFIGS.update(SWA_CONFIGS)
 
+# FULL+MAMBA and FULL+SWA+MAMBA configurations (``mamba_chunk`` = SGLang's
+# ``mamba_cache_chunk_size``; a match's ``mamba_branching_seqlen`` lies on the grid
+# lcm(chunk, page)). SGLang needs ``mamba_extra_buffer`` (ping-pong state slots)
+# at page size > 1. In SGLang a model's chunk size is max(its chunk, page) and one
+# divides the other; ``p16-mamba-c24-lfu`` (grid 48) and ``p64-mamba-c16-fifo``
+# (chunk below the page) go off that path on purpose: only the grid differs.
+# ``mamba_budget``: the state pool's size in states (inserts evict ``mamba_num``
+# to stay under it). EAGLE + Mamba: SGLang builds no bigram tree (``is_eagle`` is
+# ignored when Mamba is configured), so keys are plain. ``requests: False``: the
+# request path (admit / extend / decode / finish / slide) is not driven yet --
+# raw inserts with donated state slots, matches, locks, evictions only.
+MAMBA_CONFIGS = {
+    "p1-mamba-lru": dict(page_size=1, policy="lru", mamba_chunk=64, mamba_budget=24),
+    "p1-mamba-lfu": dict(page_size=1, policy="lfu", mamba_chunk=8, mamba_budget=16),
+    "p16-mamba-lru": dict(page_size=16, policy="lru", mamba_chunk=64, mamba_extra_buffer=True,
+                          mamba_budget=16),
+    "p16-mamba-c24-lfu": dict(page_size=16, policy="lfu", mamba_chunk=24, mamba_extra_buffer=True,
+                              mamba_budget=12),
+    "p64-mamba-priority": dict(page_size=64, policy="priority", mamba_chunk=64,
+                               mamba_extra_buffer=True, mamba_budget=10),
+    "p64-mamba-c16-fifo": dict(page_size=64, policy="fifo", mamba_chunk=16,
+                               mamba_extra_buffer=True, mamba_budget=10),
+    "p16-mamba-slru": dict(page_size=16, policy="slru", policy_config={"protected_threshold": 2},
+                           mamba_chunk=128, mamba_extra_buffer=True, mamba_budget=12),
+    "p1-eagle-mamba-lru": dict(page_size=1, policy="lru", eagle=True, mamba_chunk=64,
+                               mamba_budget=20),
+    # FULL+SWA+MAMBA (SGLang's own fixtures run p1/W128 and p64/W64 stacks)
+    "p1-swa16-mamba-lru": dict(page_size=1, policy="lru", swa_window=16, swa_budget=0.5,
+                               mamba_chunk=64, mamba_budget=20),
+    "p64-swa127-mamba-lru": dict(page_size=64, policy="lru", swa_window=127, swa_budget=0.6,
+                                 mamba_chunk=64, mamba_extra_buffer=True, mamba_budget=10),
+}
+for _c in MAMBA_CONFIGS.values():
+    _c["requests"] = False
+    _c["mamba_space"] = 1 << 12
+    if "swa_window" in _c:
+        _c["slot_space"] = (1 << 16) * _c["page_size"]
+CONFIGS.update(MAMBA_CONFIGS)
+
 # Self-test: flatradix-only changes the driver must catch (a configuration plus
 # ``mutant``, see engines.FlatEngine). Policy swaps check that the eviction order
 # is really compared; dropped insert arguments check hit counts (lfu/slru),
@@ -121,6 +171,8 @@ MUTANTS = {
     "swa-window-larger": ("p16-swa40-lru", dict(swa_window=48)),
     "swa-cursor-dropped": ("p1-swa24-lfu", dict(drop_cursor=True)),
     "step-round-restarted": ("p1-swa24-lfu", dict(restart_round=True)),
+    "mamba-chunk-32": ("p1-mamba-lru", dict(mamba_chunk=32)),
+    "mamba-lru-as-fifo": ("p16-mamba-lru", dict(policy="fifo")),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.
@@ -133,6 +185,9 @@ MAX_LOCKS = 8         # extra locks held by "match+lock" ops
 VALUE_NONE, BIGRAM, TRACK = 1, 2, 4   # raw insert / match flags (see Executor.op_insert)
 SKIP_SWA, CURSOR, BRANCH = 8, 16, 32  # SWA: lock without the window / insert with a cursor /
                                       # with a swa_branching_seqlen
+SKIP_MAMBA, TREE_LOCK, LOCK_NODE = 64, 128, 256  # Mamba: lock without the state / through
+                                      # lock() instead of inc_lock_ref / insert: lock the node
+DEC_UNLOCK = 1 << 8                   # ('unlock', k): k & DEC_UNLOCK -> dec_lock_ref
 SELFTEST_OPS = 5000  # a mutant must diverge within this many ops
 TOTAL_EVERY = 16
 CHECK_EVERY = 64
@@ -210,14 +265,21 @@ class Executor:
     Ops that do not apply to the current state (a request that is gone, ...) are
     skipped, which lets the shrinker delete ops freely."""
 
-    def __init__(self, cfg, backend):
+    def __init__(self, cfg, backend, first="flatradix"):
         self.cfg = cfg
         self.P = cfg["page_size"]
-        self.eagle = cfg.get("eagle", False)
+        self.mamba = cfg.get("mamba_chunk") is not None
+        # SGLang ignores is_eagle when Mamba is configured (no bigram tree)
+        self.eagle = cfg.get("eagle", False) and not self.mamba
+        self.requests = cfg.get("requests", True)
         self.unit, self.max_ctx, self.cap_pages = geometry(self.P)
         nrows = MAX_LIVE + 2
-        self.f = FlatEngine(cfg, nrows, self.max_ctx + 2 * self.P)
-        self.s = SglEngine(cfg, nrows, self.max_ctx + 2 * self.P, backend)
+        ctx = self.max_ctx + 2 * self.P
+        self.f, self.s = self._both(
+            "construct",
+            lambda: (FlatEngine(cfg, nrows, ctx) if first == "flatradix"
+                     else SglEngine(cfg, nrows, ctx, first)),
+            lambda: SglEngine(cfg, nrows, ctx, backend))
         self.ids = NodeIdMap()
         self.ids.bind("root", self.f.root(), self.s.root())
         self.hmap = EventHashMap()
@@ -229,7 +291,14 @@ class Executor:
             self.full_space = SlotSpace(self.P, npages)
             self.swa_space = SlotSpace(self.P, npages)
             self.cap_swa_pages = max(8, int(self.cap_pages * cfg.get("swa_budget", 1.0)))
+        if self.swa or self.mamba:
             self.uuids = NodeIdMap()
+        if self.mamba:
+            # Mamba state slots, donated to both engines alike: first in, first out
+            self.mamba_free = deque(range(1, cfg["mamba_space"] + 1))
+            self.mamba_held = set()
+            self.cap_mamba = cfg.get("mamba_budget", 16)
+        self.branch_keys = deque(maxlen=8)  # (tokens, ns) at matches' mamba_branching_seqlen
         self.reqs = {}
         self.locks = []
         self.nops = 0
@@ -286,7 +355,7 @@ class Executor:
             else:
                 prev = row[pos - 1] if pos - 1 < len(row) else out[-1]
                 f = prev + 1
-                w = (swa[-1] if swa else int(self.f.alloc.mapping[prev])) + 1
+                w = (swa[-1] if swa else self.f.swa_peer(prev)) + 1
             self.full_space.take(f // P)
             out.append(f)
             swa.append(w)
@@ -340,6 +409,29 @@ class Executor:
                 self.stats["evicted_tokens"] += a[0]
                 self.stats["evicted_swa_tokens"] += a[1]
 
+    def _make_mamba_room(self):
+        """Evict Mamba states (``mamba_num``) before donating one more, as a
+        scheduler would when the state pool is full."""
+        sizes = self.f.sizes()
+        over = sizes[-2] + sizes[-1] + 1 - self.cap_mamba
+        if over > 0:
+            self.stats["budget_evict_mamba"] += 1
+            a, b = self._both("budget_evict_mamba", lambda: self.f.evict(0, 0, over),
+                              lambda: self.s.evict(0, 0, over))
+            compare("budget_evict_mamba.num_evicted(full,swa,mamba)", a, b)
+            self._count_evicted(a)
+
+    def _count_evicted(self, a):
+        self.stats["evicted_tokens"] += a[0]
+        self.stats["evicted_swa_tokens"] += a[1]
+        if self.mamba:
+            self.stats["evicted_mamba_states"] += a[2]
+
+    def _mamba_slot(self):
+        slot = self.mamba_free.popleft()
+        self.mamba_held.add(slot)
+        return slot
+
     def _sync(self, what, ns):
         """Compare frees, sizes and events accumulated since the last sync."""
         freed = self.f.take_frees()
@@ -348,7 +440,16 @@ class Executor:
             swa_pages = self.f.take_swa_frees()
             compare(f"{what}.freed_swa_pages", swa_pages, self.s.take_swa_frees())
             self._return_slots(what, freed, swa_pages)
-        compare(f"{what}.sizes(evictable,protected[,swa_evictable,swa_protected])",
+        if self.mamba:
+            states = self.f.take_mamba_frees()
+            compare(f"{what}.freed_mamba_slots", states, self.s.take_mamba_frees())
+            for x in states:  # back to the free list once both freed it
+                if x not in self.mamba_held:
+                    raise Divergence(f"{what}.mamba_slot_accounting",
+                                     f"Mamba slot {x} freed but not held")
+                self.mamba_held.discard(x)
+                self.mamba_free.append(x)
+        compare(f"{what}.sizes(evictable,protected[,swa_ev,swa_prot][,mamba_ev,mamba_prot])",
                 self.f.sizes(), self.s.sizes())
         fe = event_tuples(self.f.take_events())
         se = event_tuples(self.s.take_events())
@@ -363,10 +464,15 @@ class Executor:
         compare(f"{what}.total_size", total, self.s.total())
         sizes = self.f.sizes()
         compare(f"{what}.total==evictable+protected", total[0], sizes[0] + sizes[1])
-        if self.swa:
-            compare(f"{what}.swa_total==swa_evictable+swa_protected", total[1], sizes[2] + sizes[3])
+        aux = (sizes[2] + sizes[3] if self.swa else 0) + (sizes[-2] + sizes[-1] if self.mamba else 0)
+        if self.swa or self.mamba:  # SWA tokens and Mamba states lumped together
+            compare(f"{what}.aux_total==swa+mamba(evictable+protected)", total[1], aux)
         if content:  # O(tree) on both sides: at resets and episode ends only
             compare(f"{what}.all_values_flatten(sorted)", self.f.values(), self.s.values())
+            if self.mamba:
+                mv = self.f.mamba_values()
+                compare(f"{what}.all_mamba_values_flatten(sorted)", mv, self.s.mamba_values())
+                compare(f"{what}.mamba_values_held", mv, sorted(self.mamba_held))
 
     def key_units(self, toks):
         return max(0, len(toks) - 1) if self.eagle else len(toks)
@@ -398,13 +504,31 @@ class Executor:
             self.ids.bind("match.last_visited_node_id", fx[2], sx[2])
         compare("match.other_fields", fx[3], sx[3])
         self.stats["match_tokens"] += fl
+        if self.mamba:
+            self.stats["match_full_hit_tokens"] += fx[3][1]
+            branch = fx[3][5]  # mamba_branching_seqlen: where a scheduler would checkpoint
+            if branch is not None:
+                self.stats["mamba_branching"] += 1
+                self.branch_keys.append((tuple(toks[:branch]), nsi))
         if lock and len(self.locks) < MAX_LOCKS:
-            skip = bool(flags & SKIP_SWA) and self.swa
+            self._lock(fn, sn, flags)
+        self._sync("match", ns)
+
+    def _lock(self, fn, sn, flags):
+        skip = bool(flags & SKIP_SWA) and self.swa
+        if self.mamba:
+            # A lock without the SWA window must not hold the Mamba state either: an
+            # SWA eviction of the node cascades to its state, and SGLang asserts that
+            # no Mamba lock stands in the way (both cores; SWA-and-below, as the
+            # release's skip_swa means). SGLang itself only ever skips MAMBA.
+            kw = dict(skip_mamba=bool(flags & SKIP_MAMBA) or skip, tree_lock=bool(flags & TREE_LOCK))
+            (fh, fr), (sh, sr) = self._both("lock", lambda: self.f.lock(fn, skip, **kw),
+                                            lambda: self.s.lock(sn, skip, **kw))
+        else:
             (fh, fr), (sh, sr) = self._both("lock", lambda: self.f.lock(fn, skip),
                                             lambda: self.s.lock(sn, skip))
-            self.compare_receipt("lock", fr, sr)
-            self.locks.append((fh, sh))
-        self._sync("match", ns)
+        self.compare_receipt("lock", fr, sr)
+        self.locks.append((fh, sh))
 
     def compare_receipt(self, what, fr, sr):
         """A lock's delta, and its SWA window boundary (None / a stamp, stamps
@@ -423,15 +547,33 @@ class Executor:
         if not self.locks:
             return
         fh, sh = self.locks.pop(k % len(self.locks))
-        self._both("unlock", lambda: self.f.unlock(fh), lambda: self.s.unlock(sh))
+        if self.mamba:  # Mamba configs also release through dec_lock_ref
+            dec = bool(k & DEC_UNLOCK)
+            self._both("unlock", lambda: self.f.unlock(fh, dec), lambda: self.s.unlock(sh, dec))
+        else:
+            self._both("unlock", lambda: self.f.unlock(fh), lambda: self.s.unlock(sh))
         self._sync("unlock", (None, None))
+
+    def op_release_mamba(self, k):
+        """Release only the Mamba part of a held lock, as SGLang's lazy extra buffer
+        does before evicting for a state slot (``MambaComponent._alloc_mamba_slot``:
+        a lock not SWA-released whose receipt did not skip Mamba)."""
+        if not self.locks or not self.mamba:
+            return
+        fh, sh = self.locks[k % len(self.locks)]
+        MAMBA = 2
+        if sh.swa_released or any(int(c) == MAMBA for c in sh.receipt.skipped_lock_components):
+            return
+        self._both("release_mamba", lambda: self.f.release_mamba(fh),
+                   lambda: self.s.release_mamba(sh))
+        self._sync("release_mamba", (None, None))
 
     def op_release_swa(self, k):
         """Early SWA release of a held lock (``release_swa``); the later unlock skips SWA."""
         if not self.locks or not self.swa:
             return
         fh, sh = self.locks[k % len(self.locks)]
-        if fh.receipt.skipped_lock_components:
+        if any(int(c) == 1 for c in fh.receipt.skipped_lock_components):
             return  # a lock that skipped SWA has no window to release (both raise KeyError)
         self._both("release_swa", lambda: self.f.release_swa(fh), lambda: self.s.release_swa(sh))
         compare("release_swa.swa_released", fh.swa_released, sh.swa_released)
@@ -444,6 +586,10 @@ class Executor:
         ns = NAMESPACES[nsi]
         n = self.key_units(toks)
         bigram = bool(flags & BIGRAM) and self.eagle
+        mslot = None
+        if self.mamba:  # every insert donates one state slot (SGLang asserts one)
+            self._make_mamba_room()
+            mslot = self._mamba_slot()
         if flags & VALUE_NONE and all(t < 2 ** 31 for t in toks) and not self.swa:
             values = None  # token ids become "KV indices": only valid ones (SGLang rows are int32)
         else:
@@ -461,23 +607,35 @@ class Executor:
                            lambda: self.s.free_swa(values[:cursor]))
             if flags & BRANCH:
                 branching = max(P, (prev + inserted) % (n + P + 1))
+        mkw = dict(mamba_slot=mslot) if self.mamba else {}
         (fl, fn, fx), (sl, sn, sx) = self._both(
             "insert",
             lambda: self.f.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track,
-                                  cursor or 0, branching),
+                                  cursor or 0, branching, **mkw),
             lambda: self.s.insert(toks, ns, values, min(prev, n), min(inserted, n), prio, bigram, track,
-                                  cursor or 0, branching))
+                                  cursor or 0, branching, **mkw))
         compare("insert.prefix_len", fl, sl)
         self.ids.bind("insert", fn, sn)
         compare("insert.other_fields(total_len,mamba_exist,swa_branch_inserted,adopted_ranges)", fx, sx)
+        if self.mamba:
+            if fx[1]:  # mamba_exist: the tree kept its own state; the caller frees the slot
+                self.stats["mamba_exist"] += 1
+                self._both("free_mamba", lambda: self.f.free_mamba(mslot),
+                           lambda: self.s.free_mamba(mslot))
+            if flags & LOCK_NODE and len(self.locks) < MAX_LOCKS:  # re-anchor, as checkpoint does
+                self._lock(fn, sn, flags)
         self._sync("insert", ns)
 
-    def op_evict(self, n, swa_n=0):
+    def op_evict(self, n, swa_n=0, mamba_n=0):
         swa_n = swa_n if self.swa else 0
-        a, b = self._both("evict", lambda: self.f.evict(n, swa_n), lambda: self.s.evict(n, swa_n))
-        compare("evict.num_evicted(full,swa)", a, b)
-        self.stats["evicted_tokens"] += a[0]
-        self.stats["evicted_swa_tokens"] += a[1]
+        if self.mamba:
+            a, b = self._both("evict", lambda: self.f.evict(n, swa_n, mamba_n),
+                              lambda: self.s.evict(n, swa_n, mamba_n))
+            compare("evict.num_evicted(full,swa,mamba)", a, b)
+        else:
+            a, b = self._both("evict", lambda: self.f.evict(n, swa_n), lambda: self.s.evict(n, swa_n))
+            compare("evict.num_evicted(full,swa)", a, b)
+        self._count_evicted(a)
         self._sync("evict", (None, None))
 
     def op_evict_steps(self, ct, n, k, key=None, nsi=0):
@@ -486,7 +644,7 @@ class Executor:
         second steps (an LRU refresh the round's cursor must survive). ``key ==
         "next"``: the path to the node the round takes next by the tree's order
         (read from flatradix's arrays after its first step, matched on both)."""
-        if ct == 1 and not self.swa:
+        if (ct == 1 and not self.swa) or (ct == 2 and not self.mamba):
             return
         got = {}
         target = {}
@@ -508,13 +666,12 @@ class Executor:
                           lambda: self.s.evict_steps(ct, n, k, refresh("s", self.s)))
         compare("evict_steps.steps", len(a), len(b))
         for i, (x, y) in enumerate(zip(a, b)):
-            compare(f"evict_steps[{i}].(made_progress,full,swa)", x[1:], y[1:])
+            compare(f"evict_steps[{i}].(made_progress,full,swa,mamba)", x[1:], y[1:])
             if x[0] is None or y[0] is None:
                 compare(f"evict_steps[{i}].node", x[0], y[0])
             else:
                 self.ids.bind(f"evict_steps[{i}].node", x[0], y[0])
-            self.stats["evicted_tokens"] += x[2]
-            self.stats["evicted_swa_tokens"] += x[3]
+            self._count_evicted(x[2:])
         if "f" in got or "s" in got:
             (fl, fi, fn, _), (sl, si, sn, _) = got.get("f"), got.get("s")
             compare("evict_steps.match.prefix_len", fl, sl)
@@ -523,7 +680,7 @@ class Executor:
         self._sync("evict_steps", (None, None))
 
     def op_admit(self, rid, prompt, nsi, prio):
-        if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt:
+        if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt or not self.requests:
             return
         ns = NAMESPACES[nsi]
         (fl, fi, fn, fw), (sl, si, sn, sw) = self._both(
@@ -655,6 +812,9 @@ class Executor:
         self._both("reset", self.f.reset, self.s.reset)
         self.ids.bind("reset.root", self.f.root(), self.s.root())
         self._sync("reset", (None, None))
+        if self.mamba:  # the tree dropped its states unfreed: a flushing scheduler clears the pool
+            self.mamba_free.extend(sorted(self.mamba_held))
+            self.mamba_held.clear()
 
     def finish_episode(self):
         self.check_total("episode_end", content=True)
@@ -669,7 +829,9 @@ class Generator:
     def __init__(self, cfg, rng):
         self.rng = rng
         self.P = cfg["page_size"]
-        self.eagle = cfg.get("eagle", False)
+        self.mamba = cfg.get("mamba_chunk") is not None
+        self.eagle = cfg.get("eagle", False) and not self.mamba  # see MAMBA_CONFIGS
+        self.requests = cfg.get("requests", True)
         self.unit, self.max_ctx, _ = geometry(self.P)
         self.swa = cfg.get("swa_window") is not None
         self.sys_prompts = [self.tokens(self.span(1, 8)) for _ in range(4)]
@@ -696,12 +858,31 @@ class Generator:
     def ns(self):
         return self.rng.choices(range(len(NAMESPACES)), NS_WEIGHTS)[0]
 
+    def lock_flags(self):
+        """Mamba configs: how a lock is taken (without the state, through ``lock()``)."""
+        rng = self.rng
+        return (SKIP_MAMBA if rng.random() < 0.3 else 0) | (TREE_LOCK if rng.random() < 0.3 else 0)
+
     def cut(self, toks):
         return toks[:self.rng.randint(0, len(toks))]
 
     def source_key(self, ex):
         """A key for a raw insert / match, and its namespace."""
         rng = self.rng
+        if self.mamba:
+            # A state sits only where a key ended: reuse whole keys (plus a tail),
+            # and the branching points matches reported (what a scheduler
+            # checkpoints a state at), so that prefixes do match.
+            r = rng.random()
+            tail = self.tokens(self.span(0, 2)) if rng.random() < 0.5 else ()
+            if r < 0.2 and ex.branch_keys:
+                toks, nsi = ex.branch_keys.popleft()
+                return (toks + tail)[: self.max_ctx], nsi
+            if r < 0.45 and self.convs:
+                nsi, toks = rng.choice(self.convs)
+                return (toks + tail)[: self.max_ctx], nsi
+            if r < 0.5:
+                return rng.choice(self.sys_prompts) + tail, self.ns()
         r = rng.random()
         if r < 0.3 and self.convs:
             nsi, toks = rng.choice(self.convs)
@@ -760,7 +941,9 @@ class Generator:
         prefill = [rid for rid, r in ex.reqs.items() if r.extend_end < len(r.prompt)]
         decode = [rid for rid, r in ex.reqs.items() if r.extend_end >= len(r.prompt)]
         choices = []
-        if len(ex.reqs) < MAX_LIVE:
+        if not self.requests:
+            prefill = decode = ()  # (and no admissions: ex.reqs stays empty)
+        elif len(ex.reqs) < MAX_LIVE:
             choices.append(("admit", 0.10 if ex.reqs else 0.5))
         if prefill:
             choices.append(("extend", 0.15))
@@ -769,10 +952,14 @@ class Generator:
             choices.append(("finish", 0.07))
         if ex.reqs:
             choices.append(("abort", 0.01))
-        choices += [("insert", 0.12), ("match", 0.16), ("evict", 0.05), ("evict_steps", 0.01),
-                    ("reset", 0.002)]
+        choices += [("insert", 0.12), ("match", 0.16), ("evict", 0.03 if self.mamba else 0.05),
+                    ("evict_steps", 0.01), ("reset", 0.002)]
         if ex.locks:
             choices.append(("unlock", 0.05))
+        if self.mamba:
+            choices.append(("evict_steps", 0.02))  # (more rounds: Mamba's own walk)
+            if ex.locks:
+                choices.append(("release_mamba", 0.02))
         if self.swa:
             if decode:
                 choices.append(("slide", 0.10))
@@ -817,15 +1004,32 @@ class Generator:
                      | (TRACK if rng.random() < 0.2 else 0))
             if self.swa:
                 flags |= (CURSOR if rng.random() < 0.3 else 0) | (BRANCH if rng.random() < 0.1 else 0)
+            if self.mamba:
+                flags |= self.lock_flags() | (LOCK_NODE if rng.random() < 0.15 else 0)
+            if not self.requests and key and rng.random() < 0.4:
+                # no requests grow conversations: inserted keys seed later keys
+                if len(self.convs) < 40:
+                    self.convs.append([nsi, key])
+                else:
+                    self.convs[rng.randrange(len(self.convs))] = [nsi, key]
             return ("insert", key, nsi, prev, inserted, rng.choice((0, 0, 1, 2, 5)), flags)
         if kind == "match":
             key, nsi = self.source_key(ex)
             flags = BIGRAM if rng.random() < 0.3 else 0
             if self.swa and rng.random() < 0.2:
                 flags |= SKIP_SWA
+            if self.mamba:
+                flags |= self.lock_flags()
             return ("match", key, nsi, rng.random() < 0.3, flags)
         if kind == "unlock":
             return ("unlock", rng.randrange(1 << 16))
+        if kind == "release_mamba":
+            return ("release_mamba", rng.randrange(1 << 16))
+        if kind == "evict" and self.mamba:
+            n = rng.choice((0, 0, 1, self.P, rng.randint(1, 4 * self.unit), 10 ** 6 if rng.random() < 0.1 else 1))
+            swa_n = (rng.choice((0, 0, 1, self.P, rng.randint(1, 4 * self.unit))) if self.swa else 0)
+            mamba_n = rng.choice((0, 1, 1, 2, rng.randint(1, 8), 10 ** 6 if rng.random() < 0.1 else 1))
+            return ("evict", n, swa_n, mamba_n)
         if kind == "evict":
             n = rng.choice((1, self.P, rng.randint(1, 4 * self.unit), 10 ** 6 if rng.random() < 0.1 else 1))
             if self.swa:
@@ -837,7 +1041,11 @@ class Generator:
             return ("evict", n)
         if kind == "evict_steps":
             ct = 1 if self.swa and rng.random() < 0.6 else 0
+            if self.mamba and rng.random() < 0.6:
+                ct = 2
             n = rng.choice((1, self.P, rng.randint(1, 4 * self.unit), 10 ** 6))
+            if ct == 2:
+                n = rng.choice((1, 1, 2, rng.randint(1, 8), 10 ** 6))
             k = rng.choice((1, 2, 3, rng.randint(1, 12)))
             r = rng.random()
             key, nsi = ("next", 0) if r < 0.5 else self.source_key(ex) if r < 0.8 else (None, 0)
@@ -855,10 +1063,10 @@ def episode_seed(seed, config, backend, ep):
     return int.from_bytes(h[:8], "little")
 
 
-def replay(cfg, backend, ops):
+def replay(cfg, backend, ops, first="flatradix"):
     """Run ``ops`` on fresh engines; return the Divergence raised, or None."""
     try:
-        ex = Executor(cfg, backend)
+        ex = Executor(cfg, backend, first)
         for op in ops:
             ex.apply(op)
         ex.finish_episode()
@@ -867,7 +1075,7 @@ def replay(cfg, backend, ops):
     return None
 
 
-def shrink(cfg, backend, ops, sig, budget_s, log=print):
+def shrink(cfg, backend, ops, sig, budget_s, log=print, first="flatradix"):
     """Delta-debug ``ops`` to a short list that still raises a divergence labelled
     ``sig`` (complement removal at growing granularity, then single ops)."""
     t_end = time.monotonic() + budget_s
@@ -876,7 +1084,7 @@ def shrink(cfg, backend, ops, sig, budget_s, log=print):
     def fails(cand):
         nonlocal tries
         tries += 1
-        d = replay(cfg, backend, cand)
+        d = replay(cfg, backend, cand, first)
         return d is not None and d.sig == sig
 
     cur = list(ops)
@@ -922,7 +1130,8 @@ def shrink(cfg, backend, ops, sig, budget_s, log=print):
     return cur, tries, time.monotonic() < t_end
 
 
-def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log=print, cfg=None):
+def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log=print, cfg=None,
+               first="flatradix"):
     cfg = dict(CONFIGS[name] if cfg is None else cfg)
     t0 = time.monotonic()
     done = 0
@@ -932,10 +1141,11 @@ def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log
     while done < total_ops:
         n = min(episode, total_ops - done)
         rng = random.Random(episode_seed(seed, name, backend, ep))
-        ex = Executor(cfg, backend)
         gen = Generator(cfg, rng)
         ops = []
+        ex = None
         try:
+            ex = Executor(cfg, backend, first)
             for _ in range(n):
                 op = gen.next(ex)
                 ops.append(op)
@@ -943,11 +1153,13 @@ def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log
             ex.finish_episode()
         except Divergence as d:
             log(f"DIVERGENCE {name}/{backend} episode {ep} op #{len(ops) - 1}: {d}")
-            log(f"  op: {ops[-1]!r}"[:2000])
-            small, tries, complete = shrink(cfg, backend, ops, d.sig, shrink_s, log)
-            again = replay(cfg, backend, small)
+            log(f"  op: {ops[-1]!r}"[:2000] if ops else "  (constructing the engines)")
+            small, tries, complete = shrink(cfg, backend, ops, d.sig, shrink_s, log, first)
+            again = replay(cfg, backend, small, first)
             repro = dict(config=name, backend=backend, sig=d.sig, cfg=cfg,
                          detail=str(again) if again else str(d), ops=small)
+            if first != "flatradix":
+                repro["first"] = first
             path = None
             if repro_dir:
                 os.makedirs(repro_dir, exist_ok=True)
@@ -959,8 +1171,9 @@ def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log
             log("  ops = " + repr(small))
             if path:
                 log(f"  written to {path}; replay: python -m tests.oracle.driver --replay {path}")
-            stats.update(ex.stats)
-            result.update(ops=done + len(ops) - 1, divergences=1, sig=d.sig,
+            if ex is not None:
+                stats.update(ex.stats)
+            result.update(ops=done + max(len(ops) - 1, 0), divergences=1, sig=d.sig,
                           reproducer=dict(repro, path=path), seconds=round(time.monotonic() - t0, 1),
                           stats=dict(stats))
             return result
@@ -974,7 +1187,8 @@ def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="all", help="name, comma list, or 'all': " + ", ".join(CONFIGS))
+    ap.add_argument("--config", default="all",
+                    help="name, comma list, 'all', or 'mamba' (the Mamba ones): " + ", ".join(CONFIGS))
     ap.add_argument("--backend", default="python", choices=("python", "rust"))
     ap.add_argument("--ops", type=int, default=2000, help="operations per configuration")
     ap.add_argument("--seed", type=int, default=0)
@@ -985,6 +1199,10 @@ def main(argv=None):
     ap.add_argument("--replay", help="a reproducer JSON written by a failing run")
     ap.add_argument("--self-test", action="store_true",
                     help="also check that every deliberately wrong flatradix (MUTANTS) is caught")
+    ap.add_argument("--first", default="flatradix", choices=("flatradix", "python", "rust"),
+                    help="the engine compared with --backend's: flatradix, or one of SGLang's "
+                         "own cores (SGLang against itself: checks the harness's op protocol "
+                         "and the two cores' agreement without flatradix)")
     args = ap.parse_args(argv)
 
     if args.replay:
@@ -992,11 +1210,12 @@ def main(argv=None):
             rep = json.load(fh)
         ops = [tuple(tuple(x) if isinstance(x, list) else x for x in op) for op in rep["ops"]]
         cfg = rep.get("cfg") or CONFIGS[rep["config"]]
-        d = replay(dict(cfg), rep["backend"], ops)
+        d = replay(dict(cfg), rep["backend"], ops, rep.get("first", "flatradix"))
         print(f"{len(ops)} ops on {rep['config']}/{rep['backend']}: {d if d else 'no divergence'}")
         return 1 if d else 0
 
-    names = list(CONFIGS) if args.config == "all" else args.config.split(",")
+    names = (list(CONFIGS) if args.config == "all" else list(MAMBA_CONFIGS)
+             if args.config == "mamba" else args.config.split(","))
     for nm in names:
         if nm not in CONFIGS:
             ap.error(f"unknown config {nm!r}; known: {', '.join(CONFIGS)}")
@@ -1012,7 +1231,9 @@ def main(argv=None):
         print("ORACLE_SELFTEST " + json.dumps(st), flush=True)
     for nm in names:
         res = run_config(nm, args.backend, args.seed, args.ops, args.episode, args.shrink_seconds,
-                         args.repro_dir)
+                         args.repro_dir, first=args.first)
+        if args.first != "flatradix":
+            res["first"] = args.first
         failed += res["divergences"]
         print("ORACLE_RESULT " + json.dumps(res, default=str), flush=True)
     return 1 if failed else 0

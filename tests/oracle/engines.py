@@ -16,10 +16,21 @@ Request operations use each library's real entry points:
   ``input_len - 1`` cap) + ``tree_cache.lock`` as the prefill adder does,
   ``common.checkpoint_kv_cache`` and ``common.release_kv_cache``.
 
+Mamba configurations (``cfg["mamba_chunk"]`` set) add a state-slot pool on
+each side: a recording ``mamba_allocator`` hung on the request pool (flatradix's
+``ReqToTokenPool``; SGLang's real ``HybridReqToTokenPool`` with tiny state
+shapes) that hands nothing out -- the driver donates the same slot numbers to
+both engines from one free list -- and logs every freed slot in call order.
+The request path is not driven for them yet (``cfg["requests"] is False``).
+
+``SglEngine(..., backend)`` can also stand where flatradix stands (the driver's
+``--first python|rust``): SGLang's two cores against each other, no flatradix.
+
 Only the oracle venv (``../shared/tools/setup_sglang_oracle.sh``) can import
 this module's SGLang half; the flatradix half imports anywhere.
 """
 
+import dataclasses
 import os
 import warnings
 from array import array
@@ -32,6 +43,24 @@ from flatradix import MatchPrefixParams as FMatchPrefixParams
 from flatradix import RadixKey as FRadixKey
 
 _BIG = 1 << 40
+
+
+def _torch_slot(slot):
+    """A donated Mamba state slot as SGLang passes it: a 1-element int64 tensor."""
+    import torch
+
+    return torch.tensor([int(slot)], dtype=torch.int64)
+
+
+def _sizes(c, swa, mamba):
+    """(evictable, protected[, swa_evictable, swa_protected][, mamba_evictable,
+    mamba_protected]) of a cache (either library's names)."""
+    out = (c.evictable_size(), c.protected_size())
+    if swa:
+        out += (c.swa_evictable_size(), c.swa_protected_size())
+    if mamba:
+        out += (c.mamba_evictable_size(), c.mamba_protected_size())
+    return out
 
 
 def match_extras(m):
@@ -115,6 +144,9 @@ class _FlatRecordingSWAAllocator:
         full_pages = np.unique(idx // P)
         self.mapping[(full_pages[:, None] * P + np.arange(P)[None, :]).reshape(-1)] = 0
 
+    def swa_peer(self, full):
+        return int(self.mapping[full])
+
     def free_full_segment(self, idx, start_pos=0):
         idx = np.asarray(idx, dtype=np.int64)
         if idx.size and (self.mapping[idx] != 0).any():
@@ -129,6 +161,37 @@ class _FlatRecordingSWAAllocator:
         self.free_full_segment(idx)
 
 
+class _FlatRecordingMambaAllocator:
+    """flatradix-side ``req_to_token_pool.mamba_allocator``: hands nothing out (the
+    driver donates state slots itself) and records every freed slot in call order."""
+
+    index_kind = "torch"
+    device = "cpu"
+
+    def __init__(self, size):
+        self.size = size + 1  # slots 1..size (0 is SGLang's reserved dummy slot)
+        self.log = []
+
+    def alloc(self, need_size):
+        raise AssertionError("the oracle driver assigns Mamba state slots itself")
+
+    def free(self, idx):
+        self.log.extend(np.asarray(idx).reshape(-1).tolist())
+
+    def available_size(self):
+        return _BIG
+
+
+def mamba_components(cfg, CT):
+    """The component tuple of a configuration, in SGLang's order."""
+    return ((CT.FULL,) + ((CT.SWA,) if cfg.get("swa_window") is not None else ())
+            + ((CT.MAMBA,) if cfg.get("mamba_chunk") is not None else ()))
+
+
+def _skips(CT, skip_swa, skip_mamba):
+    return (((CT.SWA,) if skip_swa else ()) + ((CT.MAMBA,) if skip_mamba else ()))
+
+
 class FlatEngine:
     name = "flatradix"
 
@@ -138,8 +201,10 @@ class FlatEngine:
         # dropped. Empty in every real configuration.
         mut = cfg.get("mutant", {})
         self.mut = mut
+        self.cfg = cfg
         self.P = cfg["page_size"]
         self.swa = cfg.get("swa_window") is not None
+        self.mamba = cfg.get("mamba_chunk") is not None
         kw = {}
         if self.swa:
             self.alloc = _FlatRecordingSWAAllocator(self.P, cfg["slot_space"])
@@ -148,6 +213,13 @@ class FlatEngine:
         else:
             self.alloc = _FlatRecordingAllocator(self.P)
         self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
+        if self.mamba:
+            self.malloc = _FlatRecordingMambaAllocator(cfg["mamba_space"])
+            self.rtp.mamba_allocator = self.malloc
+            kw.pop("components", None)
+            kw.update(tree_components=mamba_components(cfg, flatradix.ComponentType),
+                      mamba_cache_chunk_size=mut.get("mamba_chunk", cfg["mamba_chunk"]),
+                      enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False))
         self.cache = flatradix.UnifiedRadixCache(
             page_size=self.P, eviction_policy=mut.get("policy", cfg["policy"]),
             eviction_policy_config=mut.get("policy_config", cfg.get("policy_config")),
@@ -166,7 +238,7 @@ class FlatEngine:
         return FRadixKey(np.asarray(toks, dtype=np.int64), ns[0], ns[1], is_bigram=bigram)
 
     def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False,
-               cursor=0, branching=None):
+               cursor=0, branching=None, mamba_slot=None):
         if self.mut:
             prev = 0 if self.mut.get("drop_prev") else prev
             inserted = 0 if self.mut.get("drop_inserted_len") else inserted
@@ -176,7 +248,8 @@ class FlatEngine:
                                value=None if values is None else np.asarray(values, dtype=np.int64),
                                prev_prefix_len=prev, inserted_len=inserted,
                                priority=prio, track_adopted_ranges=track,
-                               swa_branching_seqlen=branching)
+                               swa_branching_seqlen=branching,
+                               mamba_value=None if mamba_slot is None else _torch_slot(mamba_slot))
         if cursor:
             params.set_evicted_seqlen(flatradix.ComponentType.SWA, cursor)
         r = self.cache.insert(params)
@@ -186,28 +259,50 @@ class FlatEngine:
         m = self.cache.match_prefix(FMatchPrefixParams(key=self._key(toks, ns, bigram)))
         return m.device_prefix_len, m.device_indices.tolist(), m.last_device_node, match_extras(m)
 
-    def lock(self, node, skip_swa=False):
-        """Lock as a scheduler holding a ``TreeLock``; returns ``(lock, (delta, uuids))``."""
-        skip = (flatradix.ComponentType.SWA,) if skip_swa else ()
+    def lock(self, node, skip_swa=False, skip_mamba=False, tree_lock=False):
+        """Lock as a scheduler holding a ``TreeLock``; returns ``(lock, (delta, uuids))``.
+        ``tree_lock``: through ``lock()`` (no delta: ``None``), else ``inc_lock_ref``."""
+        skip = _skips(flatradix.ComponentType, skip_swa, skip_mamba)
+        if tree_lock:
+            h = self.cache.lock(node, skip_lock_components=skip)
+            return h, (None, dict(h.receipt.component_lock_uuids))
         r = self.cache.inc_lock_ref(node, skip_lock_components=skip)
         return flatradix.TreeLock(node, r.to_dec_params()), (r.delta, dict(r.component_lock_uuids))
 
-    def unlock(self, handle):
-        self.cache.unlock(handle)
+    def unlock(self, handle, dec=False):
+        """``unlock(lock)``, or (``dec``) ``dec_lock_ref(node, receipt, skip_swa)``."""
+        if dec:
+            self.cache.dec_lock_ref(handle.node, handle.receipt, skip_swa=handle.swa_released)
+        else:
+            self.cache.unlock(handle)
+
+    def release_mamba(self, handle):
+        """SGLang's lazy extra-buffer path (``MambaComponent._alloc_mamba_slot``):
+        release only the Mamba part of a held lock, then mark it skipped."""
+        CT = flatradix.ComponentType
+        keep = tuple(c for c in mamba_components(self.cfg, CT) if c != CT.MAMBA)
+        self.cache.dec_lock_ref(handle.node, dataclasses.replace(
+            handle.receipt, skipped_lock_components=keep))
+        handle.receipt.skipped_lock_components = (
+            tuple(handle.receipt.skipped_lock_components) + (CT.MAMBA,))
 
     def release_swa(self, handle):
         self.cache.release_swa(handle)
 
-    def evict(self, n, swa=0):
+    def evict(self, n, swa=0, mamba=0):
+        if self.mamba:
+            r = self.cache.evict(flatradix.EvictParams(num_tokens=n, swa_num_tokens=swa,
+                                                       mamba_num=mamba))
+            return r.num_tokens_evicted, r.swa_num_tokens_evicted, r.mamba_num_evicted
         r = self.cache.evict(flatradix.EvictParams(num_tokens=n, swa_num_tokens=swa))
         return r.num_tokens_evicted, r.swa_num_tokens_evicted
 
     def next_victim_key(self, ct):
         """``(tokens, namespace)`` of the path root -> the node a round of ``ct`` (0
-        FULL, 1 SWA) would take next by the tree's own order -- the least-priority
-        evictable leaf, or the least recent unlocked SWA entry -- or None (also in
-        EAGLE trees, whose units are token pairs). For the driver's refresh
-        between steps."""
+        FULL, 1 SWA, 2 MAMBA) would take next by the tree's own order -- the
+        least-priority evictable leaf, or the least recent unlocked SWA / Mamba
+        entry -- or None (also in EAGLE trees, whose units are token pairs). For
+        the driver's refresh between steps."""
         from flatradix.kernels import layout as L
         from flatradix.kernels.lru import lru_lock_col
 
@@ -220,7 +315,8 @@ class FlatEngine:
                 return None
             s = int(heap[L.HEAP_DEVICE, 0])
         else:
-            head, lst = L.SENTINEL0 + 2 * L.LRU_SWA, L.LRU_SWA
+            lst = L.LRU_SWA if ct == 1 else L.LRU_MAMBA
+            head = L.SENTINEL0 + 2 * lst
             s = int(nodes[head + 1, L.LRU_PREV + lst])
             col = lru_lock_col(lst)
             while s != head and nodes[s, col] > 0:
@@ -237,10 +333,11 @@ class FlatEngine:
         return tuple(t for p in reversed(parts) for t in p), ns
 
     def evict_steps(self, ct, n, k, between=None):
-        """A step-wise round of component ``ct`` (0 FULL, 1 SWA) for ``n`` units, at
-        most ``k`` steps, the controller freeing each step's slots (SWA peers, then
-        Full), ``between()`` after the first step. Returns per step
-        ``(deleted node or None, made_progress, full units, swa units)``."""
+        """A step-wise round of component ``ct`` (0 FULL, 1 SWA, 2 MAMBA) for ``n``
+        units, at most ``k`` steps, the controller freeing each step's slots (SWA
+        peers, then Full, then Mamba states), ``between()`` after the first step.
+        Returns per step ``(deleted node or None, made_progress, full units, swa
+        units, mamba states)``."""
         c = self.cache
         comp = flatradix.ComponentType(ct)
         out = []
@@ -253,7 +350,10 @@ class FlatEngine:
                     self.alloc.free_full_segment(st.freed_indices)
                 else:
                     self.alloc.free(st.freed_indices)
-                out.append((st.node_id, st.made_progress, st.num_tokens, st.swa_num_tokens))
+                if self.mamba:
+                    self.malloc.free(st.mamba_freed_indices)
+                out.append((st.node_id, st.made_progress, st.num_tokens, st.swa_num_tokens,
+                            st.mamba_num if self.mamba else 0))
                 if not st.made_progress:
                     break
                 if self.mut.get("restart_round"):  # self-test: a round that forgets its cursor
@@ -267,14 +367,10 @@ class FlatEngine:
         return out
 
     def sizes(self):
-        c = self.cache
-        if self.swa:
-            return (c.evictable_size(), c.protected_size(), c.swa_evictable_size(),
-                    c.swa_protected_size())
-        return c.evictable_size(), c.protected_size()
+        return _sizes(self.cache, self.swa, self.mamba)
 
     def total(self):
-        return self.cache.total_size()
+        return tuple(self.cache.total_size())
 
     def take_frees(self):
         out, self.alloc.log = self.alloc.log, []
@@ -283,6 +379,20 @@ class FlatEngine:
     def take_swa_frees(self):
         out, self.alloc.swa_log = self.alloc.swa_log, []
         return out
+
+    def take_mamba_frees(self):
+        out, self.malloc.log = self.malloc.log, []
+        return out
+
+    def free_mamba(self, slot):
+        """The caller frees a donated state slot the tree did not adopt (``mamba_exist``)."""
+        self.malloc.free(_torch_slot(slot))
+
+    def mamba_values(self):
+        return sorted(np.asarray(self.cache.all_mamba_values_flatten()).reshape(-1).tolist())
+
+    def swa_peer(self, full):
+        return self.alloc.swa_peer(full)
 
     def set_swa_mapping(self, full, swa):
         self.alloc.set_full_to_swa_mapping(full, swa)
@@ -507,6 +617,43 @@ def _sgl():
         def free_group_end(self):
             pass
 
+    from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+
+    class RecordingMambaAllocator(MambaSlotAllocator):
+        """SGLang-side ``mamba_allocator``: hands nothing out (the driver donates
+        state slots itself) and records every freed slot in call order."""
+
+        def __init__(self, size):
+            super().__init__(size=1, device="cpu")  # no free list worth the name
+            self.size = size + 1
+            self.log = []
+
+        def alloc(self, need_size):
+            raise AssertionError("the oracle driver assigns Mamba state slots itself")
+
+        def free(self, free_index):
+            self.log.extend(free_index.reshape(-1).tolist())
+
+        def available_size(self):
+            return _BIG
+
+    def make_hybrid_req_pool(size, max_ctx, extra_buffer, mamba_space):
+        """SGLang's real ``HybridReqToTokenPool`` (what ``MambaComponent`` asserts),
+        with the smallest Mamba2 state shapes (one layer, a few bytes per slot) and
+        a recording ``mamba_allocator`` in place of its slot free list."""
+        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
+                                        num_heads=1, head_dim=2, state_size=1, conv_kernel=2)
+        pool = HybridReqToTokenPool(
+            size=size, mamba_size=2, mamba_spec_state_size=size, max_context_len=max_ctx,
+            device="cpu", enable_memory_saver=False,
+            cache_params=Mamba2CacheParams(shape=shape, layers=[0]), mamba_layer_ids=[0],
+            enable_mamba_extra_buffer=extra_buffer, speculative_num_draft_tokens=3)
+        pool.mamba_allocator = RecordingMambaAllocator(mamba_space)
+        return pool
+
     def make_swa_allocator(page_size, size):
         from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
@@ -523,6 +670,7 @@ def _sgl():
 
     _SGL = dict(torch=torch, Req=Req, FINISH_LENGTH=FINISH_LENGTH, FINISH_ABORT=FINISH_ABORT,
                 RecordingAllocator=RecordingAllocator, make_swa_allocator=make_swa_allocator,
+                make_hybrid_req_pool=make_hybrid_req_pool,
                 EvictParams=EvictParams,
                 InsertParams=InsertParams, MatchPrefixParams=MatchPrefixParams, TreeLock=TreeLock,
                 CacheInitParams=CacheInitParams, checkpoint_kv_cache=checkpoint_kv_cache,
@@ -539,17 +687,35 @@ class SglEngine:
     def __init__(self, cfg, max_reqs, max_ctx, backend):
         S = self.S = _sgl()
         self.torch = S["torch"]
+        self.cfg = cfg
         self.P = cfg["page_size"]
         self.swa = cfg.get("swa_window") is not None
+        self.mamba = cfg.get("mamba_chunk") is not None
         CT = S["ComponentType"]
+        self.comps = mamba_components(cfg, CT)
+        kw = dict(tree_components=self.comps)
         if self.swa:
             self.alloc = S["make_swa_allocator"](self.P, cfg["slot_space"])
-            kw = dict(tree_components=(CT.FULL, CT.SWA), sliding_window_size=cfg["swa_window"])
+            kw.update(sliding_window_size=cfg["swa_window"])
         else:
             self.alloc = S["RecordingAllocator"](self.P)
-            kw = dict(tree_components=(CT.FULL,))
-        self.rtp = S["ReqToTokenPool"](size=max_reqs, max_context_len=max_ctx, device="cpu",
-                                       enable_memory_saver=False)
+        if self.mamba:
+            # MambaComponent (Python core) and the Rust adapter read the chunk size
+            # from the global server args at construction: SGLang's own fixtures
+            # preset ``_mamba_cache_chunk_size`` (a dummy model has no HF config to
+            # derive it from); the per-path state cap stays at its default -1 (off).
+            from sglang.srt.runtime_context import get_exec, get_server_args
+
+            get_server_args()._mamba_cache_chunk_size = cfg["mamba_chunk"]
+            if get_exec().mamba.mamba_max_states_per_path != -1:
+                raise RuntimeError("mamba_max_states_per_path is not -1")
+            extra = cfg.get("mamba_extra_buffer", False)
+            self.rtp = S["make_hybrid_req_pool"](max_reqs, max_ctx, extra, cfg["mamba_space"])
+            self.malloc = self.rtp.mamba_allocator
+            kw.update(enable_mamba_extra_buffer=extra)
+        else:
+            self.rtp = S["ReqToTokenPool"](size=max_reqs, max_context_len=max_ctx, device="cpu",
+                                           enable_memory_saver=False)
         self.cache = S["UnifiedRadixCache"](S["CacheInitParams"](
             disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
             page_size=self.P, eviction_policy=cfg["policy"],
@@ -569,12 +735,13 @@ class SglEngine:
         return self.S["RadixKey"](array("q", toks), ns[0], is_bigram=bigram, cache_salt=ns[1])
 
     def insert(self, toks, ns, values, prev, inserted, prio, bigram=False, track=False,
-               cursor=0, branching=None):
+               cursor=0, branching=None, mamba_slot=None):
         params = self.S["InsertParams"](
             key=self._key(toks, ns, bigram),
             value=None if values is None else self.torch.tensor(values, dtype=self.torch.int64),
             prev_prefix_len=prev, inserted_len=inserted, priority=prio, track_adopted_ranges=track,
-            swa_branching_seqlen=branching)
+            swa_branching_seqlen=branching,
+            mamba_value=None if mamba_slot is None else _torch_slot(mamba_slot))
         if cursor:
             params.set_evicted_seqlen(self.S["ComponentType"].SWA, cursor)
         r = self.cache.insert(params)
@@ -586,20 +753,41 @@ class SglEngine:
         idx = self.cache.path_device_indices(m.last_device_node)[:n].tolist() if n else []
         return n, idx, m.last_device_node, match_extras(m)
 
-    def lock(self, node, skip_swa=False):
-        skip = (self.S["ComponentType"].SWA,) if skip_swa else ()
+    def lock(self, node, skip_swa=False, skip_mamba=False, tree_lock=False):
+        skip = _skips(self.S["ComponentType"], skip_swa, skip_mamba)
+        if tree_lock:
+            h = self.cache.lock(node, skip_lock_components=skip)
+            return h, (None, dict(h.receipt.component_lock_uuids))
         r = self.cache.inc_lock_ref(node, skip)
         return self.S["TreeLock"](node, r.to_dec_params()), (r.delta, dict(r.component_lock_uuids))
 
-    def unlock(self, handle):
-        self.cache.unlock(handle)
+    def unlock(self, handle, dec=False):
+        if dec:
+            self.cache.dec_lock_ref(handle.node, handle.receipt, skip_swa=handle.swa_released)
+        else:
+            self.cache.unlock(handle)
+
+    def release_mamba(self, handle):
+        """``FlatEngine.release_mamba``: the very calls of SGLang's
+        ``MambaComponent._alloc_mamba_slot`` (lazy extra buffer)."""
+        CT = self.S["ComponentType"]
+        self.cache.dec_lock_ref(handle.node, dataclasses.replace(
+            handle.receipt,
+            skipped_lock_components=tuple(c for c in self.cache.tree_components if c != CT.MAMBA)))
+        handle.receipt.skipped_lock_components += (CT.MAMBA,)
 
     def release_swa(self, handle):
         self.cache.release_swa(handle)
 
-    def evict(self, n, swa=0):
-        r = self.cache.evict(self.S["EvictParams"](num_tokens=n, swa_num_tokens=swa))
+    def evict(self, n, swa=0, mamba=0):
+        r = self.cache.evict(self.S["EvictParams"](num_tokens=n, swa_num_tokens=swa,
+                                                   mamba_num=mamba))
+        if self.mamba:
+            return r.num_tokens_evicted, r.swa_num_tokens_evicted, r.mamba_num_evicted
         return r.num_tokens_evicted, r.swa_num_tokens_evicted
+
+    def next_victim_key(self, ct):
+        return None  # only read from flatradix's arrays (see FlatEngine)
 
     def evict_steps(self, ct, n, k, between=None):
         """``FlatEngine.evict_steps`` through SGLang's controller loop, one step at a
@@ -616,10 +804,10 @@ class SglEngine:
                 node, progress = c._evict_device_next_node(comp, tracker)
                 if node is not None:
                     c._evict_device_leaf(node, tracker)
-                full = tracker[self.S["ComponentType"].FULL] - before[self.S["ComponentType"].FULL]
-                swa = (tracker[self.S["ComponentType"].SWA] - before[self.S["ComponentType"].SWA]
-                       if self.swa else 0)
-                out.append((node, bool(progress or node is not None), full, swa))
+                CT = self.S["ComponentType"]
+                delta = {t: tracker[t] - before[t] for t in tracker}
+                out.append((node, bool(progress or node is not None), delta[CT.FULL],
+                            delta.get(CT.SWA, 0), delta.get(CT.MAMBA, 0)))
                 if not out[-1][1]:
                     break
                 if i == 0 and between is not None:
@@ -629,11 +817,7 @@ class SglEngine:
         return out
 
     def sizes(self):
-        c = self.cache
-        if self.swa:
-            return (c.evictable_size(), c.protected_size(), c.swa_evictable_size(),
-                    c.swa_protected_size())
-        return c.evictable_size(), c.protected_size()
+        return _sizes(self.cache, self.swa, self.mamba)
 
     def total(self):
         return tuple(self.cache.total_size())
@@ -647,6 +831,19 @@ class SglEngine:
         side = self.alloc.swa_attn_allocator
         out, side.log = side.log, []
         return out
+
+    def take_mamba_frees(self):
+        out, self.malloc.log = self.malloc.log, []
+        return out
+
+    def free_mamba(self, slot):
+        self.malloc.free(_torch_slot(slot))
+
+    def mamba_values(self):
+        return sorted(self.cache.all_mamba_values_flatten().reshape(-1).tolist())
+
+    def swa_peer(self, full):
+        return int(self.alloc.full_to_swa_index_mapping[full])
 
     def set_swa_mapping(self, full, swa):
         t = self.torch

@@ -60,6 +60,15 @@ normalisation below says why it is a documented choice and not a bug.
    Only FULL+SWA trees split a new leaf; only hit-count policies see the
    difference (found by the campaign at seed 11: p1-swa24-lfu, p64-swa127-slru).
 
+Mamba (FULL+MAMBA, FULL+SWA+MAMBA configurations) adds no normalisation: state
+slots are donated to both engines with the same numbers and every freed slot is
+compared in order, like KV indices (point 2); ``mamba_exist``,
+``mamba_branching_seqlen``, ``full_kv_hit_length`` and the Mamba ledgers as is.
+SGLang's two cores agree on all of it (``driver.py --first python``). EAGLE with
+Mamba is not a normalisation either: SGLang builds no bigram tree when Mamba is
+configured (``is_eagle`` ignored), and flatradix must do the same; the driver
+then sends plain keys.
+
 Not compared at all (documented in docs/architecture.md "Semantics"):
 logical clock values (SGLang's float global counter vs flatradix's integer
 ticks; only the *orderings* they induce are observable, through eviction

@@ -1,7 +1,8 @@
 """Differential test: flatradix against SGLang 0.5.23's own ``UnifiedRadixCache``,
 with both of SGLang's tree cores (pure Python and Rust), on every configuration
 of ``tests/oracle/driver.py`` (all eight eviction policies, page sizes 1/16/64,
-EAGLE bigram keys, namespaces, KV events; Full-only and FULL+SWA trees).
+EAGLE bigram keys, namespaces, KV events; Full-only, FULL+SWA, FULL+MAMBA and
+FULL+SWA+MAMBA trees -- the Mamba ones without the request path so far).
 
 SGLang only runs in its own venv (``../shared/tools/setup_sglang_oracle.sh``,
 which ``.ci/run`` builds when missing), so the driver runs there in two
@@ -38,7 +39,14 @@ CONFIGS = ("p1-lru", "p16-lru", "p64-lru", "p1-lfu", "p16-fifo", "p1-mru", "p16-
            "p64-priority", "p16-slru", "p1-tlru", "p64-tlru", "p1-eagle-lru", "p16-eagle-lfu",
            # FULL+SWA
            "p1-swa4-lru", "p1-swa24-lfu", "p16-swa8-lru", "p16-swa16-priority", "p16-swa40-lru",
-           "p64-swa127-slru", "p1-eagle-swa7-lru", "p64-eagle-swa127-lru")
+           "p64-swa127-slru", "p1-eagle-swa7-lru", "p64-eagle-swa127-lru",
+           # FULL+MAMBA, FULL+SWA+MAMBA
+           "p1-mamba-lru", "p1-mamba-lfu", "p16-mamba-lru", "p16-mamba-c24-lfu",
+           "p64-mamba-priority", "p64-mamba-c16-fifo", "p16-mamba-slru", "p1-eagle-mamba-lru",
+           "p1-swa16-mamba-lru", "p64-swa127-mamba-lru")
+# Configurations flatradix may still refuse to build (SGLang builds them): an
+# expected failure while the driver reports exactly that refusal, a pass once built.
+NOT_BUILT_YET = ("p1-swa16-mamba-lru", "p64-swa127-mamba-lru")
 
 
 def _env():
@@ -120,6 +128,10 @@ def test_no_divergence(oracle_runs, config, backend):
     if res is None:
         pytest.fail(f"driver produced no result for {config}/{backend}; its output:\n"
                     + _tail(logs[backend]))
+    if (res["divergences"] and config in NOT_BUILT_YET
+            and res.get("sig", "").startswith("construct.raised.flatradix.")):
+        pytest.xfail(f"flatradix does not build {config} yet: "
+                     f"{res.get('reproducer', {}).get('detail', res['sig'])[:300]}")
     if res["divergences"]:
         rep = res.get("reproducer", {})
         pytest.fail(f"{config}/{backend}: flatradix diverges from SGLang after {res['ops']} ops: "
@@ -144,7 +156,7 @@ def test_config_lists_match():
     """``CONFIGS`` above is a copy of the driver's (which imports only in the oracle venv)."""
     src = (ROOT / "tests" / "oracle" / "driver.py").read_text()
     names = []
-    for head in ("\nCONFIGS = {", "\nSWA_CONFIGS = {"):
+    for head in ("\nCONFIGS = {", "\nSWA_CONFIGS = {", "\nMAMBA_CONFIGS = {"):
         block = src.split(head, 1)[1].split("\n}\n", 1)[0]
         names += [ln.split('"')[1] for ln in block.splitlines() if ln.startswith('    "')]
     assert tuple(names) == CONFIGS
