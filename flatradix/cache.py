@@ -81,7 +81,8 @@ def _components(components):
 _FULL_ONLY = (ComponentType.FULL,)
 #: The component sets a cache can be built with, in SGLang's order.
 _COMPONENT_SETS = ((ComponentType.FULL,), (ComponentType.FULL, ComponentType.SWA),
-                   (ComponentType.FULL, ComponentType.MAMBA))
+                   (ComponentType.FULL, ComponentType.MAMBA),
+                   (ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA))
 #: Largest accepted sliding_window_size (tokens).
 MAX_WINDOW = 1 << 40
 
@@ -123,9 +124,8 @@ class UnifiedRadixCache(RequestCachingMixin):
     page_size : int, >= 1
         Keys are aligned down to whole pages; nodes hold whole pages.
     components : tuple of ComponentType
-        ``(FULL,)``, ``(FULL, SWA)`` or ``(FULL, MAMBA)`` (``(FULL, SWA, MAMBA)``
-        is not implemented yet: ``ValueError``). ``tree_components`` is SGLang's
-        keyword for it.
+        ``(FULL,)``, ``(FULL, SWA)``, ``(FULL, MAMBA)`` or ``(FULL, SWA, MAMBA)``
+        (SGLang's order). ``tree_components`` is SGLang's keyword for it.
     sliding_window_size : int, keyword-only
         SWA only: the retain window ``W`` in tokens (>= 1), as SGLang's
         ``sliding_window_size``. A match needs ``W`` contiguous tokens with SWA
@@ -220,8 +220,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             components = tree_components
         comps = _components(components)
         if comps not in _COMPONENT_SETS:
-            raise ValueError(f"components must be (FULL,), (FULL, SWA) or (FULL, MAMBA) "
-                             f"(FULL, SWA, MAMBA is not implemented yet), got {comps}")
+            raise ValueError(f"components must be (FULL,), (FULL, SWA), (FULL, MAMBA) or "
+                             f"(FULL, SWA, MAMBA), got {comps}")
         self.components = comps
         self._swa = ComponentType.SWA in comps
         if self._swa:
@@ -264,6 +264,9 @@ class UnifiedRadixCache(RequestCachingMixin):
                 raise ValueError(f"page_size={self.page_size}: a Mamba cache without "
                                  "enable_mamba_extra_buffer caches only sequence-end states and "
                                  "needs page_size=1 (SGLang's rule)")
+        #: What a lock's early SWA release also released (SGLang: SWA and every
+        #: component of lower internal priority, i.e. Mamba), skipped by the final unlock.
+        self._early_mask = L.C_SWA | (L.C_MAMBA if self._mamba and self._swa else 0)
         self.mamba_cache_chunk_size = chunk
         self.enable_mamba_extra_buffer = extra
         #: The grid a branching Mamba checkpoint lands on (tokens).
@@ -466,7 +469,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             return nid
         skip, boundary = self._receipt(nid, receipt, f"{name}.receipt")
         if swa_released:
-            skip |= L.C_SWA
+            skip |= self._early_mask
         st_ = self._engine.st
         st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
         if st == L.E_LOCK_UNDERFLOW:
@@ -1001,7 +1004,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         skip_mask, boundary = self._receipt(nid, receipt) if (
             receipt is not None or self._swa or self._mamba) else (0, 0)
         if skip_swa:
-            skip_mask |= L.C_SWA
+            skip_mask |= self._early_mask
         st_ = self._engine.st
         with self._mutex:
             st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
@@ -1067,10 +1070,10 @@ class UnifiedRadixCache(RequestCachingMixin):
             if not isinstance(uuids, Mapping) or ComponentType.SWA not in uuids:
                 raise ReceiptError("lock.receipt.component_lock_uuids has no ComponentType.SWA "
                                    "entry (the lock skipped SWA: nothing to release early)")
-            _, boundary = self._receipt(nid, lock.receipt, "lock.receipt")
+            skip, boundary = self._receipt(nid, lock.receipt, "lock.receipt")
             eng = self._engine
             with self._mutex:
-                st, x = eng.call(_k_release_window, nid, boundary)
+                st, x = eng.call(_k_release_window, nid, boundary, skip)
                 if st == L.E_STALE:
                     raise self._stale(nid, "lock.node")
                 if st == L.E_LOCK_UNDERFLOW:
@@ -1187,7 +1190,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             if r is not None or self._swa or self._mamba:
                 skips[i], bounds[i] = self._receipt(nid, r, f"receipts[{i}]")
             if flags[i]:
-                skips[i] |= L.C_SWA
+                skips[i] |= self._early_mask
         st_ = self._engine.st
         with self._mutex:
             st, i, x = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)

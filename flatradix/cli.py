@@ -87,13 +87,9 @@ def _sweep_items(text):
     return items
 
 
-def _swa_windows(text):
-    """``512,1024,4096`` -> [512, 1024, 4096]; ``model`` -> ["model"] (the window of
-    --model-config). Integers >= 1."""
-    if text.strip().lower() == "model":
-        return ["model"]
-    from .replay.sim import MAX_SWA_WINDOW
-
+def _int_list(text, noun, what, example, largest, alternative=""):
+    """``512,1024`` -> [512, 1024]: integers in [1, largest], duplicates dropped;
+    ``noun`` / ``what`` name one in the errors ("window", "a window in tokens")."""
     out = []
     for t in text.split(","):
         if not t.strip():
@@ -102,14 +98,32 @@ def _swa_windows(text):
             v = int(t.strip().replace("_", ""))
         except ValueError:
             v = -1
-        if not 1 <= v <= MAX_SWA_WINDOW:
+        if not 1 <= v <= largest:
             raise argparse.ArgumentTypeError(
-                f"expected a window in tokens, an integer >= 1 (several comma-separated: "
-                f"512,1024,4096), or 'model', got {t.strip()!r}")
+                f"expected {what}, an integer >= 1 (several comma-separated: {example})"
+                f"{alternative}, got {t.strip()!r}")
         out.append(v)
     if not out:
-        raise argparse.ArgumentTypeError("needs at least one window")
+        raise argparse.ArgumentTypeError(f"needs at least one {noun}")
     return list(dict.fromkeys(out))
+
+
+def _swa_windows(text):
+    """``512,1024,4096`` -> [512, 1024, 4096]; ``model`` -> ["model"] (the window of
+    --model-config). Integers >= 1."""
+    if text.strip().lower() == "model":
+        return ["model"]
+    from .replay.sim import MAX_SWA_WINDOW
+
+    return _int_list(text, "window", "a window in tokens", "512,1024,4096", MAX_SWA_WINDOW,
+                     alternative=", or 'model'")
+
+
+def _mamba_states(text):
+    """``256,1024`` -> [256, 1024]: state pools, integers >= 1."""
+    from .replay.report import MAX_CAPACITY
+
+    return _int_list(text, "state count", "a number of states", "256,1024", MAX_CAPACITY)
 
 
 def _swa_ratio(text):
@@ -172,8 +186,9 @@ def build_parser():
                         "prefix reuse distance) and the KV sizing; no replay")
 
     g = r.add_argument_group("cache and KV memory")
-    g.add_argument("--page-size", type=_positive_int, default=16, metavar="P",
-                   help="cache page size (default: 16)")
+    g.add_argument("--page-size", type=_positive_int, default=None, metavar="P",
+                   help="cache page size (default: 16; with --mamba-states 1, the only one "
+                        "it takes)")
     g.add_argument("--capacity", type=_capacity, default=None, metavar="TOKENS|inf",
                    help="KV pool size in tokens (2000000, 2M, 500k) or inf (default: inf)")
     g.add_argument("--kv-memory", type=_memory, default=None, metavar="SIZE",
@@ -209,6 +224,24 @@ def build_parser():
                         "--swa-full-tokens-ratio; default 0.8, its default). With "
                         "--model-config, --kv-memory buys full tokens = SIZE / (full bytes + R x "
                         "SWA bytes per token)")
+
+    g = r.add_argument_group(
+        "Mamba / SSM hybrid models",
+        "Replay as a hybrid SSM model (Qwen3-Next, Nemotron-H) is served by SGLang without the "
+        "Mamba extra buffer: page size 1, the cache's Mamba component, a state pool of N slots; "
+        "each admitted request takes a state slot (evicting a cached state, or waiting for a "
+        "running request when none is left) and donates it to the tree when it finishes. "
+        "Reports the hit tokens lost to checkpoint granularity (Full KV cached, no state at its "
+        "end), the states evicted and the peak states in the tree. --capacity / --kv-memory "
+        "size the full-attention pool only; the state pool is N states on top (its bytes are "
+        "reported when --model-config gives them). Not with --swa-window.")
+    g.add_argument("--mamba-states", type=_mamba_states, default=None, metavar="N[,N...]",
+                   help="Mamba state pool in states (SGLang's mamba pool size); several run "
+                        "once each")
+    g.add_argument("--mamba-chunk", type=_positive_int, default=None, metavar="C",
+                   help="SGLang's mamba_cache_chunk_size (default 64); without the extra buffer "
+                        "it only moves MatchResult.mamba_branching_seqlen, which the replay "
+                        "does not use, so the figures do not depend on it")
 
     g = r.add_argument_group("scheduling")
     g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
@@ -274,6 +307,19 @@ def _check_options(args):
     def need(cond, msg):
         if not cond:
             raise UsageError(msg)
+
+    if args.mamba_states:
+        need(args.page_size in (None, 1),
+             f"--mamba-states needs --page-size 1 (SGLang serves a Mamba hybrid without the "
+             f"extra buffer at page size 1), got --page-size {args.page_size}")
+        need(not args.swa_window,
+             "--mamba-states with --swa-window: the replay has no (FULL, SWA, MAMBA) mode yet; "
+             "give one of them")
+        args.page_size = 1
+    else:
+        need(args.mamba_chunk is None, "--mamba-chunk needs --mamba-states (the Mamba mode)")
+    if args.page_size is None:
+        args.page_size = 16
 
     arrival_opts = [o for o, v in (("--prefill-tps", args.prefill_tps),
                                    ("--decode-tps", args.decode_tps),
@@ -356,6 +402,10 @@ def _kv_sizing(args):
             raise UsageError(f"--model-config: {args.model_config} has no full-attention layer "
                              f"({layout.describe()[0]}); the replay models the full-attention "
                              f"pool only: give --kv-bytes-per-token")
+        if args.mamba_states and not layout.linear_attention_layers:
+            raise UsageError(f"--mamba-states: --model-config {args.model_config} has no "
+                             f"linear-attention / Mamba layer (give a hybrid config, or drop "
+                             f"--model-config)")
         if args.swa_window:
             if not layout.sliding_window_layers:
                 raise UsageError(f"--swa-window: --model-config {args.model_config} has no "
@@ -424,6 +474,10 @@ def _replay(args):
     progress = not args.no_progress
     bpt, layout = _kv_sizing(args)
     windows = args.swa_window          # None, or a list of ints (after _kv_sizing)
+    states = args.mamba_states         # None, or a list of ints
+    # the hybrid mode's series: replay() argument and its values, one run each
+    series = ("swa_window", windows) if windows else ("mamba_states", states) if states \
+        else (None, [None])
     ratio = None
     if windows:
         from .replay.sim import DEFAULT_SWA_RATIO
@@ -474,7 +528,7 @@ def _replay(args):
         d = describe_workload(workload)
         if kv:
             d["kv"] = kv
-        kv_text = [f"  {line}" for line in rep.kv_lines(capacity, bpt, layout, swa_tokens)
+        kv_text = [f"  {line}" for line in rep.kv_lines(capacity, bpt, layout, swa_tokens, states)
                    ] if bpt else []
         _emit(args, d, lambda: "\n".join([format_describe(d)] + kv_text))
         return 0
@@ -490,9 +544,13 @@ def _replay(args):
               cache_outputs=args.cache_outputs, arrival=arrival)
     if windows:
         kw["swa_ratio"] = ratio
+    if states:
+        kw["mamba_chunk"] = args.mamba_chunk
     try:
         if args.sweep:
             swa_kw = dict(swa_windows=windows, swa_bytes_per_token=swa_bpt) if windows else {}
+            if states:
+                swa_kw = dict(mamba_states=states)
             curve = rep.sweep(workload, sweep_caps, policies=policies, jobs=args.jobs,
                               progress=progress, bytes_per_token=bpt, **swa_kw, **kw)
             if kv:
@@ -512,13 +570,16 @@ def _replay(args):
                                  f"requests\n{os.path.basename(layout.source)} ({bpt:,} + "
                                  f"{ratio:g} x {swa_bpt:,} B/token), page {curve['page_size']}, "
                                  f"max running {curve['max_running']:,}, {mode}")
+                    elif states:
+                        title += f", Mamba chunk {curve['mamba']['chunk']}"
                 rep.plot_sweep(curve, args.plot, title=title)
             _emit(args, curve, lambda: rep.format_sweep(curve))
             return 0
+        param, values = series
         results = [replay(workload, capacity=capacity, policy=pol, progress=progress,
                           record_requests=bool(args.per_request),
-                          **(dict(kw, swa_window=w) if w is not None else kw))
-                   for w in (windows or [None]) for pol in policies]
+                          **(dict(kw, **{param: v}) if v is not None else kw))
+                   for v in values for pol in policies]
     except MemoryError as e:
         raise UsageError(f"out of memory ({e}): lower --capacity / --kv-memory / "
                          f"--max-running, or --limit the trace") from None
@@ -532,9 +593,12 @@ def _replay(args):
         rep.write_runs_csv(results, args.csv, bpt, swa_bpt)
     if args.per_request:
         rep.write_per_request_csv(results, args.per_request)
-    lines = rep.kv_lines(capacity, bpt, layout, swa_tokens) if bpt else None
+    def kv(r):
+        return rep.kv_lines(capacity, bpt, layout, swa_tokens,
+                            [r.mamba_states] if states else None) if bpt else None
+
     _emit(args, dicts[0] if len(dicts) == 1 else dicts,
-          lambda: "\n\n".join(rep.format_report(r, kv=lines) for r in results))
+          lambda: "\n\n".join(rep.format_report(r, kv=kv(r)) for r in results))
     return 0
 
 

@@ -169,13 +169,13 @@ class RequestCachingMixin:
     def _need_pools(self, what):
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
-        if self._mamba and self.enable_mamba_extra_buffer:
+        if self._mamba and (self.enable_mamba_extra_buffer or self._swa):
             # refused before anything changes: the ping-pong track buffers of the
-            # extra-buffer mode are not modelled yet
+            # extra-buffer mode, and the SWA + Mamba retain floor, are not built yet
             raise NotImplementedError(f"{what}: the request path of a Mamba cache with "
-                                      "enable_mamba_extra_buffer is not implemented yet; drive "
-                                      "insert (with mamba_value), match_prefix and lock / unlock "
-                                      "directly")
+                                      f"{'an SWA component' if self._swa else 'enable_mamba_extra_buffer'}"
+                                      " is not implemented yet; drive insert (with mamba_value), "
+                                      "match_prefix and lock / unlock directly")
 
     # ------------------------------------------------------------------ Mamba
     def _mamba_own(self, req):

@@ -7,7 +7,7 @@ conservation (available + evictable + protected == pool) is checked.
 
 | input | entry point | outcome |
 |---|---|---|
-| page_size 0 / -4 / 1.0 / None / 2**21 / 2**63; components None / "FULL" / (7,) / (FULL, SWA, MAMBA) / (FULL, MAMBA) without a Mamba pool / (SWA,) / (SWA, FULL); unknown or non-str policy; policy config not a dict, unknown key, 2**63, float; allocator without free(); pool without req_to_token; device 5; flags "no" / None / 2; node_capacity / pool_capacity -1, 1.5, 2**63, 2**41 | constructor | TypeError / ValueError naming the argument |
+| page_size 0 / -4 / 1.0 / None / 2**21 / 2**63; components None / "FULL" / (7,) / (FULL, MAMBA, SWA) / (FULL, MAMBA) without a Mamba pool / (SWA,) / (SWA, FULL); unknown or non-str policy; policy config not a dict, unknown key, 2**63, float; allocator without free(); pool without req_to_token; device 5; flags "no" / None / 2; node_capacity / pool_capacity -1, 1.5, 2**63, 2**41 | constructor | TypeError / ValueError naming the argument |
 | params None / dict / str / int, key None; token_ids None / str / dict / scalar / 0-d / 2-D / float / NaN / bool / torch float or bool / array('d') / 2**63 / uint64 >= 2**63 / < -2**63; extra_key / cache_salt not str; bigram key in a non-EAGLE cache; EAGLE token outside [0, 2**31) | match_prefix, insert | TypeError / ValueError naming params.key[...] |
 | value str / dict / 0-d / 2-D / float / NaN / bool / torch float / 2**63 / negative / >= pool / too long / too short; value None with tokens outside the pool | insert | TypeError / ValueError naming params.value |
 | prev_prefix_len / inserted_len negative, float, None; priority float / str / +-2**63; mamba_value given | insert | TypeError / ValueError naming the field |
@@ -181,7 +181,7 @@ CTOR = [
     (dict(page_size=1.0), TypeError, "page_size"), (dict(page_size=None), TypeError, "page_size"),
     (dict(page_size=2 ** 21), ValueError, "page_size"), (dict(page_size=H), ValueError, "page_size"),
     (dict(components=None), TypeError, "components"), (dict(components="FULL"), TypeError, "components"),
-    (dict(components=(7,)), ValueError, "components"), (dict(components=(0, 1, 2)), ValueError, "components"),
+    (dict(components=(7,)), ValueError, "components"), (dict(components=(0, 2, 1)), ValueError, "components"),
     (dict(components=(0, 2)), TypeError, "mamba_allocator"),
     (dict(components=(1,)), ValueError, "components"), (dict(components=(1, 0)), ValueError, "components"),
     (dict(eviction_policy="random"), ValueError, "eviction_policy"),

@@ -323,7 +323,7 @@ def test_mamba_parameters_refused_where_they_do_not_apply():
     (dict(mamba_cache_chunk_size=1.5), TypeError, "mamba_cache_chunk_size"),
     (dict(enable_mamba_extra_buffer="yes"), TypeError, "enable_mamba_extra_buffer"),
     (dict(req_to_token_pool=None), TypeError, "mamba_allocator"),
-    (dict(tree_components=(FULL, SWA, MAMBA)), ValueError, "not implemented yet"),
+    (dict(tree_components=(FULL, MAMBA, SWA)), ValueError, "components must be"),
 ])
 def test_bad_mamba_construction(kwargs, exc, msg):
     args = dict(page_size=1, tree_components=(FULL, MAMBA),
@@ -513,3 +513,34 @@ def test_mamba_part_of_a_lock_released_alone():
     env.cache.unlock(lk)
     assert (env.cache.protected_size(), env.cache.evictable_size()) == (0, 6)
     env.partition()
+
+
+# ---------------------------------------------------------------------- FULL + SWA + MAMBA
+def _triple(window=4, states=8):
+    from flatradix import SWATokenToKVPoolAllocator
+
+    alloc = SWATokenToKVPoolAllocator(size=256, size_swa=256, page_size=1)
+    pool = HybridReqToTokenPool(2, 64, mamba_size=states)
+    cache = UnifiedRadixCache(tree_components=(FULL, SWA, MAMBA), sliding_window_size=window,
+                              token_to_kv_pool_allocator=alloc, req_to_token_pool=pool)
+    return cache, alloc, pool.mamba_allocator
+
+
+def test_triple_swa_tombstone_drops_the_state_and_release_swa_drops_the_mamba_lock():
+    cache, alloc, ma = _triple()
+    kv = alloc.alloc(8)
+    cache.insert(InsertParams(key=RadixKey(list(range(8))), value=kv, mamba_value=ma.alloc(1)))
+    # the leaf is capped at W=4 tokens of SWA data: [0..3] (SWA, no state) -> [4..7] (SWA, state)
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(8)))))
+    assert m.device_prefix_len == 8
+    lk = cache.lock(m.last_device_node)
+    assert (cache.swa_protected_size(), cache.mamba_protected_size()) == (4, 1)
+    cache.release_swa(lk)                   # the window and (lower priority) Mamba lock go
+    assert (cache.swa_protected_size(), cache.mamba_protected_size()) == (0, 0)
+    r = cache.evict(EvictParams(num_tokens=0, swa_num_tokens=8))
+    # both nodes are Full-locked (not leaves): SWA tombstoned, the state with it
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted, r.mamba_num_evicted) == (0, 8, 1)
+    assert ma.available_size() == 8 and cache.total_size() == (8, 0)
+    cache.unlock(lk)                        # skips SWA and Mamba (released early)
+    assert cache.protected_size() == 0
+    cache.sanity_check()

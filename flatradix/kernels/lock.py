@@ -80,12 +80,14 @@ def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
 
 
 @kernel
-def release_window(nodes, ctab, pool, heap, meta, nid, boundary, out, acts):
+def release_window(nodes, ctab, pool, heap, meta, nid, boundary, skip, out, acts):
     """Early release of the SWA window segment of a lock on ``nid`` (SGLang
     ``dec_swa_lock_only``); the Full lock stays. A segment node whose SWA lock
     drops to 0 while it is an unlocked device leaf loses its SWA data
-    (``A_FREE_SLOT(SWA)``). Returns ``(status, x)``: ``(OK, units freed)``,
-    ``(E_LOCK_UNDERFLOW, slot)`` with nothing changed, or ``E_CAPACITY``."""
+    (``A_FREE_SLOT(SWA)``). Then the node's Mamba lock (a component of lower
+    internal priority than SWA) is released too, unless ``skip`` (the lock's
+    skipped components) holds MAMBA. Returns ``(status, x)``: ``(OK, units
+    freed)``, ``(E_LOCK_UNDERFLOW, slot)`` with nothing changed, or ``E_CAPACITY``."""
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
@@ -95,10 +97,19 @@ def release_window(nodes, ctab, pool, heap, meta, nid, boundary, out, acts):
     st, data, count = swa.check_release(nodes, s, boundary)
     if st != OK:
         return st, data
+    with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
+    if with_mamba:
+        st, bad = mamba.check_release(nodes, s)
+        if st != OK:
+            return st, bad
     if out.shape[0] < data or acts.shape[0] < count:
         need(meta, 0, 0, data, count)
         return E_CAPACITY, 0
-    return OK, swa.release_window_lock(nodes, pool, heap, meta, s, boundary, out, acts)
+    freed = swa.release_window_lock(nodes, pool, heap, meta, s, boundary, out, acts)
+    if with_mamba:
+        mamba.release_component_lock(nodes, meta, s)
+        refresh_leaf(nodes, heap, meta, s)
+    return OK, freed
 
 
 @kernel

@@ -187,9 +187,10 @@ class KVLayout:
                  mamba_state_bytes=self.mamba_state_bytes())
         return d
 
-    def describe(self, swa_replayed=False):
+    def describe(self, swa_replayed=False, mamba_replayed=False):
         """Text lines for the report (``swa_replayed``: the replay models the SWA
-        pool too, ``--swa-window``)."""
+        pool too, ``--swa-window``; ``mamba_replayed``: the Mamba state pool,
+        ``--mamba-states``)."""
         kinds = [f"{self.full_attention_layers} full attention"]
         if self.sliding_window_layers:
             kinds.append(f"{self.sliding_window_layers} sliding window "
@@ -213,9 +214,10 @@ class KVLayout:
                          f"{'replayed' if swa_replayed else 'not replayed'})")
         if self.linear_attention_layers:
             b = self.mamba_state_bytes()
+            done = "replayed" if mamba_replayed else "not replayed"
             lines.append("Mamba state " + (f"{b:,} bytes/request in {self.kv_dtype} (own pool; "
-                                           f"not replayed)" if b is not None
-                                           else "size unknown (not replayed)"))
+                                           f"{done})" if b is not None
+                                           else f"size unknown ({done})"))
         lines += list(self.notes)
         return lines
 
@@ -423,11 +425,13 @@ def parse_memory(text):
 
 
 def format_bytes(n):
-    """``42949672960`` -> ``"40 GiB"`` (binary units, 3 significant digits)."""
+    """``42949672960`` -> ``"40 GiB"`` (binary units, 3 significant digits; 1000 to
+    1023 units whole: ``"1024 MiB"``, not ``"1.02e+03 MiB"``)."""
     n = float(n)
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            v = n / size
+            return f"{v:.3g} {unit}" if v < 999.5 else f"{v:.0f} {unit}"
     return f"{n:.0f} B"
 
 

@@ -7,7 +7,7 @@ import os
 
 from ._progress import progress_bar
 from .model import format_bytes
-from .sim import OPS, SWA_FIELDS, SWA_OPS, replay
+from .sim import MAMBA_MODE, OPS, SWA_FIELDS, SWA_MODE, SWA_OPS, hybrid_mode, replay
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -53,12 +53,15 @@ def format_tokens(n):
     return f"{n:g}"
 
 
-def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None):
+def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_states=None):
     """Report lines for the KV sizing: the model's layout and what ``capacity``
     tokens cost at ``bytes_per_token`` (the full-attention pool); with
     ``swa_tokens`` (the SWA mode's SWA pool, tokens) also that pool, at the
-    layout's ``swa_kv_bytes_per_token``, and the sum."""
-    lines = list(layout.describe(swa_replayed=swa_tokens is not None)) if layout is not None \
+    layout's ``swa_kv_bytes_per_token``, and the sum; with ``mamba_states``
+    (the Mamba mode's state pools, a list of state counts) what each costs at
+    the layout's ``mamba_state_bytes()``, on top of the full-attention pool."""
+    lines = list(layout.describe(swa_replayed=swa_tokens is not None,
+                                 mamba_replayed=bool(mamba_states))) if layout is not None \
         else [f"KV {bytes_per_token:,} bytes/token (--kv-bytes-per-token)"]
     if capacity not in (None, "inf"):
         lines.append(f"full-attention pool {_n(capacity)} tokens = "
@@ -69,7 +72,44 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None):
             total = capacity * bytes_per_token + sb
             lines.append(f"sliding-window pool {_n(swa_tokens)} tokens = {format_bytes(sb)} "
                          f"({_n(sb)} bytes); both pools {format_bytes(total)} ({_n(total)} bytes)")
+    state_bytes = layout.mamba_state_bytes() if layout is not None else None
+    for n in (mamba_states or ()) if state_bytes else ():
+        lines.append(f"Mamba state pool {_n(n)} states = {format_bytes(n * state_bytes)} "
+                     f"({_n(n * state_bytes)} bytes), besides the full-attention pool")
     return lines
+
+
+def _lost_line(label, lost, prompt_tokens, why):
+    share = 100 * lost / prompt_tokens if prompt_tokens else 0.0
+    return f"  {label:<16}{_n(lost)} ({share:.2f} % of prompt tokens: Full KV cached, {why})"
+
+
+def _hybrid_lines(r):
+    """The hybrid mode's report lines (lost hits, evictions per pool, peak tree
+    size), or None for a Full-only run."""
+    mode = hybrid_mode(r)
+    if mode is SWA_MODE:
+        return [
+            _lost_line("lost to window", r.window_lost_hit_tokens, r.prompt_tokens,
+                       "its SWA KV dropped"),
+            f"  evicted tokens  Full {_n(r.evicted_tokens)}, SWA {_n(r.swa_evicted_tokens)} "
+            f"({_n(r.evict_calls)} evict calls)",
+            f"  window slides   {_n(r.swa_slid_tokens)} SWA slots freed "
+            f"({_n(r.latency_us.get('evict_sliding_windows', {}).get('count', 0))} calls)",
+            f"  peak tree size  {_n(r.peak_tree_tokens)} Full tokens, "
+            f"{_n(r.peak_swa_tree_tokens)} SWA tokens",
+        ]
+    if mode is MAMBA_MODE:
+        return [
+            _lost_line("lost to ckpt", r.checkpoint_lost_hit_tokens, r.prompt_tokens,
+                       "no Mamba state at its end"),
+            f"  evicted         Full {_n(r.evicted_tokens)} tokens, Mamba "
+            f"{_n(r.mamba_evicted_states)} states ({_n(r.evict_calls)} evict calls)",
+            f"  state waits     {_n(r.mamba_waits)} completions waited for a free state slot",
+            f"  peak tree size  {_n(r.peak_tree_tokens)} Full tokens, "
+            f"{_n(r.peak_mamba_tree_states)} Mamba states",
+        ]
+    return None
 
 
 def format_report(r, kv=None):
@@ -83,6 +123,7 @@ def format_report(r, kv=None):
         mode = (f" | arrival times x{a['rate_scale']:g}, prefill {a['prefill_tokens_per_s']:,.0f} "
                 f"tok/s, decode {a['decode_tokens_per_s']:,.0f} tok/s")
     swa = r.swa_window is not None
+    mamba = r.mamba_states is not None
     lines = [
         f"flatradix replay: {name}",
         f"  page size {r.page_size} | capacity {cap} | max running {r.max_running:,} | "
@@ -91,6 +132,9 @@ def format_report(r, kv=None):
     if swa:
         lines.append(f"  sliding window {_n(r.swa_window)} tokens | SWA pool {_n(r.swa_pool_slots)} "
                      f"tokens (swa ratio {r.swa_ratio:g})")
+    if mamba:
+        lines.append(f"  Mamba state pool {_n(r.mamba_states)} states | chunk "
+                     f"{_n(r.mamba_chunk)} (no extra buffer)")
     lines += [f"  {s}" for s in (kv or [])]
     lines += [
         "",
@@ -99,19 +143,9 @@ def format_report(r, kv=None):
         f"  prompt tokens   {_n(r.prompt_tokens)}",
         f"  hit tokens      {_n(r.hit_tokens)} ({100 * r.token_hit_ratio:.2f} % token hit ratio)",
     ]
-    if swa:
-        lost = r.window_lost_hit_tokens
-        share = 100 * lost / r.prompt_tokens if r.prompt_tokens else 0.0
-        lines += [
-            f"  lost to window  {_n(lost)} ({share:.2f} % of prompt tokens: Full KV cached, "
-            f"its SWA KV dropped)",
-            f"  evicted tokens  Full {_n(r.evicted_tokens)}, SWA {_n(r.swa_evicted_tokens)} "
-            f"({_n(r.evict_calls)} evict calls)",
-            f"  window slides   {_n(r.swa_slid_tokens)} SWA slots freed "
-            f"({_n(r.latency_us.get('evict_sliding_windows', {}).get('count', 0))} calls)",
-            f"  peak tree size  {_n(r.peak_tree_tokens)} Full tokens, "
-            f"{_n(r.peak_swa_tree_tokens)} SWA tokens",
-        ]
+    hybrid = _hybrid_lines(r)
+    if hybrid:
+        lines += hybrid
     else:
         lines += [
             f"  evicted tokens  {_n(r.evicted_tokens)} ({_n(r.evict_calls)} evict calls)",
@@ -128,12 +162,14 @@ def format_report(r, kv=None):
     if r.mode == "arrival":
         a = r.arrival
         w = a["wait_ms"]
+        states = f", {_n(r.mamba_waits)} (no Mamba state slot)" if mamba else ""
         lines += [
             f"  arrival span    {a['span_s']:,.1f} s; running requests peak {a['peak_running']:,}, "
             f"mean {a['mean_running']:,.2f}",
             f"  waits           {_n(a['waited_requests'])} requests waited, for "
             f"{_n(a['kv_waits'])} completions (KV short) and {_n(a['slot_waits'])} (no running "
-            f"slot); wait p50 {w['p50']:,.0f} ms, p99 {w['p99']:,.0f} ms, max {w['max']:,.0f} ms",
+            f"slot){states}; wait p50 {w['p50']:,.0f} ms, p99 {w['p99']:,.0f} ms, "
+            f"max {w['max']:,.0f} ms",
             "",
             f"  {'from s':>9}{'arrived':>9}{'rejected':>9}{'waited':>8}{'running':>9}"
             f"{'(mean)':>9}{'queued':>8}{'max wait ms':>13}",
@@ -178,8 +214,9 @@ def _point(r, bytes_per_token=None, swa_bytes_per_token=None):
         p.update(peak_running=r.arrival["peak_running"], mean_running=r.arrival["mean_running"],
                  waited_requests=r.arrival["waited_requests"],
                  wait_ms_p99=r.arrival["wait_ms"]["p99"])
-    if r.swa_window is not None:
-        p.update({k: getattr(r, k) for k in SWA_FIELDS})
+    mode = hybrid_mode(r)
+    if mode is not None:
+        p.update({k: getattr(r, k) for k in mode.fields})
     return p
 
 
@@ -192,27 +229,36 @@ def _init_worker(workload):
 
 
 def _run_point(task):
-    policy, capacity, window, kwargs = task
-    if window is not None:
-        kwargs = dict(kwargs, swa_window=window)
+    policy, capacity, kwargs = task
     return replay(_worker_workload, capacity=capacity, policy=policy, **kwargs)
-
-
 
 
 def _tick(bar, result):
     if bar is not None:
         cap = "inf" if result.capacity == "inf" else format_tokens(result.capacity)
-        win = "" if result.swa_window is None else f" W={result.swa_window}"
-        bar.set_postfix_str(f"{result.policy}{win} {cap}: {100 * result.token_hit_ratio:.2f} %",
+        mode = hybrid_mode(result)
+        series = "" if mode is None else f" {mode.label}={getattr(result, mode.param)}"
+        bar.set_postfix_str(f"{result.policy}{series} {cap}: {100 * result.token_hit_ratio:.2f} %",
                             refresh=False)
         bar.update(1)
 
 
+def _curve_series(curve):
+    """``(HybridMode, values, unbounded points)`` of a hybrid mode's sweep curve (one
+    series per window / state pool), or ``None`` for a Full-only curve."""
+    if curve.get("swa"):
+        return SWA_MODE, curve["swa"]["windows"], curve["swa"]["unbounded"]
+    if curve.get("mamba"):
+        return MAMBA_MODE, curve["mamba"]["states"], curve["mamba"]["unbounded"]
+    return None
+
+
 def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
-          bytes_per_token=None, swa_windows=None, swa_bytes_per_token=None, **kwargs):
+          bytes_per_token=None, swa_windows=None, swa_bytes_per_token=None, mamba_states=None,
+          **kwargs):
     """Replay once per (policy, capacity), plus once unbounded; in the SWA mode
-    once per (window, policy, capacity), plus once unbounded per window.
+    once per (window, policy, capacity), plus once unbounded per window; in the
+    Mamba mode the same per state pool.
 
     Parameters
     ----------
@@ -234,6 +280,10 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     swa_bytes_per_token : int, optional
         SWA mode: the SWA pool's bytes per token; ``kv_bytes`` then adds
         ``swa_pool_slots * swa_bytes_per_token``.
+    mamba_states : list of int, optional
+        The Mamba mode: the state pools (states) to replay, each as a series
+        (``mamba_chunk`` goes in ``kwargs``); ``kv_bytes`` stays the
+        full-attention pool's.
     kwargs : passed to :func:`~flatradix.replay.sim.replay`.
 
     Returns the curve as a JSON-ready dict: ``points`` (policy-major: every
@@ -249,6 +299,10 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     ``swa_evicted_tokens``, ``window_lost_hit_tokens``...), ``unbounded`` is the
     first window's, and ``swa`` holds ``windows``, ``ratio`` and
     ``unbounded`` (one point per window: the window still drops hits there).
+    Mamba mode: the points have the ``ReplayResult`` Mamba fields
+    (``mamba_states``, ``checkpoint_lost_hit_tokens``, ``mamba_evicted_states``...),
+    ``unbounded`` is the first pool's, and ``mamba`` holds ``states``,
+    ``chunk`` and ``unbounded`` (one point per state pool).
     """
     policies = list(policies)
     if not policies:
@@ -256,7 +310,11 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     jobs = int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    windows = list(swa_windows) if swa_windows else [None]
+    if swa_windows and mamba_states:
+        raise ValueError("swa_windows with mamba_states: the replay has no (FULL, SWA, "
+                         "MAMBA) mode yet")
+    mode = SWA_MODE if swa_windows else MAMBA_MODE if mamba_states else None
+    windows = list(swa_windows or mamba_states or [None])   # the series
     tasks = ([(p, c, w) for w in windows for p in policies for c in capacities]
              + [(policies[0], None, w) for w in windows])
     # a refresh per finished run (runs take seconds: no need to rate-limit)
@@ -265,7 +323,7 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     try:
         if jobs == 1:
             for k, (p, c, w) in enumerate(tasks):
-                kw = kwargs if w is None else dict(kwargs, swa_window=w)
+                kw = kwargs if w is None else dict(kwargs, **{mode.param: w})
                 results[k] = replay(workload, capacity=c, policy=p, progress=progress, **kw)
                 _tick(bar, results[k])
         else:
@@ -273,7 +331,8 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
 
             with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker,
                                      initargs=(workload,)) as ex:
-                futs = {ex.submit(_run_point, (p, c, w, kwargs)): k
+                futs = {ex.submit(_run_point, (p, c, kwargs if w is None
+                                                else dict(kwargs, **{mode.param: w}))): k
                         for k, (p, c, w) in enumerate(tasks)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
@@ -301,15 +360,19 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         curve["swa"] = {"windows": windows, "ratio": unb.swa_ratio,
                         "swa_kv_bytes_per_token": swa_bytes_per_token,
                         "unbounded": [_point(r, *bpt) for r in unbs]}
+    elif mamba_states:
+        curve["mamba"] = {"states": windows, "chunk": unb.mamba_chunk,
+                          "unbounded": [_point(r, *bpt) for r in unbs]}
     return curve
 
 
 def format_sweep(curve):
     """The sweep as a text table (one row per point, then the unbounded run; SWA
     mode: with the window, the hits lost to it and the SWA evictions, and one
-    unbounded row per window)."""
-    if curve.get("swa"):
-        return _format_swa_sweep(curve)
+    unbounded row per window; Mamba mode the same with the state pool, the hits
+    lost to checkpoint granularity and the states evicted)."""
+    if _curve_series(curve):
+        return _format_hybrid_sweep(curve)
     mem = curve.get("kv_bytes_per_token")
     head = f"{'policy':>8}{'capacity':>15}" + (f"{'KV memory':>12}" if mem else "")
     lines = [head + f"{'hit ratio':>11}{'evicted':>16}{'rejected':>10}"]
@@ -324,24 +387,33 @@ def format_sweep(curve):
     return "\n".join(lines)
 
 
-def _format_swa_sweep(curve):
+#: Per hybrid mode: the series column, the aux pool column (or None), the lost
+#: and evicted column headings of the sweep table.
+_SWEEP_HEADINGS = {"swa": ("window", "SWA pool", "lost to W", "SWA evicted"),
+                   "mamba": ("states", None, "lost to ckpt", "states evicted")}
+
+
+def _format_hybrid_sweep(curve):
     mem = curve.get("kv_bytes_per_token")
-    sw = curve["swa"]
-    head = (f"{'policy':>8}{'window':>9}{'capacity':>15}{'SWA pool':>13}"
+    mode, _, unbounded = _curve_series(curve)
+    series, pool, lost, aux = _SWEEP_HEADINGS[mode.name]
+    head = (f"{'policy':>8}{series:>9}{'capacity':>15}" + (f"{pool:>13}" if pool else "")
             + (f"{'KV memory':>12}" if mem else ""))
-    lines = [f"sliding-window replay: SWA pool = {sw['ratio']:g} x capacity",
-             head + f"{'hit ratio':>11}{'lost to W':>13}{'evicted':>16}{'SWA evicted':>16}"
-                    f"{'rejected':>10}"]
-    for p in curve["points"] + sw["unbounded"]:
+    title = (f"sliding-window replay: SWA pool = {curve['swa']['ratio']:g} x capacity"
+             if mode is SWA_MODE else
+             f"Mamba replay: page 1, chunk {curve['mamba']['chunk']}, states = the state pool")
+    lines = [title, head + f"{'hit ratio':>11}{lost:>13}{'evicted':>16}{aux:>16}{'rejected':>10}"]
+    for p in curve["points"] + unbounded:
         unb = p["capacity"] == "inf"
         cap = "inf" if unb else _n(p["capacity"])
-        row = (f"{'any' if unb else p['policy']:>8}{_n(p['swa_window']):>9}{cap:>15}"
-               f"{'inf' if unb else _n(p['swa_pool_slots']):>13}")
+        row = f"{'any' if unb else p['policy']:>8}{_n(p[mode.param]):>9}{cap:>15}"
+        if pool:
+            row += f"{'inf' if unb else _n(p['swa_pool_slots']):>13}"
         if mem:
             row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
         lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
-                     f"{_n(p['window_lost_hit_tokens']):>13}{_n(p['evicted_tokens']):>16}"
-                     f"{_n(p['swa_evicted_tokens']):>16}{_n(p['rejected_requests']):>10}")
+                     f"{_n(p[mode.lost]):>13}{_n(p['evicted_tokens']):>16}"
+                     f"{_n(p[mode.evicted]):>16}{_n(p['rejected_requests']):>10}")
     return "\n".join(lines)
 
 
@@ -362,8 +434,15 @@ PER_REQUEST_COLUMNS = ("policy", "request", "arrival_ms", "prompt_tokens", "outp
 
 #: Columns the SWA mode appends to each CSV (absent otherwise).
 SWA_COLUMNS = SWA_FIELDS
-SWA_PER_REQUEST_COLUMNS = ("swa_window", "swa_evicted_tokens", "full_kv_hit_tokens",
-                           "window_lost_hit_tokens")
+SWA_PER_REQUEST_COLUMNS = (SWA_MODE.param,) + SWA_MODE.per_request
+#: Columns the Mamba mode appends to each CSV (absent otherwise).
+MAMBA_COLUMNS = MAMBA_MODE.fields
+MAMBA_PER_REQUEST_COLUMNS = (MAMBA_MODE.param,) + MAMBA_MODE.per_request
+
+
+def _runs_mode(results):
+    """The hybrid mode of a list of runs (they share it), or None."""
+    return next((m for m in map(hybrid_mode, results) if m is not None), None)
 
 
 def _cell(v):
@@ -377,24 +456,27 @@ def _cell(v):
 def write_sweep_csv(curve, path):
     """One row per sweep point and one for the unbounded run (``capacity`` ``inf``),
     columns :data:`SWEEP_COLUMNS` (empty where a figure does not apply); the SWA
-    mode adds :data:`SWA_COLUMNS` and one unbounded row per window."""
-    swa = curve.get("swa")
-    cols = SWEEP_COLUMNS + (SWA_COLUMNS if swa else ())
+    mode adds :data:`SWA_COLUMNS` and one unbounded row per window, the Mamba
+    mode :data:`MAMBA_COLUMNS` and one unbounded row per state pool."""
+    series = _curve_series(curve)
+    cols = SWEEP_COLUMNS + (series[0].fields if series else ())
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
-        for p in curve["points"] + (swa["unbounded"] if swa else [curve["unbounded"]]):
+        for p in curve["points"] + (series[2] if series else [curve["unbounded"]]):
             w.writerow([_cell(p.get(c)) for c in cols])
 
 
 def write_runs_csv(results, path, bytes_per_token=None, swa_bytes_per_token=None):
     """One row per ``ReplayResult``, columns :data:`RUN_COLUMNS` plus ``kv_bytes``
-    (plus :data:`SWA_COLUMNS` in the SWA mode; ``kv_bytes`` then counts the SWA
-    pool at ``swa_bytes_per_token`` too)."""
-    swa = any(r.swa_window is not None for r in results)
+    (plus :data:`SWA_COLUMNS` in the SWA mode, ``kv_bytes`` then counting the SWA
+    pool at ``swa_bytes_per_token`` too; plus :data:`MAMBA_COLUMNS` in the Mamba
+    mode)."""
+    mode = _runs_mode(results)
+    extra = mode.fields if mode else ()
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(RUN_COLUMNS + ("kv_bytes",) + (SWA_COLUMNS if swa else ()))
+        w.writerow(RUN_COLUMNS + ("kv_bytes",) + extra)
         for r in results:
             d = r.to_dict()
             a = d.get("arrival") or {}
@@ -403,7 +485,7 @@ def write_runs_csv(results, path, bytes_per_token=None, swa_bytes_per_token=None
                      wait_ms_p99=(a.get("wait_ms") or {}).get("p99"))
             kvb = _kv_bytes(r, bytes_per_token, swa_bytes_per_token)
             w.writerow([_cell(d.get(c)) for c in RUN_COLUMNS] + [_cell(kvb)]
-                       + ([_cell(d.get(c)) for c in SWA_COLUMNS] if swa else []))
+                       + [_cell(d.get(c)) for c in extra])
 
 
 def write_per_request_csv(results, path):
@@ -413,21 +495,23 @@ def write_per_request_csv(results, path):
     (running requests it waited for), ``wait_ms`` and ``finish_ms`` (arrival
     mode only), ``rejected`` (0/1); the SWA mode adds
     :data:`SWA_PER_REQUEST_COLUMNS` (``full_kv_hit_tokens``: the match's
-    ``full_kv_hit_length``; ``window_lost_hit_tokens``: that minus the hit)."""
-    swa = any(r.swa_window is not None for r in results)
+    ``full_kv_hit_length``; ``window_lost_hit_tokens``: that minus the hit), the
+    Mamba mode :data:`MAMBA_PER_REQUEST_COLUMNS` (``checkpoint_lost_hit_tokens``:
+    the full hit minus the hit)."""
+    mode = _runs_mode(results)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(PER_REQUEST_COLUMNS + (SWA_PER_REQUEST_COLUMNS if swa else ()))
+        w.writerow(PER_REQUEST_COLUMNS + (((mode.param,) + mode.per_request) if mode else ()))
         for r in results:
             pr = r.per_request
             cols = [pr[c].tolist() for c in PER_REQUEST_COLUMNS[2:]]
             extra = []
-            if swa:
-                cols += [pr[c].tolist() for c in SWA_PER_REQUEST_COLUMNS[1:]]
-                extra = [r.swa_window]
+            if mode:
+                cols += [pr[c].tolist() for c in mode.per_request]
+                extra = [getattr(r, mode.param)]
             for i, row in enumerate(zip(*cols)):
                 vals = [_cell(v) if not isinstance(v, bool) else int(v) for v in row]
-                if swa:
+                if mode:
                     k = len(PER_REQUEST_COLUMNS) - 2
                     vals = vals[:k] + extra + vals[k:]
                 w.writerow([r.policy, i] + vals)
@@ -461,8 +545,8 @@ def sweep_figure(curve, title=None):
     dashed; a tick at every swept capacity, labelled with its tokens (and KV
     memory above them when the curve has ``kv_bytes_per_token``). SWA mode: one
     line per (window, policy) and one dashed unbounded line per window, a
-    window's lines in one colour. Returns the matplotlib ``Figure`` (Agg
-    backend). ``RuntimeError`` without matplotlib."""
+    window's lines in one colour; Mamba mode the same per state pool. Returns
+    the matplotlib ``Figure`` (Agg backend). ``RuntimeError`` without matplotlib."""
     plot_formats()
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, NullLocator
@@ -472,21 +556,24 @@ def sweep_figure(curve, title=None):
     bpt = curve.get("kv_bytes_per_token")
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     swa = curve.get("swa")
-    if swa:
+    series = _curve_series(curve)
+    if series:
+        mode, values, unbounded = series
         marks = "os^vDP*X"
         ub = 0.0
-        for j, win in enumerate(swa["windows"]):
+        for j, v in enumerate(values):
+            name = (f"W={format_tokens(v)}" if mode is SWA_MODE
+                    else f"{format_tokens(v)} states")
             for k, pol in enumerate(curve["policies"]):
-                pts = sorted((p for p in finite if p["policy"] == pol and p["swa_window"] == win),
+                pts = sorted((p for p in finite if p["policy"] == pol and p[mode.param] == v),
                              key=lambda p: p["capacity"])
                 ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
                         marks[k % len(marks)] + "-", color=f"C{j}", markersize=4,
-                        label=f"W={format_tokens(win)}" + (f" {pol}" if len(curve["policies"]) > 1
-                                                           else ""))
-            u = 100 * swa["unbounded"][j]["token_hit_ratio"]
+                        label=name + (f" {pol}" if len(curve["policies"]) > 1 else ""))
+            u = 100 * unbounded[j]["token_hit_ratio"]
             ub = max(ub, u)
             ax.axhline(u, color=f"C{j}", linestyle="--", linewidth=0.8,
-                       label=f"W={format_tokens(win)} unbounded ({u:.2f} %)")
+                       label=f"{name} unbounded ({u:.2f} %)")
     else:
         for k, pol in enumerate(curve["policies"]):
             pts = sorted((p for p in finite if p["policy"] == pol), key=lambda p: p["capacity"])
@@ -512,8 +599,9 @@ def sweep_figure(curve, title=None):
                        f"{swa['ratio']:g} x)") if bpt else
                       f"full-attention pool (tokens); SWA pool {swa['ratio']:g} x")
     else:
-        ax.set_xlabel(f"KV memory (full-attention pool, {bpt:,} bytes/token) / tokens" if bpt
-                      else "KV capacity (tokens)")
+        ax.set_xlabel((f"KV memory (full-attention pool, {bpt:,} bytes/token) / tokens" if bpt
+                       else "KV capacity (tokens)")
+                      + ("; one line per Mamba state pool" if series else ""))
     ax.set_ylabel("token hit ratio (%)")
     ax.set_ylim(0, max(ub * 1.1, 1.0))
     name = os.path.basename(curve["workload"])

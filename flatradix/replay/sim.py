@@ -82,6 +82,37 @@ window slides. With a window no request ever slides (``W`` at least the
 longest request) and ``swa_ratio=1`` it gives exactly the hits of the
 Full-only replay.
 
+**Mamba mode** (``mamba_states=N``): the replay serves a hybrid SSM model
+(Qwen3-Next, Nemotron-H) as SGLang does without the Mamba extra buffer. The
+cache has the ``(FULL, MAMBA)`` components, page size 1 (SGLang requires it
+without the extra buffer) and ``mamba_cache_chunk_size=mamba_chunk`` (which
+then only moves ``MatchResult.mamba_branching_seqlen``, unused here); the
+request pool is a ``flatradix.HybridReqToTokenPool`` whose
+``mamba_allocator`` holds ``N`` state slots. Per request:
+
+1. ``match_prefix``; ``cache.lock(node)`` (the ``TreeLock`` goes into
+   ``req.lock``). The hit is ``device_prefix_len``, which ends at the deepest
+   node holding a state; ``full_kv_hit_length - device_prefix_len`` tokens are
+   *lost to checkpoint granularity*: their Full KV is cached, but no state was
+   checkpointed at their end.
+2. One state slot of its own (``req.mamba_pool_idx``): when none is free,
+   ``evict_for_alloc(EvictParams(num_tokens=0, mamba_num=1))`` and retry;
+   still none, a running request completes first (its state goes to the tree,
+   unlocked) and the request retries, like a request short of KV (SGLang's
+   scheduler cannot admit without a state slot either). With nothing running
+   the only state left is the one its own match locked (``N = 1``: a copy
+   would need a second slot): the request gives its match up, evicts that
+   state and matches again.
+3. KV as in the Full-only model (step 2 above); a rejected request frees its
+   state slot too.
+4. ``cache_finished_req``: the finished request donates its state to the tree
+   at the end of what it inserts (or frees it, when that node has one).
+
+The Mamba replay reports the tokens lost to checkpoint granularity, the states
+evicted (``EvictResult.mamba_num_evicted``, also those of leaves the Full
+eviction deleted), the completions waited for because no state slot was free,
+and the peak states in the tree.
+
 Rows of the ``ReqToTokenPool`` are reused: it has ``min(max_running,
 requests)`` rows, each as long as the longest request (prompt + output). The
 KV pool never holds more slots than the workload can use
@@ -97,9 +128,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ._progress import progress_bar
-from .. import (ComponentType, EvictParams, InsertParams, MatchPrefixParams, RadixKey, Req,
-                ReqToTokenPool, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator,
-                UnifiedRadixCache)
+from .. import (ComponentType, EvictParams, HybridReqToTokenPool, InsertParams,
+                MatchPrefixParams, RadixKey, Req, ReqToTokenPool, SWATokenToKVPoolAllocator,
+                TokenToKVPoolAllocator, UnifiedRadixCache)
 
 OPS = ("match_prefix", "inc_lock_ref", "evict", "cache_finished_req")
 #: The SWA mode's operations (``inc_lock_ref`` is ``cache.lock`` there).
@@ -113,18 +144,26 @@ SWA_EVICTION_INTERVAL = 128
 #: Largest accepted window (tokens): flatradix's ``MAX_WINDOW``.
 MAX_SWA_WINDOW = 1 << 40
 
+#: The Mamba mode's checkpoint chunk when none is given (SGLang's
+#: ``mamba_cache_chunk_size`` default).
+DEFAULT_MAMBA_CHUNK = 64
+
 #: ``max_running`` of the arrival mode when none is given (a serving engine's
 #: running-request cap; SGLang derives its own, typically 2048-4096, from memory).
 ARRIVAL_MAX_RUNNING = 1024
 
 
 def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator,
-                          req_to_token_pool, sliding_window_size=None):
+                          req_to_token_pool, sliding_window_size=None,
+                          mamba_cache_chunk_size=None):
     """``flatradix.UnifiedRadixCache`` wired to the replay's pools.
 
     ``sliding_window_size``: the SWA mode's window (tokens); the cache then has
     the ``(FULL, SWA)`` components and the allocator is an
     ``SWATokenToKVPoolAllocator`` (the replay passes it only in that mode).
+    ``mamba_cache_chunk_size``: the Mamba mode's chunk; the cache then has the
+    ``(FULL, MAMBA)`` components and ``req_to_token_pool`` is a
+    ``HybridReqToTokenPool`` (passed only in that mode).
 
     The token pool starts at up to 4x the KV pool: evicted spans leave dead rows
     that the cache compacts away when the pool is full, so headroom makes those
@@ -135,6 +174,9 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
     if sliding_window_size is not None:
         kw = dict(components=(ComponentType.FULL, ComponentType.SWA),
                   sliding_window_size=sliding_window_size)
+    elif mamba_cache_chunk_size is not None:
+        kw = dict(components=(ComponentType.FULL, ComponentType.MAMBA),
+                  mamba_cache_chunk_size=mamba_cache_chunk_size)
     return UnifiedRadixCache(page_size=page_size, eviction_policy=eviction_policy,
                              token_to_kv_pool_allocator=token_to_kv_pool_allocator,
                              req_to_token_pool=req_to_token_pool,
@@ -238,14 +280,24 @@ class ReplayResult:
     swa_slid_tokens: object = None        # SWA slots freed by evict_sliding_windows
     peak_swa_tree_tokens: object = None   # SWA tokens the tree held at most (after completions)
     final_swa_tree_tokens: object = None
+    # Mamba mode only (None otherwise; left out of to_dict then)
+    mamba_states: object = None           # N, the state pool asked for
+    mamba_pool_slots: object = None       # state slots actually allocated (<= N)
+    mamba_chunk: object = None            # mamba_cache_chunk_size
+    mamba_evicted_states: object = None   # EvictResult.mamba_num_evicted, summed
+    checkpoint_lost_hit_tokens: object = None  # sum of full_kv_hit_length - device_prefix_len
+    mamba_waits: object = None            # completions waited for because no state slot was free
+    peak_mamba_tree_states: object = None  # states the tree held at most (after completions)
+    final_mamba_tree_states: object = None
 
     def to_dict(self):
         d = asdict(self)
         d.pop("hits")
         d.pop("per_request")
-        if self.swa_window is None:
-            for k in SWA_FIELDS:
-                d.pop(k)
+        for mode in HYBRID_MODES:
+            if getattr(self, mode.param) is None:
+                for k in mode.fields:
+                    d.pop(k)
         return d
 
 
@@ -253,6 +305,48 @@ class ReplayResult:
 SWA_FIELDS = ("swa_window", "swa_ratio", "swa_pool_slots", "swa_evicted_tokens",
               "window_lost_hit_tokens", "swa_slid_tokens", "peak_swa_tree_tokens",
               "final_swa_tree_tokens")
+#: ``ReplayResult`` fields of the Mamba mode.
+MAMBA_FIELDS = ("mamba_states", "mamba_pool_slots", "mamba_chunk", "mamba_evicted_states",
+                "checkpoint_lost_hit_tokens", "mamba_waits", "peak_mamba_tree_states",
+                "final_mamba_tree_states")
+
+
+@dataclass(frozen=True)
+class HybridMode:
+    """What reports need to know of a hybrid mode: ``param`` the ``replay``
+    argument (and ``ReplayResult`` field) set in that mode, which a series of
+    runs varies; ``label`` its name in tables and plots; ``lost`` the field of
+    the hit tokens the mode loses (Full KV cached, unusable); ``evicted`` the
+    field of its own evictions; ``fields`` all its ``ReplayResult`` fields;
+    ``per_request`` its per-request arrays (``record_requests``)."""
+
+    name: str
+    param: str
+    label: str
+    lost: str
+    evicted: str
+    fields: tuple
+    per_request: tuple
+
+
+SWA_MODE = HybridMode("swa", "swa_window", "W", "window_lost_hit_tokens", "swa_evicted_tokens",
+                      SWA_FIELDS, ("swa_evicted_tokens", "full_kv_hit_tokens",
+                                   "window_lost_hit_tokens"))
+MAMBA_MODE = HybridMode("mamba", "mamba_states", "states", "checkpoint_lost_hit_tokens",
+                        "mamba_evicted_states", MAMBA_FIELDS,
+                        ("mamba_evicted_states", "full_kv_hit_tokens",
+                         "checkpoint_lost_hit_tokens"))
+HYBRID_MODES = (SWA_MODE, MAMBA_MODE)
+
+
+def hybrid_mode(run):
+    """The :class:`HybridMode` of a ``ReplayResult`` or of a sweep point (dict), or
+    ``None`` for a Full-only run."""
+    for mode in HYBRID_MODES:
+        v = run.get(mode.param) if isinstance(run, dict) else getattr(run, mode.param)
+        if v is not None:
+            return mode
+    return None
 
 
 def _latency(samples_ns):
@@ -271,13 +365,14 @@ _warm = set()
 WARM_UP_NOTICE_S = 1.0
 
 
-def warm_up(swa=False, notice=False):
+def warm_up(swa=False, notice=False, mamba=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
-    process (and once more for the SWA mode when ``swa``), so the timed loop
-    measures the cache and not the JIT. ``notice``: when it runs longer than
-    ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
-    compiles for ~10-25 s in silence otherwise). Returns seconds."""
-    kind = "swa" if swa else "full"
+    process (and once more for the SWA mode when ``swa``, for the Mamba mode when
+    ``mamba``), so the timed loop measures the cache and not the JIT. ``notice``:
+    when it runs longer than ``WARM_UP_NOTICE_S`` and stderr is a terminal, say
+    so there (a first run compiles for ~10-25 s in silence otherwise). Returns
+    seconds."""
+    kind = "swa" if swa else "mamba" if mamba else "full"
     if kind in _warm:
         return 0.0
     from .trace import Workload
@@ -304,9 +399,11 @@ def _warm_up(kind, swa, Workload):
     tiny = Workload("warm-up", 4, np.zeros(4), np.array([8, 10, 7, 4], dtype=np.int64),
                     np.full(4, 2, dtype=np.int64), np.array([0, 2, 5, 7, 8], dtype=np.int64),
                     np.array([0, 1, 0, 1, 2, 0, 3, 4], dtype=np.int64))
-    if swa:
+    if kind == "swa":
         replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
                swa_eviction_interval=1)
+    elif kind == "mamba":
+        replay(tiny, capacity=16, page_size=1, max_running=2, mamba_states=1)
     else:
         for driver in ("request", "core"):
             replay(tiny, capacity=16, page_size=1, max_running=2, driver=driver)
@@ -426,7 +523,8 @@ def timeline(arrive_ms, decide_ms, end_ms, served, interval_ms):
 def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru",
            cache_outputs=False, cache_factory=None, driver="request", progress=False,
            record_hits=False, check=True, arrival=None, record_requests=False, swa_window=None,
-           swa_ratio=None, swa_eviction_interval=SWA_EVICTION_INTERVAL):
+           swa_ratio=None, swa_eviction_interval=SWA_EVICTION_INTERVAL, mamba_states=None,
+           mamba_chunk=None):
     """Replay ``workload`` through a cache; returns a :class:`ReplayResult`.
 
     Parameters
@@ -454,8 +552,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         Keep the per-request hit lengths in ``ReplayResult.hits``.
     check : bool
         After the run, verify KV conservation (allocator available + evictable +
-        protected == pool, nothing protected) and call ``sanity_check()`` when
-        the cache has one; ``AssertionError`` if it fails.
+        protected == pool, nothing protected; the same for the SWA pool and
+        for the Mamba state pool in those modes) and call ``sanity_check()``
+        when the cache has one; ``AssertionError`` if it fails.
     arrival : ArrivalModel or None
         ``None``: the order mode; else the arrival mode (module docstring). Its
         result's ``arrival`` dict holds the model's parameters, ``span_s``,
@@ -472,7 +571,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         ``finish_ms`` (arrival mode; NaN otherwise), ``rejected`` (bool); SWA
         mode also ``swa_evicted_tokens`` (SWA tokens evicted to admit it),
         ``full_kv_hit_tokens`` (its match's ``full_kv_hit_length``; 0 when
-        rejected) and ``window_lost_hit_tokens`` (that minus the hit).
+        rejected) and ``window_lost_hit_tokens`` (that minus the hit); Mamba
+        mode ``mamba_evicted_states`` (states evicted to admit it),
+        ``full_kv_hit_tokens`` and ``checkpoint_lost_hit_tokens``.
     swa_window : int >= 1 or None
         The SWA mode's sliding window ``W`` in tokens (module docstring);
         ``None``: a Full-only model.
@@ -483,10 +584,20 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     swa_eviction_interval : int >= 1
         SWA mode: tokens that slide out of a running request's window before the
         scheduler calls ``evict_sliding_windows`` (default 128, SGLang's).
+    mamba_states : int >= 1 or None
+        The Mamba mode's state pool ``N`` (module docstring); ``None``: no
+        Mamba layers. The pool gets ``min(N, requests)`` slots (no run uses
+        more: ``mamba_pool_slots``).
+    mamba_chunk : int >= 1 or None
+        Mamba mode: the cache's ``mamba_cache_chunk_size`` (``None``:
+        :data:`DEFAULT_MAMBA_CHUNK`, SGLang's 64); without the extra buffer it
+        only moves ``MatchResult.mamba_branching_seqlen``.
 
     Raises ``ValueError`` for an invalid option (also: SWA options without
-    ``swa_window``, the ``"core"`` driver in the SWA mode, an SWA pool below one
-    page) and ``MemoryError`` when the pools cannot be allocated.
+    ``swa_window``, Mamba options without ``mamba_states``, both modes at once,
+    the ``"core"`` driver in either, a Mamba page size other than 1, an SWA
+    pool below one page), ``TypeError`` for a non-int window or state count,
+    and ``MemoryError`` when the pools cannot be allocated.
     """
     if driver not in ("request", "core"):
         raise ValueError(f"driver must be 'request' or 'core', got {driver!r}")
@@ -513,6 +624,31 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                              "path moves the SWA cursor)")
     elif swa_ratio is not None:
         raise ValueError("swa_ratio needs swa_window (the SWA mode)")
+    mamba = mamba_states is not None
+    if mamba:
+        if isinstance(mamba_states, bool) or not isinstance(mamba_states, (int, np.integer)):
+            raise TypeError(f"mamba_states must be an int, got {type(mamba_states).__name__}")
+        mamba_states = int(mamba_states)
+        if mamba_states < 1:
+            raise ValueError(f"mamba_states must be >= 1 (state slots), got {mamba_states}")
+        mamba_chunk = DEFAULT_MAMBA_CHUNK if mamba_chunk is None else mamba_chunk
+        if isinstance(mamba_chunk, bool) or not isinstance(mamba_chunk, (int, np.integer)) \
+                or mamba_chunk < 1:
+            raise ValueError(f"mamba_chunk must be an int >= 1, got {mamba_chunk!r}")
+        mamba_chunk = int(mamba_chunk)
+        if swa:
+            raise ValueError("mamba_states with swa_window: the replay has no (FULL, SWA, "
+                             "MAMBA) mode yet")
+        if int(page_size) != 1:
+            raise ValueError(f"the Mamba mode (mamba_states) needs page_size=1 (SGLang serves "
+                             f"Mamba hybrids without the extra buffer at page 1), got "
+                             f"{page_size}")
+        if driver != "request":
+            raise ValueError("the Mamba mode (mamba_states) needs driver='request' (the request "
+                             "path donates the state)")
+    elif mamba_chunk is not None:
+        raise ValueError("mamba_chunk needs mamba_states (the Mamba mode)")
+    hybrid = swa or mamba
     timed = arrival is not None
     if timed and not isinstance(arrival, ArrivalModel):
         raise TypeError(f"arrival must be an ArrivalModel or None, got {type(arrival).__name__}")
@@ -544,9 +680,16 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     if swa:
         swa_slots = swa_pool_slots(None if unbounded else int(capacity), swa_ratio, page_size,
                                    bound)
+    m_slots = None
+    if mamba:
+        # each request allocates one state, so no run uses more than one per request
+        m_slots = max(1, min(mamba_states, n_req))
+        if m_slots < mamba_states:
+            notes.append(f"state pool sized to {m_slots:,} states: this workload can never use "
+                         f"more")
     warmup_s = warm_up(notice=bool(progress))
-    if swa:
-        warmup_s += warm_up(swa=True, notice=bool(progress))
+    if hybrid:
+        warmup_s += warm_up(swa=swa, mamba=mamba, notice=bool(progress))
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     if swa:
         alloc = SWATokenToKVPoolAllocator(slots, swa_slots, page_size=page_size)
@@ -555,10 +698,18 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     else:
         alloc = TokenToKVPoolAllocator(slots)
         a_avail = alloc.available_size
-    req_pool = ReqToTokenPool(max(1, min(max_running, n_req)), max(longest, 1))
+    rows = max(1, min(max_running, n_req))
+    if mamba:
+        req_pool = HybridReqToTokenPool(rows, max(longest, 1), mamba_size=m_slots)
+        m_alloc, m_free = req_pool.mamba_allocator.alloc, req_pool.mamba_allocator.free
+        m_avail = req_pool.mamba_allocator.available_size
+    else:
+        req_pool = ReqToTokenPool(rows, max(longest, 1))
     factory = cache_factory or default_cache_factory
     if swa:
         cache = factory(page_size, policy, alloc, req_pool, sliding_window_size=swa_window)
+    elif mamba:
+        cache = factory(page_size, policy, alloc, req_pool, mamba_cache_chunk_size=mamba_chunk)
     else:
         cache = factory(page_size, policy, alloc, req_pool)
     table = req_pool.req_to_token
@@ -567,10 +718,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     # hot-loop locals
     pc = time.perf_counter_ns
     match = cache.match_prefix
-    lock = cache.lock if swa else cache.inc_lock_ref
-    unlock = cache.unlock if swa else cache.dec_lock_ref
+    # a hybrid cache's lock is a TreeLock (its release replays the receipt)
+    lock = cache.lock if hybrid else cache.inc_lock_ref
+    unlock = cache.unlock if hybrid else cache.dec_lock_ref
     evict = cache.evict
-    evict_for_alloc = cache.evict_for_alloc if swa else None
+    evict_for_alloc = cache.evict_for_alloc if hybrid else None
     slide = cache.evict_sliding_windows if swa else None
     insert = cache.insert
     finished = cache.cache_finished_req if use_req else None
@@ -585,9 +737,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     fresh = workload.token_base
     lat_match, lat_lock, lat_evict, lat_finish, lat_slide = [], [], [], [], []
     W, interval = swa_window, swa_eviction_interval
-    swa_evicted = lost = slid = peak_swa = 0
-    r_full_hit = np.zeros(n_req, dtype=np.int64) if swa else None
-    r_swa_evicted = np.zeros(n_req, dtype=np.int64) if swa else None
+    # the hybrid mode's own figures: SWA tokens / Mamba states evicted, hit tokens
+    # lost (to the window / to checkpoint granularity), peak tokens / states in the tree
+    aux_evicted = lost = slid = peak_aux = m_waits = 0
+    r_full_hit = np.zeros(n_req, dtype=np.int64) if hybrid else None
+    r_aux_evicted = np.zeros(n_req, dtype=np.int64) if hybrid else None
     # per request: hit (-1 rejected), evicted to admit it, completions waited for
     r_hit = np.full(n_req, -1, dtype=np.int64)
     r_evicted = np.zeros(n_req, dtype=np.int64)
@@ -604,7 +758,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     def complete(r):
         # r = (req_or_None, row, tokens, node, hit, n, o)
-        nonlocal peak, peak_swa
+        nonlocal peak, peak_aux
         req, row, toks, node, hit, n, o = r
         t = pc()
         if use_req:
@@ -626,11 +780,31 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 a_free(vals[aligned:])
             req_pool.free(row)
         lat_finish.append(pc() - t)
-        size, swa_size = total_size()
+        size, aux_size = total_size()
         if size > peak:
             peak = size
-        if swa_size > peak_swa:
-            peak_swa = swa_size
+        if aux_size > peak_aux:
+            peak_aux = aux_size
+
+    def match_and_lock(key):
+        t0 = pc()
+        m = match(MatchPrefixParams(key=RadixKey(key)))
+        t1 = pc()
+        node = m.last_device_node
+        tree_lock = lock(node)
+        lat_lock.append(pc() - t1)
+        lat_match.append(t1 - t0)
+        return m, node, tree_lock
+
+    def evict_state():
+        # the Mamba mode: one state (a leaf's deletes its Full KV too)
+        nonlocal evicted, aux_evicted, evict_calls
+        t = pc()
+        res = evict_for_alloc(EvictParams(num_tokens=0, mamba_num=1))
+        lat_evict.append(pc() - t)
+        evict_calls += 1
+        evicted += res.num_tokens_evicted
+        aux_evicted += res.mamba_num_evicted
 
     def complete_next():
         # the oldest (order mode) or the earliest-ending (arrival mode) running request
@@ -663,16 +837,34 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             if timed:
                 slot_waits += 1
                 waited += 1
-        t0 = pc()
-        m = match(MatchPrefixParams(key=RadixKey(toks[:n])))
-        t1 = pc()
-        node = m.last_device_node
-        tree_lock = lock(node)
-        lat_lock.append(pc() - t1)
-        lat_match.append(t1 - t0)
+        m, node, tree_lock = match_and_lock(toks[:n])
+        ev0, aev0 = evicted, aux_evicted
+        mslot = None
+        if mamba:
+            # a state slot of its own: evict a state when none is free, then wait for
+            # running requests (as when short of KV)
+            mslot = m_alloc(1)
+            while mslot is None:
+                evict_state()
+                mslot = m_alloc(1)
+                if mslot is None:
+                    if running_l:
+                        complete_next()
+                        m_waits += 1
+                        waited += 1
+                    else:
+                        # N = 1: the one state is the one this match locked, and a copy
+                        # needs a second slot: give the match up and match again
+                        unlock(tree_lock)
+                        evict_state()
+                        m, node, tree_lock = match_and_lock(toks[:n])
+                        mslot = m_alloc(1)
+                        if mslot is None:
+                            raise AssertionError("no Mamba state slot free or evictable with "
+                                                 "nothing running: a state leaked")
+            mslot = int(mslot[0])
         hit = m.device_prefix_len
         need = n - hit + o
-        ev0, sev0 = evicted, swa_evicted
         slots_i = a_alloc(need)
         while slots_i is None:
             t = pc()
@@ -680,10 +872,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 # SGLang's evict_to_free_tokens: each pool's shortfall
                 res = evict_for_alloc(EvictParams(num_tokens=max(0, need - a_avail()),
                                                   swa_num_tokens=max(0, need - s_avail())))
-                evicted += res.num_tokens_evicted
-                swa_evicted += res.swa_num_tokens_evicted
             else:
-                evicted += evict(EvictParams(num_tokens=need - a_avail())).num_tokens_evicted
+                res = evict(EvictParams(num_tokens=need - a_avail()))
+            evicted += res.num_tokens_evicted
+            # what a Full eviction deleted with its leaves counts for the hybrid mode too
+            aux_evicted += res.swa_num_tokens_evicted + res.mamba_num_evicted
             lat_evict.append(pc() - t)
             evict_calls += 1
             slots_i = a_alloc(need)
@@ -695,12 +888,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 waited += 1
                 slots_i = a_alloc(need)
         r_evicted[i] = evicted - ev0
-        if swa:
-            r_swa_evicted[i] = swa_evicted - sev0
+        if hybrid:
+            r_aux_evicted[i] = aux_evicted - aev0
         r_waited[i] = waited
         r_decide[i] = clock
         if slots_i is None:
-            unlock(tree_lock if swa else node)
+            unlock(tree_lock if hybrid else node)
+            if mamba:
+                m_free(np.array([mslot], dtype=np.int64))
             rejected += 1
         else:
             hit_tokens += hit
@@ -713,12 +908,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 committed = n + o if cache_outputs else n
                 req = Req(origin_input_ids=toks[:n], fill_ids=toks, req_pool_idx=row,
                           prefix_indices=m.device_indices, last_node=node,
-                          kv_committed_len=committed, kv_allocated_len=n + o)
-            if swa:
+                          kv_committed_len=committed, kv_allocated_len=n + o,
+                          mamba_pool_idx=mslot)
+            if hybrid:
                 req.lock = tree_lock
-                req.swa_branching_seqlen = m.swa_branching_seqlen
                 r_full_hit[i] = m.full_kv_hit_length
                 lost += m.full_kv_hit_length - hit
+            if swa:
+                req.swa_branching_seqlen = m.swa_branching_seqlen
                 # decode steps: seqlen n + 1 .. n + o - 1; the scheduler slides the
                 # window (pre_len = seqlen - 1) once `interval` tokens left it
                 pre = max(n, W + interval)
@@ -751,17 +948,23 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     ev, prot = cache.evictable_size(), cache.protected_size()
     conserved = (a_avail() + ev + prot == slots) and prot == 0
-    swa_msg = ""
+    aux_msg = ""
+    aux = None
     if swa:
-        s_ev, s_prot = cache.swa_evictable_size(), cache.swa_protected_size()
-        if not (s_avail() + s_ev + s_prot == swa_slots and s_prot == 0):
+        aux = ("SWA", s_avail(), cache.swa_evictable_size(), cache.swa_protected_size(), swa_slots)
+    elif mamba:
+        aux = ("Mamba states", m_avail(), cache.mamba_evictable_size(),
+               cache.mamba_protected_size(), m_slots)
+    if aux is not None:
+        name, x_avail, x_ev, x_prot, x_pool = aux
+        if not (x_avail + x_ev + x_prot == x_pool and x_prot == 0):
             conserved = False
-            swa_msg = (f"; SWA: available {s_avail()} + evictable {s_ev} + protected {s_prot} "
-                       f"!= pool {swa_slots}")
+            aux_msg = (f"; {name}: available {x_avail} + evictable {x_ev} + protected {x_prot} "
+                       f"!= pool {x_pool}")
     if check:
         if not conserved:
             raise AssertionError(f"KV conservation broken after the replay: available {a_avail()} "
-                                 f"+ evictable {ev} + protected {prot} != pool {slots}{swa_msg}")
+                                 f"+ evictable {ev} + protected {prot} != pool {slots}{aux_msg}")
         sanity = getattr(cache, "sanity_check", None)
         if sanity is not None:
             sanity()
@@ -811,10 +1014,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             "waited": r_waited, "wait_ms": (r_decide - arrive) if timed else np.full(n_req, np.nan),
             "finish_ms": r_end, "rejected": ~served,
         }
-        if swa:
-            per_request["swa_evicted_tokens"] = r_swa_evicted
-            per_request["full_kv_hit_tokens"] = np.where(served, r_full_hit, 0)
-            per_request["window_lost_hit_tokens"] = np.where(served, r_full_hit - r_hit, 0)
+        if hybrid:
+            # the mode's evicted / full hit / lost arrays, in HybridMode.per_request order
+            ev_name, full_name, lost_name = (SWA_MODE if swa else MAMBA_MODE).per_request
+            per_request[ev_name] = r_aux_evicted
+            per_request[full_name] = np.where(served, r_full_hit, 0)
+            per_request[lost_name] = np.where(served, r_full_hit - r_hit, 0)
     prompt_tokens = workload.prompt_tokens
     latency = {"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
                "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)}
@@ -825,9 +1030,15 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             notes.append(f"SWA pool sized to {swa_slots:,} tokens: this workload can never use "
                          f"more")
         swa_kw = dict(swa_window=swa_window, swa_ratio=swa_ratio, swa_pool_slots=swa_slots,
-                      swa_evicted_tokens=int(swa_evicted), window_lost_hit_tokens=int(lost),
-                      swa_slid_tokens=int(slid), peak_swa_tree_tokens=int(peak_swa),
+                      swa_evicted_tokens=int(aux_evicted), window_lost_hit_tokens=int(lost),
+                      swa_slid_tokens=int(slid), peak_swa_tree_tokens=int(peak_aux),
                       final_swa_tree_tokens=int(total_size()[1]))
+    elif mamba:
+        swa_kw = dict(mamba_states=mamba_states, mamba_pool_slots=m_slots, mamba_chunk=mamba_chunk,
+                      mamba_evicted_states=int(aux_evicted),
+                      checkpoint_lost_hit_tokens=int(lost), mamba_waits=int(m_waits),
+                      peak_mamba_tree_states=int(peak_aux),
+                      final_mamba_tree_states=int(total_size()[1]))
     return ReplayResult(
         workload=workload.name, capacity="inf" if unbounded else int(capacity), pool_slots=slots,
         page_size=page_size, max_running=max_running, policy=policy,
