@@ -544,3 +544,31 @@ def test_triple_swa_tombstone_drops_the_state_and_release_swa_drops_the_mamba_lo
     cache.unlock(lk)                        # skips SWA and Mamba (released early)
     assert cache.protected_size() == 0
     cache.sanity_check()
+
+
+def test_copy_on_write_temporary_lock_keeps_other_window_locks():
+    """Issue 12's third reported bug: the copy-on-write's temporary lock (taken while
+    a state is evicted for the request's slot) must be released with its own
+    receipt -- its SWA boundary -- or the release walks to the root, takes other
+    holders' window locks, and a later cascade eviction trips on lock_ref 0."""
+    cache, alloc, ma = _triple(window=4, states=2)
+    kv = alloc.alloc(12)
+    cache.insert(InsertParams(key=RadixKey(list(range(12))), value=kv, mamba_value=ma.alloc(1)))
+    kv2 = alloc.alloc(4)
+    cache.insert(InsertParams(key=RadixKey([50, 51, 52, 53]), value=kv2, mamba_value=ma.alloc(1)))
+    holder = cache.lock(cache.match_prefix(
+        MatchPrefixParams(key=RadixKey(list(range(12))))).last_device_node)
+    swa_locked = cache.swa_protected_size()
+    assert ma.available_size() == 0
+    req = _Req()
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(12))), cow_mamba=True,
+                                             req=req))
+    assert m.device_prefix_len == 12 and req.kv.mamba_pool_idx is not None
+    assert cache.swa_protected_size() == swa_locked      # the holder's window still locked
+    cache.sanity_check()
+    cache.release_swa(holder)
+    cache.unlock(holder)
+    assert cache.protected_size() == 0 and cache.swa_protected_size() == 0
+    r = cache.evict(EvictParams(num_tokens=100, swa_num_tokens=100, mamba_num=10))
+    assert r.num_tokens_evicted == 12 and cache.total_size() == (0, 0)
+    cache.sanity_check()
