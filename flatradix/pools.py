@@ -41,6 +41,16 @@ def _pool_size(x, name):
     return n
 
 
+def _kind_and_device(index_kind, device, what):
+    """``(index_kind, device)`` checked: ``"numpy"`` / ``"torch"``, and ``"cpu"``
+    (``ValueError`` naming the argument)."""
+    if index_kind not in ("numpy", "torch"):
+        raise ValueError(f"index_kind must be 'numpy' or 'torch', got {index_kind!r}")
+    if device != "cpu":
+        raise ValueError(f"device: only 'cpu' is supported by this {what}, got {device!r}")
+    return index_kind, device
+
+
 def _allocating(fn, what):
     try:
         return fn()
@@ -70,12 +80,7 @@ class TokenToKVPoolAllocator:
         self.page_size = as_count(page_size, "page_size")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
-        if index_kind not in ("numpy", "torch"):
-            raise ValueError(f"index_kind must be 'numpy' or 'torch', got {index_kind!r}")
-        if device != "cpu":
-            raise ValueError(f"device: only 'cpu' is supported by this allocator, got {device!r}")
-        self.index_kind = index_kind
-        self.device = device
+        self.index_kind, self.device = _kind_and_device(index_kind, device, "allocator")
         self._lock = threading.Lock()
         _allocating(self.clear, f"size={self.size}")
 
@@ -163,12 +168,7 @@ class ReqToTokenPool:
         if self.size * self.max_context_len > MAX_POOL_SIZE:
             raise ValueError(f"size * max_context_len must be <= {MAX_POOL_SIZE}, got "
                              f"{self.size} * {self.max_context_len}")
-        if index_kind not in ("numpy", "torch"):
-            raise ValueError(f"index_kind must be 'numpy' or 'torch', got {index_kind!r}")
-        if device != "cpu":
-            raise ValueError(f"device: only 'cpu' is supported by this pool, got {device!r}")
-        self.index_kind = index_kind
-        self.device = device
+        self.index_kind, self.device = _kind_and_device(index_kind, device, "pool")
         arr = _allocating(lambda: np.zeros((self.size, self.max_context_len), dtype=np.int64),
                           f"size={self.size}, max_context_len={self.max_context_len}")
         self._rows = arr
@@ -246,12 +246,7 @@ class MambaSlotAllocator:
 
     def __init__(self, size, index_kind="numpy", device="cpu"):
         self.size = _pool_size(size, "size")
-        if index_kind not in ("numpy", "torch"):
-            raise ValueError(f"index_kind must be 'numpy' or 'torch', got {index_kind!r}")
-        if device != "cpu":
-            raise ValueError(f"device: only 'cpu' is supported by this allocator, got {device!r}")
-        self.index_kind = index_kind
-        self.device = device
+        self.index_kind, self.device = _kind_and_device(index_kind, device, "allocator")
         self._lock = threading.Lock()
         _allocating(self.clear, f"size={self.size}")
 

@@ -31,7 +31,7 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 ===  =====================================================================
 """
 
-from ._jit import kernel
+from ._jit import helper, kernel
 from .children import find_child
 from .layout import (
     C_MAMBA, C_SWA, CHILD_LOCK, F_HAS, LRU_MAMBA, MAMBA, MAMBA_SLOT, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
@@ -44,6 +44,30 @@ from .layout import (
 )
 from .lru import lru_head, lru_in_list, lru_tail
 from .order import _less, is_device_leaf
+
+
+@helper
+def _check_aux(nodes, meta, hwm, lst, c, bit, members, evictable, protected):
+    """The LRU list ``lst`` of component ``c`` against the recount: -2 when it
+    holds, a bad entry's slot (or NIL for a wrong length / tail link) when the
+    list is broken, -3 when the ledgers disagree."""
+    h, t = lru_head(lst), lru_tail(lst)
+    count = 0
+    prev = h
+    x = nodes[h, LRU_NEXT + lst]
+    while x != t:
+        if (x < FIRST_SLOT or x >= hwm or count > hwm or nodes[x, LRU_PREV + lst] != prev
+                or not (nodes[x, FLAGS] & F_ALIVE) or not (nodes[x, FLAGS] & bit)):
+            return x
+        count += 1
+        prev = x
+        x = nodes[x, LRU_NEXT + lst]
+    if nodes[t, LRU_PREV + lst] != prev or count != members:
+        return NIL
+    if (evictable != meta[M_EVICTABLE + c] or protected != meta[M_PROTECTED + c]
+            or evictable + protected != meta[M_TOTAL + c]):
+        return -3
+    return -2
 
 
 _MAMBA_LOCK = LOCK_REF + MAMBA * N_TIERS
@@ -195,37 +219,13 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         return 114, NIL
     if used + meta[M_POOL_DEAD] != meta[M_POOL_TOP]:
         return 115, NIL
-    # the SWA list: sentinel to sentinel, every entry a live node with data
-    h, t = lru_head(LRU_SWA), lru_tail(LRU_SWA)
-    count = 0
-    prev = h
-    x = nodes[h, LRU_NEXT + LRU_SWA]
-    while x != t:
-        if (x < FIRST_SLOT or x >= hwm or count > hwm or nodes[x, LRU_PREV + LRU_SWA] != prev
-                or not (nodes[x, FLAGS] & F_ALIVE) or not (nodes[x, FLAGS] & F_HAS_SWA_DEV)):
-            return 117, x
-        count += 1
-        prev = x
-        x = nodes[x, LRU_NEXT + LRU_SWA]
-    if nodes[t, LRU_PREV + LRU_SWA] != prev or count != swa_nodes:
-        return 117, NIL
-    if (swa_evictable != meta[M_EVICTABLE + SWA] or swa_protected != meta[M_PROTECTED + SWA]
-            or swa_evictable + swa_protected != meta[M_TOTAL + SWA]):
-        return 118, NIL
-    h, t = lru_head(LRU_MAMBA), lru_tail(LRU_MAMBA)
-    count = 0
-    prev = h
-    x = nodes[h, LRU_NEXT + LRU_MAMBA]
-    while x != t:
-        if (x < FIRST_SLOT or x >= hwm or count > hwm or nodes[x, LRU_PREV + LRU_MAMBA] != prev
-                or not (nodes[x, FLAGS] & F_ALIVE) or not (nodes[x, FLAGS] & mamba_bit)):
-            return 120, x
-        count += 1
-        prev = x
-        x = nodes[x, LRU_NEXT + LRU_MAMBA]
-    if nodes[t, LRU_PREV + LRU_MAMBA] != prev or count != m_nodes:
-        return 120, NIL
-    if (m_evictable != meta[M_EVICTABLE + MAMBA] or m_protected != meta[M_PROTECTED + MAMBA]
-            or m_evictable + m_protected != meta[M_TOTAL + MAMBA]):
-        return 121, NIL
+    # each aux list: sentinel to sentinel, every entry a live node with data; ledgers
+    x = _check_aux(nodes, meta, hwm, LRU_SWA, SWA, F_HAS_SWA_DEV, swa_nodes, swa_evictable,
+                   swa_protected)
+    if x != -2:
+        return (117, x) if x != -3 else (118, NIL)
+    x = _check_aux(nodes, meta, hwm, LRU_MAMBA, MAMBA, mamba_bit, m_nodes, m_evictable,
+                   m_protected)
+    if x != -2:
+        return (120, x) if x != -3 else (121, NIL)
     return 0, NIL

@@ -49,10 +49,11 @@ from .order import heap_pop, is_device_leaf, priority_key
 from .state import SLOT_MASK, need, node_id, resolve
 from .tree import delete_leaf
 
-#: ``evict``'s phases: the Full walk, then the SWA walk, then the Mamba walk.
+#: ``evict``'s phases: the Full walk, then the SWA walk, then the Mamba walk
+#: (an auxiliary walk's phase is its component id).
 PHASE_FULL = 0
-PHASE_SWA = 1
-PHASE_MAMBA = 2
+PHASE_SWA = SWA
+PHASE_MAMBA = MAMBA
 
 
 @helper
@@ -62,12 +63,6 @@ def _short(nodes, acts, out, meta, s):
         return False
     need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN] + 1, meta[M_NACTS] + 4)
     return True
-
-
-@helper
-def swa_victim(nodes):
-    """The SWA walk's next victim: the least recently used unlocked SWA entry."""
-    return lru_tail_unlocked(nodes, LRU_SWA)
 
 
 @helper
@@ -99,6 +94,33 @@ def mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
         return n, w, 1, True
     mamba.evict_component(nodes, meta, x, out, acts)
     return 0, 0, 1, False
+
+
+@helper
+def _aux_walk(nodes, ctab, pool, heap, meta, c, want, have, out, acts):
+    """``evict``'s walk of auxiliary component ``c`` (SWA or Mamba): from its LRU
+    tail, skipping locked entries, until ``have`` plus what the walk frees of
+    ``c`` reaches ``want`` or nothing is left. Returns ``(short, full, swa,
+    mamba)``: the units freed per component, ``short`` when the buffers cannot
+    hold the next victim (the caller answers E_CAPACITY)."""
+    lst = LRU_SWA if c == SWA else LRU_MAMBA
+    f = 0
+    w = 0
+    m = 0
+    while have + (w if c == SWA else m) < want:
+        x = lru_tail_unlocked(nodes, lst)
+        if x == NIL:
+            break
+        if _short(nodes, acts, out, meta, x):
+            return True, f, w, m
+        if c == SWA:
+            a, b, d, _ = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+        else:
+            a, b, d, _ = mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
+        f += a
+        w += b
+        m += d
+    return False, f, w, m
 
 
 @kernel
@@ -133,30 +155,17 @@ def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, num_mamba, phase, ou
                 mamba_freed += 1
             full_freed += delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         phase = PHASE_SWA
-    if phase == PHASE_SWA:
-        if meta[M_COMPONENTS] & C_SWA:
-            while swa_freed < num_swa:
-                x = swa_victim(nodes)
-                if x == NIL:
-                    break
-                if _short(nodes, acts, out, meta, x):
-                    return E_CAPACITY, full_freed, swa_freed, mamba_freed, PHASE_SWA
-                f, w, m, _ = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-                full_freed += f
-                swa_freed += w
-                mamba_freed += m
-        phase = PHASE_MAMBA
-    if meta[M_COMPONENTS] & C_MAMBA:
-        while mamba_freed < num_mamba:
-            x = lru_tail_unlocked(nodes, LRU_MAMBA)
-            if x == NIL:
-                break
-            if _short(nodes, acts, out, meta, x):
-                return E_CAPACITY, full_freed, swa_freed, mamba_freed, PHASE_MAMBA
-            f, w, m, _ = mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-            full_freed += f
-            swa_freed += w
-            mamba_freed += m
+    for c in (SWA, MAMBA):  # the auxiliary walks; phase c is component c's walk
+        if phase > c or not meta[M_COMPONENTS] & (1 << c):
+            continue
+        short, f, w, m = _aux_walk(nodes, ctab, pool, heap, meta, c,
+                                   num_swa if c == SWA else num_mamba,
+                                   swa_freed if c == SWA else mamba_freed, out, acts)
+        full_freed += f
+        swa_freed += w
+        mamba_freed += m
+        if short:
+            return E_CAPACITY, full_freed, swa_freed, mamba_freed, c
     return OK, full_freed, swa_freed, mamba_freed, PHASE_MAMBA
 
 
