@@ -153,6 +153,22 @@ OPTION_ERRORS = {
     "swa_pool_below_a_page": (["--swa-window", "64", "--capacity", "32", "--swa-ratio", "0.1"],
                               ["--swa-ratio", "SWA pool", "less than one page of 16"]),
     "empty_out_name": (["--out", ""], ["--out", "empty file name"]),
+    "mamba_page_size": (["--mamba-states", "8", "--page-size", "16"],
+                        ["--mamba-states needs --page-size 1", "got --page-size 16"]),
+    "mamba_with_swa": (["--mamba-states", "8", "--swa-window", "512"],
+                       ["--mamba-states with --swa-window",
+                        "the replay has no (FULL, SWA, MAMBA) mode yet"]),
+    "mamba_states_zero": (["--mamba-states", "0"],
+                          ["argument --mamba-states", "an integer >= 1", "'0'"]),
+    "mamba_states_negative": (["--mamba-states", "-1"], ["argument --mamba-states", "'-1'"]),
+    "mamba_states_not_a_number": (["--mamba-states", "x"], ["argument --mamba-states", "'x'"]),
+    "mamba_chunk_without_states": (["--mamba-chunk", "32"],
+                                   ["--mamba-chunk needs --mamba-states"]),
+    "mamba_chunk_zero": (["--mamba-states", "8", "--mamba-chunk", "0"],
+                         ["argument --mamba-chunk", ">= 1"]),
+    "mamba_config_without_linear_layers": (
+        ["--mamba-states", "8", "--model-config", str(EXAMPLES / "llama-3-8b-like.json")],
+        ["--mamba-states", "no linear-attention / Mamba layer"]),
 }
 
 
