@@ -28,10 +28,18 @@ every op (``normalize.py`` lists the only differences accepted):
   ``swa_branch_inserted`` / ``adopted_ranges``; lock: delta;
 * requests: matched prefix at admission, then after each checkpoint the
   protected length, last node and the request's whole req->token row;
-* Mamba configurations (``MAMBA_CONFIGS``; raw tree ops only, no request
-  path yet): every insert donates a state slot (``mamba_value``), the same
-  number to both engines from one free list, and ``mamba_exist`` is compared
-  (the caller then frees the slot, through each side's ``mamba_allocator``);
+* Mamba configurations (``MAMBA_CONFIGS``): every insert donates a state
+  slot (``mamba_value``), the same number to both engines from one free list,
+  and ``mamba_exist`` is compared (the caller then frees the slot, through each
+  side's ``mamba_allocator``); with ``requests`` (FULL+MAMBA, page 1, no extra
+  buffer) each admitted request draws its own state slot from that list through
+  both libraries' ``mamba_allocator`` (SGLang: ``HybridReqToTokenPool.alloc``),
+  each checkpoint of a running request forks it into the next armed slot
+  (``mamba_allocator.alloc(1)``; when the budget says the pool is full the
+  allocator answers None and both evict one state first, compared like every
+  eviction), and the slots allocated (in order), the slot each request holds
+  after every admission / checkpoint / finish (normalize.py point 8) and the
+  frees are compared;
   locks with / without the state (``skip_lock_components=(MAMBA,)``), through
   ``lock()`` or ``inc_lock_ref``, released by ``unlock()`` or ``dec_lock_ref``,
   and a Mamba-only release of a held lock (``release_mamba``); ``evict`` with
@@ -123,9 +131,12 @@ CONFIGS.update(SWA_CONFIGS)
 # (chunk below the page) go off that path on purpose: only the grid differs.
 # ``mamba_budget``: the state pool's size in states (inserts evict ``mamba_num``
 # to stay under it). EAGLE + Mamba: SGLang builds no bigram tree (``is_eagle`` is
-# ignored when Mamba is configured), so keys are plain. ``requests: False``: the
-# request path (admit / extend / decode / finish / slide) is not driven yet --
-# raw inserts with donated state slots, matches, locks, evictions only.
+# ignored when Mamba is configured), so keys are plain. ``requests``: the request
+# path (admit / extend / decode / finish) runs at page 1 without the extra buffer
+# and without SWA (each request holds its own state slot; a running request's
+# checkpoint forks it, a finished one donates it); with the extra buffer or SWA
+# flatradix refuses the request path, so those run raw inserts with donated state
+# slots, matches, locks and evictions only (``requests: False``).
 MAMBA_CONFIGS = {
     "p1-mamba-lru": dict(page_size=1, policy="lru", mamba_chunk=64, mamba_budget=24),
     "p1-mamba-lfu": dict(page_size=1, policy="lfu", mamba_chunk=8, mamba_budget=16),
@@ -148,7 +159,7 @@ MAMBA_CONFIGS = {
                                  mamba_chunk=64, mamba_extra_buffer=True, mamba_budget=10),
 }
 for _c in MAMBA_CONFIGS.values():
-    _c["requests"] = False
+    _c["requests"] = not _c.get("mamba_extra_buffer") and "swa_window" not in _c
     _c["mamba_space"] = 1 << 12
     if "swa_window" in _c:
         _c["slot_space"] = (1 << 16) * _c["page_size"]
@@ -173,6 +184,10 @@ MUTANTS = {
     "step-round-restarted": ("p1-swa24-lfu", dict(restart_round=True)),
     "mamba-chunk-32": ("p1-mamba-lru", dict(mamba_chunk=32)),
     "mamba-lru-as-fifo": ("p16-mamba-lru", dict(policy="fifo")),
+    # the Mamba request path: a full pool's fork evicting two states instead of one,
+    # a running request's checkpoint donating its own state instead of a fork
+    "mamba-fork-evicts-2": ("p1-mamba-lfu", dict(fork_evicts_2=True)),
+    "mamba-checkpoint-donates": ("p1-mamba-lru", dict(checkpoint_donates=True)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.
@@ -244,7 +259,7 @@ class SlotSpace:
 
 class ReqState:
     __slots__ = ("rid", "prompt", "ns", "prio", "row", "protected", "extend_end",
-                 "output", "committed", "admitted", "swa", "cursor")
+                 "output", "committed", "admitted", "swa", "cursor", "mslot")
 
     def __init__(self, rid, prompt, ns, prio):
         self.rid, self.prompt, self.ns, self.prio = rid, prompt, ns, prio
@@ -256,6 +271,7 @@ class ReqState:
         self.admitted = 0
         self.swa = []      # SWA slot of each row position (SWA configs)
         self.cursor = 0    # SWA cursor (positions below it have no SWA slot of the request)
+        self.mslot = None  # Mamba: the request's own state slot
 
 
 class Executor:
@@ -298,6 +314,7 @@ class Executor:
             self.mamba_free = deque(range(1, cfg["mamba_space"] + 1))
             self.mamba_held = set()
             self.cap_mamba = cfg.get("mamba_budget", 16)
+            self.last_mamba_freed = []
         self.branch_keys = deque(maxlen=8)  # (tokens, ns) at matches' mamba_branching_seqlen
         self.reqs = {}
         self.locks = []
@@ -409,11 +426,15 @@ class Executor:
                 self.stats["evicted_tokens"] += a[0]
                 self.stats["evicted_swa_tokens"] += a[1]
 
-    def _make_mamba_room(self):
-        """Evict Mamba states (``mamba_num``) before donating one more, as a
-        scheduler would when the state pool is full."""
+    def _mamba_used(self):
+        """States in the pool: the tree's and the live requests' own."""
         sizes = self.f.sizes()
-        over = sizes[-2] + sizes[-1] + 1 - self.cap_mamba
+        return sizes[-2] + sizes[-1] + sum(r.mslot is not None for r in self.reqs.values())
+
+    def _make_mamba_room(self):
+        """Evict Mamba states (``mamba_num``) before donating (or giving a request)
+        one more, as a scheduler would when the state pool is full."""
+        over = self._mamba_used() + 1 - self.cap_mamba
         if over > 0:
             self.stats["budget_evict_mamba"] += 1
             a, b = self._both("budget_evict_mamba", lambda: self.f.evict(0, 0, over),
@@ -432,6 +453,36 @@ class Executor:
         self.mamba_held.add(slot)
         return slot
 
+    def _arm_mamba(self, avail):
+        """Before a request op: both engines' ``mamba_allocator`` may hand out the
+        next slots of the free list while ``avail`` lasts (each free in the op adds
+        one: an eviction makes room)."""
+        slots = [self.mamba_free[i] for i in range(min(2, len(self.mamba_free)))]
+        self.f.arm_mamba(slots, avail)
+        self.s.arm_mamba(slots, avail)
+
+    def _take_mamba_allocs(self, what):
+        """After a request op: the slots each engine allocated, compared in order;
+        they leave the free list (before the op's frees come back through _sync)."""
+        a, b = self.f.take_mamba_allocs(), self.s.take_mamba_allocs()
+        compare(f"{what}.mamba_allocs", a, b)
+        for x in a:
+            if not self.mamba_free or self.mamba_free[0] != x:
+                raise Divergence(f"{what}.mamba_slot_accounting",
+                                 f"Mamba slot {x} allocated out of the armed order")
+            self.mamba_held.add(self.mamba_free.popleft())
+        return a
+
+    def _fork_avail(self):
+        """Free state slots for a running request's checkpoint (its fork): the
+        budget's room, or -- at the budget -- 0 when a state is evictable (both
+        libraries then evict one, ``EvictParams(mamba_num=1)``) and 1 when none is
+        (a scheduler would not have admitted that much; no engine can evict)."""
+        avail = self.cap_mamba - self._mamba_used()
+        if avail <= 0:
+            avail = 0 if self.f.sizes()[-2] > 0 else 1
+        return avail
+
     def _sync(self, what, ns):
         """Compare frees, sizes and events accumulated since the last sync."""
         freed = self.f.take_frees()
@@ -443,6 +494,7 @@ class Executor:
         if self.mamba:
             states = self.f.take_mamba_frees()
             compare(f"{what}.freed_mamba_slots", states, self.s.take_mamba_frees())
+            self.last_mamba_freed = states
             for x in states:  # back to the free list once both freed it
                 if x not in self.mamba_held:
                     raise Divergence(f"{what}.mamba_slot_accounting",
@@ -472,7 +524,8 @@ class Executor:
             if self.mamba:
                 mv = self.f.mamba_values()
                 compare(f"{what}.all_mamba_values_flatten(sorted)", mv, self.s.mamba_values())
-                compare(f"{what}.mamba_values_held", mv, sorted(self.mamba_held))
+                own = {r.mslot for r in self.reqs.values()}  # the live requests' states
+                compare(f"{what}.mamba_values_held", mv, sorted(self.mamba_held - own))
 
     def key_units(self, toks):
         return max(0, len(toks) - 1) if self.eagle else len(toks)
@@ -683,9 +736,19 @@ class Executor:
         if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt or not self.requests:
             return
         ns = NAMESPACES[nsi]
+        if self.mamba:  # the request's own state slot (a full pool evicts first)
+            self._make_mamba_room()
+            self._arm_mamba(1)
         (fl, fi, fn, fw), (sl, si, sn, sw) = self._both(
             "admit", lambda: self.f.req_admit(rid, prompt, ns, prio),
             lambda: self.s.req_admit(rid, prompt, ns, prio))
+        mslot = None
+        if self.mamba:
+            got = self._take_mamba_allocs("admit")
+            compare("admit.mamba_allocs.count", len(got), 1)
+            mslot = got[0]
+            compare("admit.req_mamba_pool_idx", self.f.req_mamba(rid), mslot)
+            compare("admit.req.kv.mamba_pool_idx(SGLang)", self.s.req_mamba(rid), mslot)
         compare("admit.prefix_len", fl, sl)
         compare("admit.indices", fi, si)
         self.ids.bind("admit", fn, sn)
@@ -693,6 +756,7 @@ class Executor:
         r = ReqState(rid, prompt, ns, prio)
         r.row = list(fi)
         r.protected = r.extend_end = r.committed = r.admitted = fl
+        r.mslot = mslot
         self.reqs[rid] = r
         self.stats["admit_hit_tokens"] += fl
         self.stats["admit_tokens"] += len(prompt)
@@ -718,9 +782,21 @@ class Executor:
 
     def _checkpoint(self, r, what):
         up_to = r.committed
+        if self.mamba:  # the fork of the request's state (SGLang _alloc_mamba_slot)
+            avail = self._fork_avail()
+            self.stats["mamba_fork_evict" if avail == 0 else "mamba_fork"] += 1
+            self._arm_mamba(avail)
         (fp, fn, frow, fw), (sp, sn, srow, sw) = self._both(
             what, lambda: self.f.req_checkpoint(r.rid, up_to),
             lambda: self.s.req_checkpoint(r.rid, up_to))
+        if self.mamba:
+            # one fork per checkpoint of a running request: SGLang allocates it
+            # before it knows whether anything gets cached or the node already
+            # holds a state (it frees the fork then, compared with the frees)
+            got = self._take_mamba_allocs(what)
+            compare(f"{what}.mamba_allocs.count", len(got), 1)
+            compare(f"{what}.req_mamba_pool_idx", self.f.req_mamba(r.rid), r.mslot)
+            compare(f"{what}.req.kv.mamba_pool_idx(SGLang)", self.s.req_mamba(r.rid), r.mslot)
         compare(f"{what}.cache_protected_len", fp, sp)
         self.ids.bind(what, fn, sn)
         compare(f"{what}.req_to_token_row", frow, srow)
@@ -795,9 +871,21 @@ class Executor:
         if r is None or r.extend_end <= r.admitted:
             return  # nothing allocated yet: a scheduler prefills in the admitting batch
         del self.reqs[rid]
-        self._both("cache_finished_req" if insert else "abort",
-                   lambda: self.f.req_release(rid, insert), lambda: self.s.req_release(rid, insert))
+        what = "cache_finished_req" if insert else "abort"
+        fm, sm = self._both(what, lambda: self.f.req_release(rid, insert),
+                            lambda: self.s.req_release(rid, insert))
         self._sync("finish", r.ns)
+        if self.mamba:
+            # Afterwards the request holds no state: freed (abort, or the node
+            # already had one) or the tree's. normalize.py point 8: SGLang leaves
+            # req.kv.mamba_pool_idx naming a state the tree adopted.
+            freed = r.mslot in self.last_mamba_freed
+            self.stats["mamba_freed_at_finish" if freed else "mamba_donated"] += 1
+            kept = None if freed else r.mslot
+            compare(f"{what}.req_mamba_pool_idx",
+                    fm, kept if self.f.name == "sglang" else None)  # (--first python|rust)
+            compare(f"{what}.req.kv.mamba_pool_idx(SGLang; the tree's state when not freed)",
+                    sm, kept)
 
     def op_reset(self):
         """Finish every request and drop every lock (a scheduler flushes only when

@@ -18,10 +18,17 @@ Request operations use each library's real entry points:
 
 Mamba configurations (``cfg["mamba_chunk"]`` set) add a state-slot pool on
 each side: a recording ``mamba_allocator`` hung on the request pool (flatradix's
-``ReqToTokenPool``; SGLang's real ``HybridReqToTokenPool`` with tiny state
-shapes) that hands nothing out -- the driver donates the same slot numbers to
-both engines from one free list -- and logs every freed slot in call order.
-The request path is not driven for them yet (``cfg["requests"] is False``).
+``HybridReqToTokenPool``; SGLang's real ``HybridReqToTokenPool`` with tiny state
+shapes) that logs every freed slot in call order. Tree ops get their slots from
+the driver (``mamba_value``, the same numbers to both engines from one free
+list); during a request op the allocator hands out the slots the driver armed
+(``_ArmedMambaSlots``): an admitted request's own state (SGLang:
+``HybridReqToTokenPool.alloc``; flatradix: set on the ``Req``), and the fork a
+running request's checkpoint copies its state into (both libraries'
+``mamba_allocator.alloc(1)``, ``None`` when the driver says the pool is full,
+which makes both evict one state first). The request path runs on FULL+MAMBA at
+page 1 without the extra buffer (``cfg["requests"]``); flatradix refuses it with
+the extra buffer or with SWA.
 
 ``SglEngine(..., backend)`` can also stand where flatradix stands (the driver's
 ``--first python|rust``): SGLang's two cores against each other, no flatradix.
@@ -34,6 +41,7 @@ import dataclasses
 import os
 import warnings
 from array import array
+from collections import deque
 
 import numpy as np
 
@@ -43,6 +51,10 @@ from flatradix import MatchPrefixParams as FMatchPrefixParams
 from flatradix import RadixKey as FRadixKey
 
 _BIG = 1 << 40
+#: Hand flatradix's even requests SGLang's own ``req.kv.mamba_pool_idx`` form, a 0-d
+#: tensor (``HybridReqToTokenPool.alloc``: ``mid[0]``), instead of a 1-element one
+#: (normalize.py point 9: flatradix refuses the 0-d form so far).
+MAMBA_IDX_0D = os.environ.get("FLATRADIX_ORACLE_MAMBA_IDX_0D", "0") == "1"
 
 
 def _torch_slot(slot):
@@ -161,9 +173,56 @@ class _FlatRecordingSWAAllocator:
         self.free_full_segment(idx)
 
 
-class _FlatRecordingMambaAllocator:
-    """flatradix-side ``req_to_token_pool.mamba_allocator``: hands nothing out (the
-    driver donates state slots itself) and records every freed slot in call order."""
+class _ArmedMambaSlots:
+    """The hand-out side of both recording ``mamba_allocator`` s. Outside a
+    request op it is disarmed and ``alloc`` raises (tree ops get their state slots
+    from the driver as ``mamba_value``). The driver arms it before a request op
+    with the next slots of its one free list and an availability: ``alloc(n)``
+    hands out the next ``n`` armed slots (recorded in ``alloc_log``) while
+    ``avail >= n``, else returns ``None`` (a full pool); every free during the op
+    adds to ``avail`` (an eviction makes room), and ``available_size()`` reports
+    it. Both engines get the same slots and the same availability."""
+
+    def _arm_init(self):
+        self.armed = None
+        self.avail = None
+        self.alloc_log = []
+
+    def arm(self, slots, avail):
+        self.armed = deque(int(x) for x in slots)
+        self.avail = int(avail)
+
+    def disarm(self):
+        self.armed = self.avail = None
+        out, self.alloc_log = self.alloc_log, []
+        return out
+
+    def _armed_alloc(self, need_size, torch_mod):
+        if self.armed is None:
+            raise AssertionError("the oracle driver assigns Mamba state slots itself "
+                                 "(mamba_allocator.alloc outside a request op)")
+        if need_size > self.avail:
+            return None
+        if need_size > len(self.armed):
+            raise AssertionError(f"mamba_allocator.alloc({need_size}): more slots than the "
+                                 "driver armed for this op")
+        out = [self.armed.popleft() for _ in range(need_size)]
+        self.avail -= need_size
+        self.alloc_log.extend(out)
+        return torch_mod.tensor(out, dtype=torch_mod.int64)
+
+    def _freed(self, n):
+        if self.avail is not None:
+            self.avail += n
+
+    def _available(self):
+        return _BIG if self.avail is None else self.avail
+
+
+class _FlatRecordingMambaAllocator(_ArmedMambaSlots):
+    """flatradix-side ``req_to_token_pool.mamba_allocator``: hands out only what
+    the driver armed (``_ArmedMambaSlots``) and records every freed slot in call
+    order."""
 
     index_kind = "torch"
     device = "cpu"
@@ -171,15 +230,26 @@ class _FlatRecordingMambaAllocator:
     def __init__(self, size):
         self.size = size + 1  # slots 1..size (0 is SGLang's reserved dummy slot)
         self.log = []
+        self._arm_init()
 
     def alloc(self, need_size):
-        raise AssertionError("the oracle driver assigns Mamba state slots itself")
+        import torch
+
+        return self._armed_alloc(need_size, torch)
 
     def free(self, idx):
-        self.log.extend(np.asarray(idx).reshape(-1).tolist())
+        v = np.asarray(idx).reshape(-1).tolist()
+        self.log.extend(v)
+        self._freed(len(v))
 
     def available_size(self):
-        return _BIG
+        return self._available()
+
+
+def mamba_idx(req):
+    """A request's ``mamba_pool_idx`` (``req.kv`` on SGLang's Req) as an int, or None."""
+    v = getattr(getattr(req, "kv", req), "mamba_pool_idx", None)
+    return None if v is None else int(np.asarray(v).reshape(-1)[0])
 
 
 def mamba_components(cfg, CT):
@@ -212,14 +282,19 @@ class FlatEngine:
                       sliding_window_size=mut.get("swa_window", cfg["swa_window"]))
         else:
             self.alloc = _FlatRecordingAllocator(self.P)
-        self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
         if self.mamba:
+            # flatradix's own HybridReqToTokenPool (its free_mamba_cache frees a
+            # request's state), with the recording allocator in place of its free list
+            self.rtp = flatradix.HybridReqToTokenPool(size=max_reqs, max_context_len=max_ctx,
+                                                      mamba_size=2)
             self.malloc = _FlatRecordingMambaAllocator(cfg["mamba_space"])
             self.rtp.mamba_allocator = self.malloc
             kw.pop("components", None)
             kw.update(tree_components=mamba_components(cfg, flatradix.ComponentType),
                       mamba_cache_chunk_size=mut.get("mamba_chunk", cfg["mamba_chunk"]),
                       enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False))
+        else:
+            self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
         self.cache = flatradix.UnifiedRadixCache(
             page_size=self.P, eviction_policy=mut.get("policy", cfg["policy"]),
             eviction_policy_config=mut.get("policy_config", cfg.get("policy_config")),
@@ -229,6 +304,8 @@ class FlatEngine:
             # compaction run early and often instead of once per episode
             node_capacity=8, pool_capacity=128, **kw)
         self.reqs = {}
+        if mut.get("checkpoint_donates"):  # self-test: a running request donates its own state
+            self.cache._mamba_fork = lambda own: own
 
     # ------------------------------------------------------------ tree ops
     def root(self):
@@ -384,6 +461,15 @@ class FlatEngine:
         out, self.malloc.log = self.malloc.log, []
         return out
 
+    def arm_mamba(self, slots, avail):
+        """Let the next request op allocate state slots: ``slots`` in order while
+        ``avail`` (plus what it frees) lasts (``_ArmedMambaSlots``)."""
+        self.malloc.arm(slots, avail)
+
+    def take_mamba_allocs(self):
+        """Disarm; the slots handed out since ``arm_mamba``, in order."""
+        return self.malloc.disarm()
+
     def free_mamba(self, slot):
         """The caller frees a donated state slot the tree did not adopt (``mamba_exist``)."""
         self.malloc.free(_torch_slot(slot))
@@ -427,9 +513,19 @@ class FlatEngine:
                             kv_committed_len=0, kv_allocated_len=0, rid=rid,
                             swa_branching_seqlen=extras[3][3])
         req.prefix_indices = np.asarray(idx, dtype=np.int64)
-        if self.swa or rid % 2:
+        if self.mamba:
+            # the request's own state slot, drawn as SGLang's HybridReqToTokenPool.alloc
+            # draws it; odd requests hold a plain int, even ones a 1-element tensor --
+            # SGLang's own form, mid[0] (a 0-d tensor), only with MAMBA_IDX_0D: flatradix
+            # refuses it so far (normalize.py point 9)
+            mid = self.malloc.alloc(1)
+            if mid is None:
+                raise AssertionError("Not enough space for mamba cache (driver armed none)")
+            req.mamba_pool_idx = (int(mid[0]) if rid % 2 else mid[0] if MAMBA_IDX_0D else mid)
+        if self.swa or self.mamba or rid % 2:
             req.lock = self.cache.lock(node)  # a TreeLock, as SGLang's scheduler holds it
         else:  # Full-only: a lock held by node id alone (no receipt) is released too
+            # (a tree with SWA or Mamba needs the receipt: ReceiptError without it)
             self.cache.inc_lock_ref(node)
         self.reqs[rid] = req
         return plen, idx, node, self.req_swa_state(rid)
@@ -449,7 +545,20 @@ class FlatEngine:
         (cache_protected_len, last_node, row[:up_to])."""
         req = self.reqs[rid]
         req.fill_ids = (req.origin_input_ids + req.output_ids)[:up_to]
-        self.cache.cache_unfinished_req(req)
+        if self.mut.get("fork_evicts_2"):  # self-test: a full pool's fork evicts two states
+            evict = type(self.cache).evict
+
+            def evict2(params):
+                if params.mamba_num == 1 and params.num_tokens == 0:
+                    params = flatradix.EvictParams(num_tokens=0, mamba_num=2)
+                return evict(self.cache, params)
+            self.cache.evict = evict2
+            try:
+                self.cache.cache_unfinished_req(req)
+            finally:
+                del self.cache.evict
+        else:
+            self.cache.cache_unfinished_req(req)
         row = self.rtp.req_to_token[req.req_pool_idx, :up_to].tolist()
         return req.cache_protected_len, req.last_node, row, self.req_swa_state(rid)
 
@@ -472,10 +581,16 @@ class FlatEngine:
     def req_row(self, rid, n):
         return self.rtp.req_to_token[self.reqs[rid].req_pool_idx, :n].tolist()
 
+    def req_mamba(self, rid):
+        """The request's ``mamba_pool_idx`` (an int or None)."""
+        return mamba_idx(self.reqs[rid])
+
     def req_release(self, rid, insert):
+        """``cache_finished_req``; returns the request's ``mamba_pool_idx`` afterwards."""
         req = self.reqs.pop(rid)
         req.fill_ids = req.origin_input_ids + req.output_ids
         self.cache.cache_finished_req(req, is_insert=insert)
+        return mamba_idx(req)
 
 
 # ---------------------------------------------------------------- SGLang
@@ -619,35 +734,43 @@ def _sgl():
 
     from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
 
-    class RecordingMambaAllocator(MambaSlotAllocator):
-        """SGLang-side ``mamba_allocator``: hands nothing out (the driver donates
-        state slots itself) and records every freed slot in call order."""
+    class RecordingMambaAllocator(_ArmedMambaSlots, MambaSlotAllocator):
+        """SGLang-side ``mamba_allocator``: hands out only what the driver armed
+        (``_ArmedMambaSlots``; ``alloc`` is what ``HybridReqToTokenPool.alloc`` and
+        ``MambaComponent._alloc_mamba_slot`` call) and records every freed slot in
+        call order."""
 
         def __init__(self, size):
             super().__init__(size=1, device="cpu")  # no free list worth the name
             self.size = size + 1
             self.log = []
+            self._arm_init()
 
         def alloc(self, need_size):
-            raise AssertionError("the oracle driver assigns Mamba state slots itself")
+            return self._armed_alloc(need_size, torch)
 
         def free(self, free_index):
-            self.log.extend(free_index.reshape(-1).tolist())
+            v = free_index.reshape(-1).tolist()
+            self.log.extend(v)
+            self._freed(len(v))
 
         def available_size(self):
-            return _BIG
+            return self._available()
 
     def make_hybrid_req_pool(size, max_ctx, extra_buffer, mamba_space):
         """SGLang's real ``HybridReqToTokenPool`` (what ``MambaComponent`` asserts),
         with the smallest Mamba2 state shapes (one layer, a few bytes per slot) and
-        a recording ``mamba_allocator`` in place of its slot free list."""
+        a recording ``mamba_allocator`` in place of its slot free list. Its state
+        pool spans every slot number the driver hands out: a running request's
+        checkpoint copies its state into the fork (``mamba_pool.copy_from``)."""
         from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
         from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
                                         num_heads=1, head_dim=2, state_size=1, conv_kernel=2)
         pool = HybridReqToTokenPool(
-            size=size, mamba_size=2, mamba_spec_state_size=size, max_context_len=max_ctx,
+            size=size, mamba_size=mamba_space + 1, mamba_spec_state_size=size,
+            max_context_len=max_ctx,
             device="cpu", enable_memory_saver=False,
             cache_params=Mamba2CacheParams(shape=shape, layers=[0]), mamba_layer_ids=[0],
             enable_mamba_extra_buffer=extra_buffer, speculative_num_draft_tokens=3)
@@ -836,6 +959,15 @@ class SglEngine:
         out, self.malloc.log = self.malloc.log, []
         return out
 
+    def arm_mamba(self, slots, avail):
+        """Let the next request op allocate state slots: ``slots`` in order while
+        ``avail`` (plus what it frees) lasts (``_ArmedMambaSlots``)."""
+        self.malloc.arm(slots, avail)
+
+    def take_mamba_allocs(self):
+        """Disarm; the slots handed out since ``arm_mamba``, in order."""
+        return self.malloc.disarm()
+
     def free_mamba(self, slot):
         self.malloc.free(_torch_slot(slot))
 
@@ -873,7 +1005,7 @@ class SglEngine:
                        priority=prio)
         if req.cache_salt != ns[1] or req.extra_key != ns[0]:
             raise RuntimeError("Req() rewrote the namespace")
-        self.rtp.alloc([req])
+        self.rtp.alloc([req])  # Mamba: HybridReqToTokenPool.alloc draws req.kv.mamba_pool_idx
         req.init_next_round_input(self.cache)  # match_kv_cache with the input_len - 1 cap
         req.lock = self.cache.lock(req.last_node)  # as PrefillAdder admits it
         self.reqs[rid] = req
@@ -922,3 +1054,7 @@ class SglEngine:
         req.finished_reason = (self.S["FINISH_LENGTH"](length=len(req.output_ids)) if insert
                                else self.S["FINISH_ABORT"]())
         self.S["release_kv_cache"](req, self.cache, checkpoint=insert)
+        return mamba_idx(req)
+
+    def req_mamba(self, rid):
+        return mamba_idx(self.reqs[rid])

@@ -60,10 +60,43 @@ normalisation below says why it is a documented choice and not a bug.
    Only FULL+SWA trees split a new leaf; only hit-count policies see the
    difference (found by the campaign at seed 11: p1-swa24-lfu, p64-swa127-slru).
 
-Mamba (FULL+MAMBA, FULL+SWA+MAMBA configurations) adds no normalisation: state
-slots are donated to both engines with the same numbers and every freed slot is
-compared in order, like KV indices (point 2); ``mamba_exist``,
-``mamba_branching_seqlen``, ``full_kv_hit_length`` and the Mamba ledgers as is.
+8. **A finished request's ``mamba_pool_idx`` after the tree adopted its state**
+   (Mamba request path, ``driver.op_finish``). ``cache_finished_req`` /
+   ``release_kv_cache`` of a finished request donates its own state slot to the
+   tree. SGLang's ``MambaComponent.cleanup_after_caching_req`` frees it and
+   clears ``req.kv.mamba_pool_idx`` only when the node already had a state
+   (``mamba_exist``); when the tree took the slot it leaves the field naming it
+   -- a reference to a state the request no longer owns, never read again once
+   the request is released. flatradix sets the field to None then (the request
+   holds nothing). The driver accepts exactly this: flatradix None always;
+   SGLang None when the slot was freed in that op, else the request's own slot
+   (which must then not have been freed, and the content checks find it in the
+   tree). Everything else about a request's state is compared as is: the slot
+   each admission draws, the fork each checkpoint allocates (and frees when the
+   node already had a state), the frees in order, and that a running request
+   keeps its own slot.
+
+9. **A request's ``mamba_pool_idx`` as a 0-d tensor: a flatradix gap, worked
+   around** (``engines.MAMBA_IDX_0D``). SGLang's ``HybridReqToTokenPool.alloc``
+   stores ``req.kv.mamba_pool_idx = mid[0]`` -- a 0-d int64 tensor -- and its
+   Mamba code relies on that (``mamba_pool_idx.unsqueeze(-1)`` / ``.unsqueeze(0)``
+   in ``prepare_for_caching_req``, ``free_mamba_cache``). flatradix's
+   ``checkpoint`` / ``release_kv_cache`` refuse it before any change
+   (``_mamba_own`` -> ``ValueError: req.mamba_pool_idx must be 1-D, got shape
+   ()``), so a request built by SGLang's own pool cannot be cached. SGLang is
+   right by definition here (it is the form its pool produces). Until flatradix
+   accepts it, the driver hands flatradix's requests a plain int (odd ids) or a
+   1-element tensor (even ids); ``FLATRADIX_ORACLE_MAMBA_IDX_0D=1`` hands the even
+   ones SGLang's 0-d form (reproducer: ``('admit', 0, (87095, 81460, 63888,
+   117550, 124110, 137204, 99997), 0, -1), ('extend', 0, 6, 14625, False)`` on
+   ``p1-mamba-lru``, either core). SGLang's requests always hold its own form.
+
+Mamba (FULL+MAMBA, FULL+SWA+MAMBA configurations) adds no other normalisation:
+state slots are donated to both engines with the same numbers (tree inserts:
+``mamba_value``; requests: the recording ``mamba_allocator`` hands both the
+same armed slots) and every freed slot is compared in order, like KV indices
+(point 2); ``mamba_exist``, ``mamba_branching_seqlen``, ``full_kv_hit_length``
+and the Mamba ledgers as is.
 SGLang's two cores agree on all of it (``driver.py --first python``). EAGLE with
 Mamba is not a normalisation either: SGLang builds no bigram tree when Mamba is
 configured (``is_eagle`` ignored), and flatradix must do the same; the driver

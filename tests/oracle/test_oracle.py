@@ -2,7 +2,8 @@
 with both of SGLang's tree cores (pure Python and Rust), on every configuration
 of ``tests/oracle/driver.py`` (all eight eviction policies, page sizes 1/16/64,
 EAGLE bigram keys, namespaces, KV events; Full-only, FULL+SWA, FULL+MAMBA and
-FULL+SWA+MAMBA trees -- the Mamba ones without the request path so far).
+FULL+SWA+MAMBA trees -- the request path on the FULL+MAMBA ones at page 1
+without the extra buffer, raw tree ops on the other Mamba ones).
 
 SGLang only runs in its own venv (``../shared/tools/setup_sglang_oracle.sh``,
 which ``.ci/run`` builds when missing), so the driver runs there in two
