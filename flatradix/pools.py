@@ -324,6 +324,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
                              "(double free?)")
         if isinstance(idx, (int, np.integer)) and not isinstance(idx, bool):
             idx = np.array([int(idx)], dtype=np.int64)
+        elif getattr(idx, "ndim", None) == 0 and hasattr(idx, "reshape"):
+            idx = idx.reshape(1)  # a 0-d tensor (SGLang's form: mid[0])
         self.mamba_allocator.free(as_int64(idx, "req.mamba_pool_idx").reshape(-1))
         kv.mamba_pool_idx = None
 

@@ -155,7 +155,7 @@ class ValueBridge:
 
     def mamba_slot(self, value, name, check_held=True):
         """The one state slot of ``value`` (an ``InsertParams.mamba_value``: a
-        1-element integer tensor / array / sequence, or an int), validated: in the
+        1-element integer tensor / array / sequence, a 0-d one, or an int), validated: in the
         pool and, with flatradix's allocator, handed out. ``TypeError`` /
         ``ValueError`` naming ``name``; changes nothing."""
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -163,6 +163,10 @@ class ValueBridge:
         else:
             from ._cast import as_int64
 
+            if getattr(value, "ndim", None) == 0 and hasattr(value, "reshape"):
+                # a 0-d tensor / array: SGLang's HybridReqToTokenPool.alloc stores
+                # req.kv.mamba_pool_idx = mid[0]
+                value = value.reshape(1)
             arr = as_int64(value, name).reshape(-1)
         if arr.size != 1:
             raise ValueError(f"{name} must hold exactly one Mamba state slot, got {arr.size}")

@@ -572,3 +572,21 @@ def test_copy_on_write_temporary_lock_keeps_other_window_locks():
     r = cache.evict(EvictParams(num_tokens=100, swa_num_tokens=100, mamba_num=10))
     assert r.num_tokens_evicted == 12 and cache.total_size() == (0, 0)
     cache.sanity_check()
+
+
+def test_zero_d_slots_as_sglang_pools_hold_them():
+    """SGLang's HybridReqToTokenPool.alloc stores ``mamba_pool_idx = mid[0]``, a 0-d
+    tensor; a 0-d ``mamba_value`` is one slot too (found by the oracle)."""
+    import torch
+
+    env = Env()
+    kv = env.alloc.alloc(3)
+    st = torch.tensor(int(env.ma.alloc(1)[0]))
+    r = env.cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=kv, mamba_value=st))
+    assert not r.mamba_exist and env.cache.all_mamba_values_flatten().tolist() == [int(st)]
+    req, _ = admit(env, [1, 2, 3, 4])
+    req.mamba_pool_idx = torch.tensor(req.mamba_pool_idx)
+    own = int(req.mamba_pool_idx)
+    env.cache.release_kv_cache(req)
+    assert req.mamba_pool_idx is None and own in env.cache.all_mamba_values_flatten().tolist()
+    env.partition()

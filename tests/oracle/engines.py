@@ -51,10 +51,6 @@ from flatradix import MatchPrefixParams as FMatchPrefixParams
 from flatradix import RadixKey as FRadixKey
 
 _BIG = 1 << 40
-#: Hand flatradix's even requests SGLang's own ``req.kv.mamba_pool_idx`` form, a 0-d
-#: tensor (``HybridReqToTokenPool.alloc``: ``mid[0]``), instead of a 1-element one
-#: (normalize.py point 9: flatradix refuses the 0-d form so far).
-MAMBA_IDX_0D = os.environ.get("FLATRADIX_ORACLE_MAMBA_IDX_0D", "0") == "1"
 
 
 def _torch_slot(slot):
@@ -515,13 +511,12 @@ class FlatEngine:
         req.prefix_indices = np.asarray(idx, dtype=np.int64)
         if self.mamba:
             # the request's own state slot, drawn as SGLang's HybridReqToTokenPool.alloc
-            # draws it; odd requests hold a plain int, even ones a 1-element tensor --
-            # SGLang's own form, mid[0] (a 0-d tensor), only with MAMBA_IDX_0D: flatradix
-            # refuses it so far (normalize.py point 9)
+            # draws it; odd requests hold a plain int, even ones SGLang's own form,
+            # mid[0] (a 0-d tensor)
             mid = self.malloc.alloc(1)
             if mid is None:
                 raise AssertionError("Not enough space for mamba cache (driver armed none)")
-            req.mamba_pool_idx = (int(mid[0]) if rid % 2 else mid[0] if MAMBA_IDX_0D else mid)
+            req.mamba_pool_idx = int(mid[0]) if rid % 2 else mid[0]
         if self.swa or self.mamba or rid % 2:
             req.lock = self.cache.lock(node)  # a TreeLock, as SGLang's scheduler holds it
         else:  # Full-only: a lock held by node id alone (no receipt) is released too

@@ -76,21 +76,6 @@ normalisation below says why it is a documented choice and not a bug.
    node already had a state), the frees in order, and that a running request
    keeps its own slot.
 
-9. **A request's ``mamba_pool_idx`` as a 0-d tensor: a flatradix gap, worked
-   around** (``engines.MAMBA_IDX_0D``). SGLang's ``HybridReqToTokenPool.alloc``
-   stores ``req.kv.mamba_pool_idx = mid[0]`` -- a 0-d int64 tensor -- and its
-   Mamba code relies on that (``mamba_pool_idx.unsqueeze(-1)`` / ``.unsqueeze(0)``
-   in ``prepare_for_caching_req``, ``free_mamba_cache``). flatradix's
-   ``checkpoint`` / ``release_kv_cache`` refuse it before any change
-   (``_mamba_own`` -> ``ValueError: req.mamba_pool_idx must be 1-D, got shape
-   ()``), so a request built by SGLang's own pool cannot be cached. SGLang is
-   right by definition here (it is the form its pool produces). Until flatradix
-   accepts it, the driver hands flatradix's requests a plain int (odd ids) or a
-   1-element tensor (even ids); ``FLATRADIX_ORACLE_MAMBA_IDX_0D=1`` hands the even
-   ones SGLang's 0-d form (reproducer: ``('admit', 0, (87095, 81460, 63888,
-   117550, 124110, 137204, 99997), 0, -1), ('extend', 0, 6, 14625, False)`` on
-   ``p1-mamba-lru``, either core). SGLang's requests always hold its own form.
-
 Mamba (FULL+MAMBA, FULL+SWA+MAMBA configurations) adds no other normalisation:
 state slots are donated to both engines with the same numbers (tree inserts:
 ``mamba_value``; requests: the recording ``mamba_allocator`` hands both the
