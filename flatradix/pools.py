@@ -234,8 +234,9 @@ class ReqToTokenPool:
 
 
 class MambaSlotAllocator:
-    """Mamba / SSM state slots ``0 .. size - 1`` (SGLang ``MambaSlotAllocator``: one
-    slot holds one request's -- or one cached checkpoint's -- recurrent state).
+    """Mamba / SSM state slots ``1 .. size`` (SGLang ``MambaSlotAllocator``: one slot
+    holds one request's -- or one cached checkpoint's -- recurrent state; slot 0
+    is reserved, SGLang's dummy write target for padded tokens).
 
     ``alloc(n)`` hands out the lowest free slots first (int64, 1-D; ``None``
     when fewer are free); ``free(indices)`` takes them back, O(len(indices)),
@@ -252,8 +253,8 @@ class MambaSlotAllocator:
 
     def clear(self):
         """Every slot free again."""
-        stack = np.arange(self.size - 1, -1, -1, dtype=np.int64)
-        held = np.zeros(self.size, dtype=bool)
+        stack = np.arange(self.size, 0, -1, dtype=np.int64)
+        held = np.zeros(self.size + 1, dtype=bool)
         with self._lock:
             self._stack, self._held, self._top = stack, held, self.size
 
@@ -274,16 +275,16 @@ class MambaSlotAllocator:
 
     def free(self, free_index):
         """Return slots. ``ValueError`` (nothing freed) for a slot outside
-        ``[0, size)``, a free slot or a slot given twice."""
+        ``[1, size]``, a free slot or a slot given twice."""
         idx = as_int64(free_index, "free_index").reshape(-1)
         n = idx.size
         if n == 0:
             return
         with self._lock:
-            bad = (idx < 0) | (idx >= self.size)
+            bad = (idx < 1) | (idx > self.size)
             if bad.any():
                 raise ValueError(f"free_index: slot {int(idx[bad.argmax()])} outside "
-                                 f"[0, {self.size})")
+                                 f"[1, {self.size}]")
             free = ~self._held[idx]
             if free.any():
                 raise ValueError(f"free_index: double free of slot {int(idx[free.argmax()])}")
@@ -296,7 +297,7 @@ class MambaSlotAllocator:
     def is_held(self, indices):
         """Boolean mask: which of ``indices`` are handed out (``False`` outside the pool)."""
         idx = as_int64(indices, "indices").reshape(-1)
-        ok = (idx >= 0) & (idx < self.size)
+        ok = (idx >= 1) & (idx <= self.size)
         out = np.zeros(idx.size, dtype=bool)
         out[ok] = self._held[idx[ok]]
         return out

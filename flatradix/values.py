@@ -157,7 +157,8 @@ class ValueBridge:
         """The one state slot of ``value`` (an ``InsertParams.mamba_value``: a
         1-element integer tensor / array / sequence, a 0-d one, or an int), validated: in the
         pool and, with flatradix's allocator, handed out. ``TypeError`` /
-        ``ValueError`` naming ``name``; changes nothing."""
+        ``ValueError`` naming ``name``; changes nothing. The pool's slots are
+        ``1 .. size`` (slot 0 is SGLang's reserved dummy)."""
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             arr = np.array([int(value)], dtype=np.int64)
         else:
@@ -172,9 +173,10 @@ class ValueBridge:
             raise ValueError(f"{name} must hold exactly one Mamba state slot, got {arr.size}")
         slot = int(arr[0])
         size = getattr(self.mamba, "size", None)
-        if slot < 0 or (isinstance(size, (int, np.integer)) and slot >= size):
+        # slots 1..size: slot 0 is SGLang's reserved dummy (MambaSlotAllocator)
+        if slot < 1 or (isinstance(size, (int, np.integer)) and slot > size):
             raise ValueError(f"{name}: Mamba slot {slot} is outside the state pool "
-                             f"[0, {size})")
+                             f"[1, {size}]")
         if check_held and hasattr(self.mamba, "is_held") and not self.mamba.is_held([slot])[0]:
             raise ValueError(f"{name}: Mamba slot {slot} is free in the state pool (not "
                              "handed out by mamba_allocator.alloc)")

@@ -52,9 +52,10 @@ class Env:
     def partition(self):
         """Every state slot is exactly one of: free, in the tree, held by the caller."""
         tree = self.cache.all_mamba_values_flatten().tolist()
-        free = [s for s in range(self.ma.size) if not self.ma.is_held([s])[0]]
+        slots = range(1, self.ma.size + 1)          # slot 0 is the reserved dummy
+        free = [s for s in slots if not self.ma.is_held([s])[0]]
         assert len(set(tree)) == len(tree)
-        assert sorted(tree + free + sorted(self.caller)) == list(range(self.ma.size))
+        assert sorted(tree + free + sorted(self.caller)) == list(slots)
         assert self.cache.mamba_evictable_size() + self.cache.mamba_protected_size() == len(tree)
         assert self.cache.total_size()[1] == len(tree)
         self.cache.sanity_check()
@@ -289,6 +290,7 @@ def test_copy_on_write_allocates_a_request_slot_and_names_the_source():
     (np.array([1, 2]), ValueError, "exactly one Mamba state slot"),
     (np.array([99]), ValueError, "outside the state pool"),
     (np.array([-1]), ValueError, "outside the state pool"),
+    (np.array([0]), ValueError, "outside the state pool"),       # SGLang's dummy slot
     (np.array([5]), ValueError, "is free in the state pool"),
     ("x", TypeError, "mamba_value"),
     (np.array([1.5]), TypeError, "mamba_value"),

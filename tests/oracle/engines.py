@@ -224,7 +224,7 @@ class _FlatRecordingMambaAllocator(_ArmedMambaSlots):
     device = "cpu"
 
     def __init__(self, size):
-        self.size = size + 1  # slots 1..size (0 is SGLang's reserved dummy slot)
+        self.size = size  # slots 1..size (0 is SGLang's reserved dummy slot)
         self.log = []
         self._arm_init()
 
@@ -737,7 +737,7 @@ def _sgl():
 
         def __init__(self, size):
             super().__init__(size=1, device="cpu")  # no free list worth the name
-            self.size = size + 1
+            self.size = size
             self.log = []
             self._arm_init()
 
