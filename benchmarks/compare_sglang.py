@@ -6,6 +6,7 @@
     python benchmarks/compare_sglang.py --sglang-python ~/.cache/flatradix-sglang-oracle/bin/python
     options: --rounds 3  --quick  --json-out FILE  --ops insert evict  --engines ...
     --swa-window 512 [--swa-ratio 0.8]      # the SWA mode (below)
+    --mamba [--mamba-chunk 64 --mamba-states N --mamba-evict 8]   # the Mamba mode (below)
 
 The SGLang oracle venv comes from ``../shared/tools/setup_sglang_oracle.sh``.
 ``--sglang-python`` re-executes this script under that interpreter (with the
@@ -61,6 +62,36 @@ The work check compares, per operation, the tree's (Full, SWA) sizes, both
 pools' free slots, the evicted Full and SWA tokens, and every match's
 ``(device_prefix_len, full_kv_hit_length, swa_branching_seqlen)``.
 
+**Mamba mode** (``--mamba``): every engine with the ``(FULL, MAMBA)`` components
+at page 1 without the extra buffer (SGLang's rule: only sequence-end states are
+cached), ``mamba_cache_chunk_size`` ``--mamba-chunk``, and its own request pool
+with a Mamba state allocator of ``--mamba-states`` slots (default ``--kv-size`` /
+400; flatradix's ``HybridReqToTokenPool``, SGLang's on the CPU with the smallest
+Mamba2 state shapes; "flatradix+sgl_alloc" runs on SGLang's KV allocator and
+pool). Each inserted sequence is a finished request donating its state:
+``InsertParams(mamba_value=mamba_allocator.alloc(1))``, a state the tree did not
+take (``InsertResult.mamba_exist``) freed by the caller (untimed); a short state
+pool is evicted first with ``EvictParams(num_tokens=0, mamba_num=1)``, a short
+KV pool as above. Operations:
+
+* insert, match_prefix, match+indices, lock_unlock (``cache.lock`` / ``unlock``)
+                  as above
+* evict           every sequence inserted (up to a full KV pool; the state pool's
+                  evictions keep it below); ``EvictParams(num_tokens=2,500)`` per
+                  call (a leaf goes whole, its state with it)
+* evict_mamba     the same tree; ``EvictParams(num_tokens=0, mamba_num=--mamba-evict)``
+                  per call (the Mamba LRU: a leaf goes whole, an internal state is
+                  tombstoned), up to 80 % of the states
+* lock_unlock_decode  ``lock(node, skip_lock_components=(MAMBA,))`` / ``unlock``:
+                  a decoding request's hold (its state is its own; the tree's
+                  stays evictable)
+
+No release / release_rolling / slide: this mode times tree operations only
+(a Mamba request's release, ``cache_finished_req`` donating ``Req.mamba_pool_idx``,
+is the request path). The work check compares the tree's (Full tokens, states), both pools' free slots,
+the evicted tokens and states, and every match's ``(device_prefix_len,
+full_kv_hit_length, mamba_branching_seqlen)``.
+
 Only the cache call is timed (per operation, ``perf_counter``); preparation
 (allocating slots, building keys, requests, admissions) is not. Engines
 alternate operation by operation in every round (order rotated each round);
@@ -98,6 +129,8 @@ OPS = ("insert", "match_prefix", "match+indices", "evict", "lock_unlock", "relea
 QUEUE, LOCK_BATCH = 256, 64
 SWA_OPS = ("insert", "match_prefix", "match+indices", "evict", "evict_swa", "lock_unlock",
            "release", "release_rolling", "slide")
+MAMBA_OPS = ("insert", "match_prefix", "match+indices", "evict", "evict_mamba", "lock_unlock",
+             "lock_unlock_decode")
 EVICT_BATCH = 2500
 
 
@@ -128,8 +161,9 @@ def warmup_count(n):
 
 
 # ------------------------------------------------------------------ timing
-def timed_loop(fn, items, clock):
-    """Time ``fn(item)`` for each item (the item generator runs untimed).
+def timed_loop(fn, items, clock, after=None):
+    """Time ``fn(item)`` for each item (the item generator runs untimed; so does
+    ``after(item, result)``, what the caller does with a result).
     Returns (latencies, free seconds inside each call, results)."""
     lat, fre, res = [], [], []
     pc = perf_counter
@@ -141,6 +175,8 @@ def timed_loop(fn, items, clock):
         lat.append(t1 - t0)
         fre.append(clock.seconds - f0)
         res.append(r)
+        if after is not None:
+            after(item, r)
     return lat, fre, res
 
 
@@ -219,9 +255,9 @@ def op_evict(eng, wl):
                       "evicted_tokens": sum(r.num_tokens_evicted for r in res)}
 
 
-def _lock_unlock(eng, wl, populate):
-    """lock + unlock of random matched nodes of a tree ``populate`` filled; returns
-    ``(ctx, nodes, lat, fre)``."""
+def _lock_unlock(eng, wl, populate, fn_of=None):
+    """lock + unlock (``fn_of(ctx)``, default ``eng.lock_unlock_fn``) of random
+    matched nodes of a tree ``populate`` filled; returns ``(ctx, nodes, lat, fre)``."""
     import random
 
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
@@ -236,7 +272,7 @@ def _lock_unlock(eng, wl, populate):
     rng = random.Random(99)
     n = min(2 * len(nodes), wl.num_seqs)
     items = [rng.choice(nodes) for _ in range(n + warmup_count(n))]
-    lat, fre, _ = timed_loop(eng.lock_unlock_fn(ctx), items, ctx.clock)
+    lat, fre, _ = timed_loop((fn_of or eng.lock_unlock_fn)(ctx), items, ctx.clock)
     return ctx, nodes, lat, fre
 
 
@@ -302,33 +338,33 @@ OP_FUNCS = {"insert": op_insert, "match_prefix": op_match, "match+indices": op_m
             "lock_batch64": op_lock_batch}
 
 
-# ------------------------------------------------------------------ SWA operations
+# ------------------------------------------------------------------ SWA and Mamba operations
+# The two-component modes share these; the engine prepares each insert
+# (``insert_item``: SWA slots below the window freed / a state donated) and
+# handles its result (``inserted``: a state the tree did not take goes back).
 def _digest(rows):
     import zlib
 
     return zlib.crc32(repr(rows).encode())
 
 
-def swa_op_insert(eng, wl):
+def hybrid_op_insert(eng, wl):
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
-    keys = wl.keys(eng, "seqs")
 
     def items():
-        for k, s in zip(keys, wl.seqs):
-            v = E.alloc_slots_swa(eng, ctx, len(s), evict=2 * len(s))
-            if v is not None:
-                c = E.swa_cursor(len(s), eng.window)
-                if c:
-                    ctx.alloc.free_swa(v[:c])   # the request's slides did this
-                yield eng.insert_params(k, v, 0, c)
+        for k, s in zip(wl.keys(eng, "seqs"), wl.seqs):
+            p = eng.insert_item(ctx, k, s)
+            if p is not None:
+                yield p
 
-    lat, fre, _ = timed_loop(ctx.cache.insert, items(), ctx.clock)
+    lat, fre, _ = timed_loop(ctx.cache.insert, items(), ctx.clock,
+                             after=lambda p, r: eng.inserted(ctx, p, r))
     return lat, fre, {"tree_tokens": eng.tree_tokens(ctx), "available": eng.available(ctx)}
 
 
-def swa_op_match(eng, wl):
+def hybrid_op_match(eng, wl):
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
-    E.populate_swa(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
+    E.populate_hybrid(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
     params = [eng.match_params(k) for k in wl.keys(eng, "queries")]
     lat, fre, res = timed_loop(ctx.cache.match_prefix, params, ctx.clock)
     rows = [eng.match_result(m) for m in res]
@@ -338,54 +374,55 @@ def swa_op_match(eng, wl):
                       "matches_crc32": _digest(rows), "tree_tokens": eng.tree_tokens(ctx)}
 
 
-def swa_op_match_indices(eng, wl):
+def hybrid_op_match_indices(eng, wl):
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
-    E.populate_swa(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
+    E.populate_hybrid(eng, ctx, wl.keys(eng, "seqs")[: wl.half], wl.seqs[: wl.half])
     params = [eng.match_params(k) for k in wl.keys(eng, "queries")]
     lat, fre, res = timed_loop(eng.match_indices_fn(ctx), params, ctx.clock)
     return lat, fre, {"matched_tokens": sum(len(r) if not hasattr(r, "device_indices")
                                             else len(r.device_indices) for r in res)}
 
 
-def _swa_full_tree(eng, wl):
+def _hybrid_full_tree(eng, wl):
+    """Sequences inserted until the (Full) KV pool is full (a Mamba state is
+    still evicted for when the state pool is short)."""
     ctx = eng.build(wl.kv_size, max_context_len=wl.max_len)
     for k, s in zip(wl.keys(eng, "seqs"), wl.seqs):
-        v = ctx.alloc.alloc(len(s))
-        if v is None:
+        p = eng.insert_item(ctx, k, s, evict=False)
+        if p is None:
             break
-        c = E.swa_cursor(len(s), eng.window)
-        if c:
-            ctx.alloc.free_swa(v[:c])
-        ctx.cache.insert(eng.insert_params(k, v, 0, c))
+        eng.inserted(ctx, p, ctx.cache.insert(p))
     return ctx
 
 
-def _swa_op_evict(eng, wl, swa):
-    ctx = _swa_full_tree(eng, wl)
+def _hybrid_op_evict(eng, wl, second):
+    """The ``_hybrid_full_tree``; per call EVICT_BATCH Full tokens, or (``second``)
+    the second component's batch (SWA tokens / Mamba states), up to 80 % of what
+    the tree holds."""
+    ctx = _hybrid_full_tree(eng, wl)
     total = eng.tree_tokens(ctx)
-    base = total[1] if swa else total[0]
-    n = max(1, min(max(wl.num_seqs // 5, 100), int(0.8 * base / EVICT_BATCH)))
-    params = [eng.evict_params(0, EVICT_BATCH) if swa else eng.evict_params(EVICT_BATCH)] * n
+    batch = (eng.second_batch or EVICT_BATCH) if second else EVICT_BATCH
+    base = total[1] if second else total[0]
+    n = max(1, min(max(wl.num_seqs // 5, 100), int(0.8 * base / batch)))
+    params = [eng.evict_params(0, batch) if second else eng.evict_params(batch)] * n
     lat, fre, res = timed_loop(ctx.cache.evict, params, ctx.clock)
-    return lat, fre, {"tree_tokens_before": total,
-                      "evicted_tokens": sum(r.num_tokens_evicted for r in res),
-                      "swa_evicted_tokens": sum(r.swa_num_tokens_evicted for r in res),
-                      "tree_tokens_after": eng.tree_tokens(ctx)}
+    full, other = (sum(x) for x in zip(*(eng.evicted(r) for r in res)))
+    return lat, fre, {"tree_tokens_before": total, "evicted_tokens": full,
+                      f"{eng.second}_evicted_{eng.second_unit}": other,
+                      "tree_tokens_after": eng.tree_tokens(ctx), "available": eng.available(ctx)}
 
 
-def swa_op_evict(eng, wl):
-    return _swa_op_evict(eng, wl, False)
+def hybrid_op_evict(eng, wl):
+    return _hybrid_op_evict(eng, wl, False)
 
 
-def swa_op_evict_swa(eng, wl):
-    return _swa_op_evict(eng, wl, True)
+def hybrid_op_evict_second(eng, wl):
+    return _hybrid_op_evict(eng, wl, True)
 
 
-def swa_op_lock_unlock(eng, wl):
-    ctx, nodes, lat, fre = _lock_unlock(eng, wl, E.populate_swa)
-    return lat, fre, {"locked_nodes": len(nodes),
-                      "protected_after": (ctx.cache.protected_size(),
-                                          ctx.cache.swa_protected_size())}
+def hybrid_op_lock_unlock(eng, wl, fn_of=None):
+    ctx, nodes, lat, fre = _lock_unlock(eng, wl, E.populate_hybrid, fn_of)
+    return lat, fre, {"locked_nodes": len(nodes), "protected_after": eng.protected(ctx)}
 
 
 def _swa_op_release(eng, wl, rolling):
@@ -429,11 +466,15 @@ def swa_op_slide(eng, wl):
     return lat, fre, {"tree_tokens": eng.tree_tokens(ctx), "available": eng.available(ctx)}
 
 
-SWA_OP_FUNCS = {"insert": swa_op_insert, "match_prefix": swa_op_match,
-                "match+indices": swa_op_match_indices, "evict": swa_op_evict,
-                "evict_swa": swa_op_evict_swa, "lock_unlock": swa_op_lock_unlock,
-                "release": swa_op_release, "release_rolling": swa_op_release_rolling,
-                "slide": swa_op_slide}
+HYBRID_OP_FUNCS = {"insert": hybrid_op_insert, "match_prefix": hybrid_op_match,
+                   "match+indices": hybrid_op_match_indices, "evict": hybrid_op_evict,
+                   "lock_unlock": hybrid_op_lock_unlock}
+SWA_OP_FUNCS = dict(HYBRID_OP_FUNCS, evict_swa=hybrid_op_evict_second,
+                    release=swa_op_release, release_rolling=swa_op_release_rolling,
+                    slide=swa_op_slide)
+MAMBA_OP_FUNCS = dict(HYBRID_OP_FUNCS, evict_mamba=hybrid_op_evict_second,
+                      lock_unlock_decode=lambda eng, wl: hybrid_op_lock_unlock(
+                          eng, wl, eng.lock_decode_fn))
 
 
 # ------------------------------------------------------------------ driver
@@ -470,11 +511,15 @@ def machine_info():
     return info
 
 
-def run(engine_names, ops, rounds, wl, verbose=True, swa=None):
-    """``swa``: ``(window, ratio)`` for the SWA mode, else None."""
+def run(engine_names, ops, rounds, wl, verbose=True, swa=None, mamba=None):
+    """``swa``: ``(window, ratio)`` for the SWA mode; ``mamba``: ``(chunk, states,
+    evict batch)`` for the Mamba mode (states None: the KV pool / 400); else None."""
     if swa:
         engines = E.swa_engines(engine_names, *swa)
         funcs = SWA_OP_FUNCS
+    elif mamba:
+        engines = E.mamba_engines(engine_names, *mamba)
+        funcs = MAMBA_OP_FUNCS
     else:
         engines = E.make_engines(engine_names)
         funcs = OP_FUNCS
@@ -495,7 +540,7 @@ def run(engine_names, ops, rounds, wl, verbose=True, swa=None):
                 results[eng.name][op].append(s)
                 checks[eng.name][op].append(chk)
                 if verbose:
-                    print(f"  round {r + 1} {op:15s} {eng.name:20s} tree {s['tree_ops_s']:>11,.0f} ops/s"
+                    print(f"  round {r + 1} {op:18s} {eng.name:20s} tree {s['tree_ops_s']:>11,.0f} ops/s"
                           f"  e2e {s['e2e_ops_s']:>11,.0f} ops/s  p50 {s['tree_p50_us']:8.1f} us"
                           f"  free {s['free_us_per_op']:7.1f} us/op  {chk}", flush=True)
     cores = {e.name: e.core for e in engines}
@@ -594,14 +639,30 @@ def main(argv=None):
                     help="smoke test: 1,000 sequences, 100k-slot pool, 1 round (not the reported workload)")
     ap.add_argument("--num-seqs", type=int, default=5000)
     ap.add_argument("--kv-size", type=int, default=500_000)
-    ap.add_argument("--ops", nargs="+", default=None, choices=sorted(set(OPS) | set(SWA_OPS)),
-                    help=f"default: {' '.join(OPS)}; SWA mode: {' '.join(SWA_OPS)}")
+    ap.add_argument("--ops", nargs="+", default=None,
+                    choices=sorted(set(OPS) | set(SWA_OPS) | set(MAMBA_OPS)),
+                    help=f"default: {' '.join(OPS)}; SWA mode: {' '.join(SWA_OPS)}; "
+                         f"Mamba mode: {' '.join(MAMBA_OPS)}")
     ap.add_argument("--swa-window", type=int, default=None, metavar="W",
                     help="the SWA mode: every engine with the (FULL, SWA) components and "
                          "window W tokens (module docstring)")
     ap.add_argument("--swa-ratio", type=float, default=0.8, metavar="R",
                     help="SWA mode: SWA pool = R x --kv-size slots (default 0.8, SGLang's "
                          "swa_full_tokens_ratio default)")
+    ap.add_argument("--mamba", action="store_true",
+                    help="the Mamba mode: every engine with the (FULL, MAMBA) components at "
+                         "page 1, no extra buffer, each insert donating a state slot "
+                         "(module docstring); tree operations only, not with --swa-window")
+    ap.add_argument("--mamba-chunk", type=int, default=64, metavar="C",
+                    help="Mamba mode: mamba_cache_chunk_size (default 64, SGLang's FLA chunk): "
+                         "the grid of the matches' mamba_branching_seqlen")
+    ap.add_argument("--mamba-states", type=int, default=None, metavar="N",
+                    help="Mamba mode: state slots in the request pool's mamba_allocator "
+                         "(default --kv-size / 400: 1,250 at the default pool, fewer than the "
+                         "sequences, so inserts evict states and matches stop at tombstones)")
+    ap.add_argument("--mamba-evict", type=int, default=8, metavar="K",
+                    help="Mamba mode: evict_mamba's EvictParams(num_tokens=0, mamba_num=K) "
+                         "per call (default 8)")
     ap.add_argument("--engines", nargs="+", default=None,
                     help="default: flatradix, plus flatradix+sgl_alloc sglang-rust sglang-python "
                          "when SGLang imports")
@@ -629,8 +690,20 @@ def main(argv=None):
 
     if args.quick:
         args.num_seqs, args.kv_size, args.rounds = 1000, 100_000, 1
-    swa = None
-    if args.swa_window is not None:
+    swa = mamba = states = None
+    if args.mamba:
+        if args.swa_window is not None:
+            ap.error("--mamba with --swa-window: (FULL, SWA, MAMBA) is not a mode of this "
+                     "benchmark")
+        for flag, v in (("--mamba-chunk", args.mamba_chunk), ("--mamba-evict", args.mamba_evict),
+                        ("--mamba-states", 1 if args.mamba_states is None else args.mamba_states)):
+            if v < 1:
+                ap.error(f"{flag} must be >= 1, got {v}")
+        mamba = (args.mamba_chunk, args.mamba_states, args.mamba_evict)
+        bad = [o for o in (args.ops or []) if o not in MAMBA_OPS]
+        if bad:
+            ap.error(f"--ops {' '.join(bad)}: not a Mamba-mode operation ({' '.join(MAMBA_OPS)})")
+    elif args.swa_window is not None:
         if args.swa_window < 1:
             ap.error(f"--swa-window must be >= 1, got {args.swa_window}")
         if not 0 < args.swa_ratio <= 1:
@@ -640,8 +713,9 @@ def main(argv=None):
         if bad:
             ap.error(f"--ops {' '.join(bad)}: not an SWA-mode operation ({' '.join(SWA_OPS)})")
     elif args.ops and any(o not in OPS for o in args.ops):
-        ap.error(f"--ops {' '.join(o for o in args.ops if o not in OPS)} needs --swa-window")
-    args.ops = args.ops or list(SWA_OPS if swa else OPS)
+        ap.error(f"--ops {' '.join(o for o in args.ops if o not in OPS)} needs --swa-window "
+                 "or --mamba")
+    args.ops = args.ops or list(SWA_OPS if swa else MAMBA_OPS if mamba else OPS)
     have_sglang = E.sglang_available()
     names = args.engines or (["flatradix", "flatradix+sgl_alloc", "sglang-rust", "sglang-python"]
                              if have_sglang else ["flatradix"])
@@ -666,10 +740,14 @@ def main(argv=None):
     if swa:
         print(f"SWA mode: components (FULL, SWA), window {swa[0]:,} tokens, SWA pool "
               f"{int(args.kv_size * swa[1]):,} slots ({swa[1]:g} x)")
+    if mamba:
+        states = args.mamba_states or E.default_mamba_states(args.kv_size)
+        print(f"Mamba mode: components (FULL, MAMBA), page 1, no extra buffer, chunk "
+              f"{mamba[0]}, {states:,} state slots, evict_mamba {mamba[2]} states a call")
     print(f"machine: {info.get('cpu', '?')}, {info['cpus']} CPUs; python {info['python']}; "
           f"flatradix {info.get('commit', '?')} ({info.get('flatradix', '?')})")
     results, checks, cores = run(names, args.ops, args.rounds, wl, verbose=not args.quiet,
-                                 swa=swa)
+                                 swa=swa, mamba=mamba)
     med = medians(results)
     info["loadavg_end"] = os.getloadavg()
     print(f"\nload average at start {info['loadavg_start'][0]:.2f}, at end {info['loadavg_end'][0]:.2f} "
@@ -697,7 +775,10 @@ def main(argv=None):
                                                      "mean_len": wl.mean_len, "rounds": args.rounds,
                                                      "quick": args.quick,
                                                      "swa_window": swa and swa[0],
-                                                     "swa_ratio": swa and swa[1]},
+                                                     "swa_ratio": swa and swa[1],
+                                                     "mamba_chunk": mamba and mamba[0],
+                                                     "mamba_states": states,
+                                                     "mamba_evict": mamba and mamba[2]},
                        "cores": cores, "median": med, "rounds": results, "checks": checks,
                        "targets": tg}, f, indent=1)
         print(f"\nwrote {args.json_out}")

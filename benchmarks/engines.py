@@ -23,6 +23,12 @@ The SWA engines (``swa_engines``) build the same caches with the ``(FULL, SWA)``
 components, window ``W`` and each engine's SWA allocator (flatradix's
 ``SWATokenToKVPoolAllocator``; SGLang's over an ``SWAKVPool`` on the CPU), page
 size 1 so SGLang's ``alloc`` hands out the slots of both pools.
+
+The Mamba engines (``mamba_engines``) build them with the ``(FULL, MAMBA)``
+components at page 1 (no extra buffer) over each library's
+``HybridReqToTokenPool`` (SGLang's on the CPU with the smallest Mamba2 state
+shapes); every insert donates a state slot from its ``mamba_allocator``, whose
+``free`` the clock also counts.
 """
 
 import os
@@ -48,6 +54,10 @@ class FreeClock:
         self.seconds = 0.0
         self.calls = 0
         self._depth = 0
+        self.add(alloc, names)
+
+    def add(self, alloc, names=("free",)):
+        """Also clock ``names`` of ``alloc`` (a Mamba state allocator's ``free``)."""
         for name in names:
             orig = getattr(alloc, name, None)
             if orig is not None:
@@ -247,16 +257,21 @@ class SGLangEngine:
         rtp = self._RTP(size=rows, max_context_len=max_context_len, device="cpu",
                         enable_memory_saver=False)
         clock = FreeClock(alloc)
+        return Ctx(self._cache(alloc, rtp, page_size, (self._FULL,)), alloc, rtp, clock)
+
+    def _cache(self, alloc, rtp, page_size, components, **kw):
+        """SGLang's ``UnifiedRadixCache`` (LRU) on this engine's tree core; raises
+        when SGLang built another core (a missing Rust core falls back silently)."""
         cache = self._URC(self._CacheInitParams(
             disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
-            page_size=page_size, eviction_policy="lru", tree_components=(self._FULL,),
-            tree_core_backend=self.backend))
+            page_size=page_size, eviction_policy="lru", tree_components=components,
+            tree_core_backend=self.backend, **kw))
         core = type(cache.tree_core).__name__
         want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.backend]
         if core != want:
             raise RuntimeError(f"asked for the {self.backend} tree core, got {core}")
         self.core = core
-        return Ctx(cache, alloc, rtp, clock)
+        return cache
 
     def key(self, tokens):
         if isinstance(tokens, np.ndarray):
@@ -421,10 +436,40 @@ def swa_cursor(n, window):
     return max(0, n - 1 - window)
 
 
-class _SWADriving:
-    """What the (FULL, SWA) engines share: SGLang's SWA parameters and lock calls,
-    both pools' sizes (``self._params``: the module with ``InsertParams`` /
-    ``EvictParams``)."""
+class _HybridDriving:
+    """What the two-component engines ((FULL, SWA) and (FULL, MAMBA)) share:
+    ``cache.lock`` / ``unlock``, the tree's (Full, second component) sizes, and
+    the insert preparation hooks the benchmark drives (``insert_item``,
+    ``inserted``). ``self._params``: the module with ``InsertParams`` /
+    ``EvictParams``. ``second``: the second component's name in the benchmark's
+    operations and checks (``second_unit``: what it counts); ``second_batch``:
+    its ``evict_<second>`` batch (None: the benchmark's Full batch)."""
+
+    second_batch = None
+
+    def tree_tokens(self, ctx):
+        return tuple(ctx.cache.total_size())
+
+    def lock_unlock_fn(self, ctx, skip=()):
+        """``unlock(lock(node))``; ``skip``: ``skip_lock_components`` of the lock."""
+        lock, unlock = ctx.cache.lock, ctx.cache.unlock
+        if not skip:
+            def lock_unlock(node):
+                unlock(lock(node))
+            return lock_unlock
+
+        def lock_unlock_skip(node):
+            unlock(lock(node, skip_lock_components=skip))
+        return lock_unlock_skip
+
+    def inserted(self, ctx, params, result):
+        """After ``cache.insert(params)`` (untimed): what the caller does with the result."""
+
+
+class _SWADriving(_HybridDriving):
+    """(FULL, SWA): SGLang's SWA parameters, both pools' sizes."""
+
+    second, second_unit = "swa", "tokens"
 
     def insert_params(self, key, value, prev_prefix_len=0, cursor=0):
         return self._params.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
@@ -433,24 +478,34 @@ class _SWADriving:
     def evict_params(self, n, swa_n=0):
         return self._params.EvictParams(num_tokens=n, swa_num_tokens=swa_n)
 
-    def tree_tokens(self, ctx):
-        return tuple(ctx.cache.total_size())
+    def evicted(self, r):
+        return r.num_tokens_evicted, r.swa_num_tokens_evicted
 
     def available(self, ctx):
         return ctx.alloc.full_available_size(), ctx.alloc.swa_available_size()
 
-    def lock_unlock_fn(self, ctx):
-        lock, unlock = ctx.cache.lock, ctx.cache.unlock
-
-        def lock_unlock(node):
-            unlock(lock(node))
-        return lock_unlock
+    def protected(self, ctx):
+        return ctx.cache.protected_size(), ctx.cache.swa_protected_size()
 
     def match_result(self, m):
         return (m.device_prefix_len, m.full_kv_hit_length, m.swa_branching_seqlen)
 
     def swa_size(self, kv_size):
         return max(1, int(kv_size * self.swa_ratio))
+
+    def insert_item(self, ctx, key, seq, evict=True):
+        """The ``InsertParams`` of ``seq`` as a finished request whose window slid:
+        fresh slots of both pools (``evict``: evict twice its length from a short
+        pool first, else None when short), the SWA slots below its cursor
+        (``swa_cursor``) freed first (what the scheduler's slides did)."""
+        n = len(seq)
+        v = alloc_slots_swa(self, ctx, n, evict=2 * n) if evict else ctx.alloc.alloc(n)
+        if v is None:
+            return None
+        c = swa_cursor(n, self.window)
+        if c:
+            ctx.alloc.free_swa(v[:c])
+        return self.insert_params(key, v, 0, c)
 
 
 class FlatradixSWAEngine(_SWADriving, FlatradixEngine):
@@ -528,15 +583,8 @@ class SGLangSWAEngine(_SWADriving, SGLangEngine):
         rtp = self._RTP(size=rows, max_context_len=max_context_len, device="cpu",
                         enable_memory_saver=False)
         clock = FreeClock(alloc, FreeClock.SWA_NAMES)
-        cache = self._URC(self._CacheInitParams(
-            disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
-            page_size=page_size, eviction_policy="lru", tree_components=(self._FULL, self._SWA),
-            sliding_window_size=self.window, tree_core_backend=self.backend))
-        core = type(cache.tree_core).__name__
-        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.backend]
-        if core != want:
-            raise RuntimeError(f"asked for the {self.backend} tree core, got {core}")
-        self.core = core
+        cache = self._cache(alloc, rtp, page_size, (self._FULL, self._SWA),
+                            sliding_window_size=self.window)
         return Ctx(cache, alloc, rtp, clock)
 
     def make_request(self, ctx, prompt, output, rolling=False, slide=True):
@@ -576,28 +624,192 @@ def need_slots_swa(eng, ctx, n):
     return v
 
 
-def populate_swa(eng, ctx, keys, seqs):
-    """As ``populate``, each sequence a finished request whose window slid: fresh
-    slots from both pools, the SWA slots below its cursor (``swa_cursor``) freed
-    first (what the scheduler's slides did), inserted with that cursor."""
+def populate_hybrid(eng, ctx, keys, seqs):
+    """As ``populate``, for the two-component engines: each sequence prepared by
+    ``eng.insert_item`` (SWA: a finished request whose window slid; Mamba: with a
+    donated state), inserted, then ``eng.inserted``; a sequence whose slots the
+    pools cannot give is skipped."""
+    insert = ctx.cache.insert
     for k, s in zip(keys, seqs):
-        v = alloc_slots_swa(eng, ctx, len(s), evict=2 * len(s))
-        if v is not None:
-            c = swa_cursor(len(s), eng.window)
-            if c:
-                ctx.alloc.free_swa(v[:c])
-            ctx.cache.insert(eng.insert_params(k, v, 0, c))
+        p = eng.insert_item(ctx, k, s)
+        if p is not None:
+            eng.inserted(ctx, p, insert(p))
+
+
+populate_swa = populate_hybrid  # the SWA mode's name (profile_ops.py)
 
 
 def swa_engines(names, window, swa_ratio):
+    return _hybrid_engines(names, FlatradixSWAEngine, SGLangSWAEngine, window, swa_ratio)
+
+
+# ---------------------------------------------------------------------------- Mamba
+def sglang_hybrid_req_pool(rows, max_context_len, states):
+    """SGLang's ``HybridReqToTokenPool`` on the CPU (what its ``MambaComponent``
+    asserts) with ``states`` Mamba state slots of the smallest Mamba2 shapes (one
+    layer, a few bytes a slot); its ``mamba_allocator`` is SGLang's
+    ``MambaSlotAllocator`` (slots 1..states, ``free`` a ``torch.cat``)."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
+                                    num_heads=1, head_dim=2, state_size=1, conv_kernel=2)
+    return HybridReqToTokenPool(
+        size=rows, mamba_size=states, mamba_spec_state_size=rows,
+        max_context_len=max_context_len, device="cpu", enable_memory_saver=False,
+        cache_params=Mamba2CacheParams(shape=shape, layers=[0]), mamba_layer_ids=[0],
+        enable_mamba_extra_buffer=False, speculative_num_draft_tokens=3)
+
+
+def default_mamba_states(kv_size):
+    """State slots when not given: one per 400 KV slots (1,250 at the benchmark's
+    500,000-slot pool: fewer than its sequences, so inserts evict states)."""
+    return max(16, kv_size // 400)
+
+
+def alloc_state(eng, ctx):
+    """One Mamba state slot from the request pool's ``mamba_allocator``; when none
+    is free, evict one state first (``EvictParams(num_tokens=0, mamba_num=1)``,
+    a scheduler's per-request shortfall). None when still short."""
+    malloc = ctx.rtp.mamba_allocator
+    st = malloc.alloc(1)
+    if st is None:
+        ctx.cache.evict(eng.evict_params(0, 1))
+        st = malloc.alloc(1)
+    return st
+
+
+class _MambaDriving(_HybridDriving):
+    """(FULL, MAMBA) at page 1, no extra buffer: each inserted sequence donates a
+    state slot (``InsertParams.mamba_value``, one slot from the request pool's
+    ``mamba_allocator``), which the caller frees when ``InsertResult.mamba_exist``
+    (the node already had one); ``EvictParams(num_tokens, mamba_num)``."""
+
+    second, second_unit = "mamba", "states"
+
+    def __init__(self, chunk=64, states=None, evict_batch=8):
+        self.chunk, self.states, self.second_batch = chunk, states, evict_batch
+
+    def mamba_size(self, kv_size):
+        return self.states or default_mamba_states(kv_size)
+
+    def insert_params(self, key, value, prev_prefix_len=0, state=None):
+        return self._params.InsertParams(key=key, value=value, prev_prefix_len=prev_prefix_len,
+                                         mamba_value=state)
+
+    def evict_params(self, n, mamba_n=0):
+        return self._params.EvictParams(num_tokens=n, mamba_num=mamba_n)
+
+    def evicted(self, r):
+        return r.num_tokens_evicted, r.mamba_num_evicted
+
+    def available(self, ctx):
+        return ctx.alloc.available_size(), ctx.rtp.mamba_allocator.available_size()
+
+    def protected(self, ctx):
+        return ctx.cache.protected_size(), ctx.cache.mamba_protected_size()
+
+    def match_result(self, m):
+        return (m.device_prefix_len, m.full_kv_hit_length, m.mamba_branching_seqlen)
+
+    def lock_decode_fn(self, ctx):
+        """A decoding request's hold: ``lock(node, skip_lock_components=(MAMBA,))``
+        (its own state slot carries the recurrence; the tree's stays evictable)."""
+        return self.lock_unlock_fn(ctx, skip=(self._MAMBA,))
+
+    def insert_item(self, ctx, key, seq, evict=True):
+        """The ``InsertParams`` of ``seq`` as a finished request: fresh KV slots
+        (``evict``: evict twice its length when short, else None when short) and
+        its sequence-end state (``alloc_state``)."""
+        n = len(seq)
+        v = alloc_slots(self, ctx, n, evict=2 * n) if evict else ctx.alloc.alloc(n)
+        if v is None:
+            return None
+        st = alloc_state(self, ctx)
+        if st is None:
+            ctx.alloc.free(v)
+            return None
+        return self.insert_params(key, v, 0, st)
+
+    def inserted(self, ctx, params, result):
+        if result.mamba_exist:  # the node kept its own state: the donated one is the caller's
+            ctx.rtp.mamba_allocator.free(params.mamba_value)
+
+
+class FlatradixMambaEngine(_MambaDriving, FlatradixEngine):
+    """flatradix, components ``(FULL, MAMBA)``, with its own KV allocator and
+    ``HybridReqToTokenPool`` or SGLang's."""
+
+    def __init__(self, alloc="own", chunk=64, states=None, evict_batch=8):
+        FlatradixEngine.__init__(self, alloc)
+        _MambaDriving.__init__(self, chunk, states, evict_batch)
+        self._MAMBA, self._params = self.fr.ComponentType.MAMBA, self.fr
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        fr = self.fr
+        states = self.mamba_size(kv_size)
+        own = self.alloc_kind == "own"
+        if alloc is None:
+            alloc = (fr.TokenToKVPoolAllocator(kv_size, page_size=page_size, index_kind="numpy")
+                     if own else sglang_allocator(kv_size, page_size))
+        if own:
+            rtp = fr.HybridReqToTokenPool(rows, max_context_len, mamba_size=states)
+        else:
+            rtp = sglang_hybrid_req_pool(rows, max_context_len, states)
+        clock = FreeClock(alloc)
+        clock.add(rtp.mamba_allocator)
+        cache = fr.UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
+                                     req_to_token_pool=rtp,
+                                     tree_components=(fr.ComponentType.FULL, self._MAMBA),
+                                     mamba_cache_chunk_size=self.chunk,
+                                     enable_mamba_extra_buffer=False)
+        return Ctx(cache, alloc, rtp, clock)
+
+
+class SGLangMambaEngine(_MambaDriving, SGLangEngine):
+    """SGLang 0.5.23 ``UnifiedRadixCache`` with ``(FULL, MAMBA)`` over its
+    ``HybridReqToTokenPool``. Its ``MambaComponent`` reads the chunk size from the
+    global server args (``_mamba_cache_chunk_size``, preset as SGLang's own test
+    fixtures do: a dummy model has no HF config) and the per-path state cap from
+    ``get_exec().mamba`` (must stay -1, off: flatradix has none)."""
+
+    def __init__(self, backend, chunk=64, states=None, evict_batch=8):
+        SGLangEngine.__init__(self, backend)
+        _MambaDriving.__init__(self, chunk, states, evict_batch)
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        self._MAMBA, self._params = ComponentType.MAMBA, self._bpc
+
+    def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
+        from sglang.srt.runtime_context import get_exec, get_server_args
+
+        get_server_args()._mamba_cache_chunk_size = self.chunk
+        cap = get_exec().mamba.mamba_max_states_per_path
+        if cap != -1:
+            raise RuntimeError(f"SGLang's mamba_max_states_per_path is {cap}, not -1 (off)")
+        alloc = alloc if alloc is not None else sglang_allocator(kv_size, page_size)
+        rtp = sglang_hybrid_req_pool(rows, max_context_len, self.mamba_size(kv_size))
+        clock = FreeClock(alloc)
+        clock.add(rtp.mamba_allocator)
+        cache = self._cache(alloc, rtp, page_size, (self._FULL, self._MAMBA),
+                            enable_mamba_extra_buffer=False)
+        return Ctx(cache, alloc, rtp, clock)
+
+
+def _hybrid_engines(names, flat_cls, sgl_cls, *args):
     out = []
     for n in names:
         if n == "flatradix":
-            out.append(FlatradixSWAEngine("own", window, swa_ratio))
+            out.append(flat_cls("own", *args))
         elif n == "flatradix+sgl_alloc":
-            out.append(FlatradixSWAEngine("sglang", window, swa_ratio))
+            out.append(flat_cls("sglang", *args))
         elif n.startswith("sglang-"):
-            out.append(SGLangSWAEngine(n.split("-", 1)[1], window, swa_ratio))
+            out.append(sgl_cls(n.split("-", 1)[1], *args))
         else:
             raise ValueError(f"unknown engine {n!r}")
     return out
+
+
+def mamba_engines(names, chunk, states=None, evict_batch=8):
+    return _hybrid_engines(names, FlatradixMambaEngine, SGLangMambaEngine, chunk, states,
+                           evict_batch)
