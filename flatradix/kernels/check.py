@@ -47,6 +47,25 @@ from .order import _less, is_device_leaf
 
 
 @helper
+def _aux_node(nodes, s, on, lst, bit, lock_col, full_lock):
+    """Node ``s`` against an auxiliary component's rules: ``(k, has data, locked)``
+    with ``k`` 0 when they hold, 1 for data / a lock on a cache without the
+    component or a lock_ref below 0 or above the node's Full lock_ref, 2 when
+    its LRU membership disagrees with the data bit."""
+    has = (nodes[s, FLAGS] & bit) != 0
+    lk = nodes[s, lock_col]
+    if not on:
+        if has or lk != 0 or lru_in_list(nodes, lst, s):
+            return 1, False, False
+        return 0, False, False
+    if lk < 0 or lk > full_lock:
+        return 1, has, lk > 0
+    if has != lru_in_list(nodes, lst, s):
+        return 2, has, lk > 0
+    return 0, has, lk > 0
+
+
+@helper
 def _check_aux(nodes, meta, hwm, lst, c, bit, members, evictable, protected):
     """The LRU list ``lst`` of component ``c`` against the recount: -2 when it
     holds, a bad entry's slot (or NIL for a wrong length / tail link) when the
@@ -158,40 +177,28 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             evictable += n
         else:
             protected += n
-        has_m = (nodes[s, FLAGS] & mamba_bit) != 0
-        m_lk = nodes[s, mamba_lock]
-        if has_m != (nodes[s, MAMBA_SLOT] != NIL) or (has_m and nodes[s, MAMBA_SLOT] < 0):
+        if (nodes[s, FLAGS] & mamba_bit) != 0 and nodes[s, MAMBA_SLOT] < 0:
             return 119, s
-        if not mamba_on:
-            if has_m or m_lk != 0 or lru_in_list(nodes, LRU_MAMBA, s):
-                return 119, s
-        else:
-            if m_lk < 0 or m_lk > lk:
-                return 119, s
-            if has_m != lru_in_list(nodes, LRU_MAMBA, s):
-                return 120, s
-            if has_m:
-                m_nodes += 1
-                if m_lk == 0:
-                    m_evictable += 1
-                else:
-                    m_protected += 1
-        has_swa = (nodes[s, FLAGS] & F_HAS_SWA_DEV) != 0
-        swa_lk = nodes[s, SWA_LOCK]
-        if not swa_on:
-            if has_swa or swa_lk != 0 or lru_in_list(nodes, LRU_SWA, s):
-                return 116, s
-            continue
-        if swa_lk < 0 or swa_lk > lk:
-            return 116, s
-        if has_swa != lru_in_list(nodes, LRU_SWA, s):
-            return 117, s
-        if has_swa:
-            swa_nodes += 1
-            if swa_lk == 0:
-                swa_evictable += n
+        if (nodes[s, FLAGS] & mamba_bit) == 0 and nodes[s, MAMBA_SLOT] != NIL:
+            return 119, s
+        k, has, locked = _aux_node(nodes, s, mamba_on, LRU_MAMBA, mamba_bit, mamba_lock, lk)
+        if k != 0:
+            return 118 + k, s
+        if has:
+            m_nodes += 1
+            if locked:
+                m_protected += 1
             else:
+                m_evictable += 1
+        k, has, locked = _aux_node(nodes, s, swa_on, LRU_SWA, F_HAS_SWA_DEV, SWA_LOCK, lk)
+        if k != 0:
+            return 115 + k, s
+        if has:
+            swa_nodes += 1
+            if locked:
                 swa_protected += n
+            else:
+                swa_evictable += n
     if leaves != meta[M_HEAP_N + HEAP_DEVICE]:
         return 111, NIL
     if evictable != meta[M_EVICTABLE + FULL] or protected != meta[M_PROTECTED + FULL]:
