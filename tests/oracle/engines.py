@@ -258,7 +258,32 @@ def _skips(CT, skip_swa, skip_mamba):
     return (((CT.SWA,) if skip_swa else ()) + ((CT.MAMBA,) if skip_mamba else ()))
 
 
-class FlatEngine:
+class _MambaSlots:
+    """The Mamba state-slot calls both engines share (``self.malloc``: the recording
+    state allocator, ``self.cache``: the engine's cache)."""
+
+    def take_mamba_frees(self):
+        out, self.malloc.log = self.malloc.log, []
+        return out
+
+    def arm_mamba(self, slots, avail):
+        """Let the next request op allocate state slots: ``slots`` in order while
+        ``avail`` (plus what it frees) lasts (``_ArmedMambaSlots``)."""
+        self.malloc.arm(slots, avail)
+
+    def take_mamba_allocs(self):
+        """Disarm; the slots handed out since ``arm_mamba``, in order."""
+        return self.malloc.disarm()
+
+    def free_mamba(self, slot):
+        """The caller frees a donated state slot the tree did not adopt (``mamba_exist``)."""
+        self.malloc.free(_torch_slot(slot))
+
+    def mamba_values(self):
+        return sorted(np.asarray(self.cache.all_mamba_values_flatten()).reshape(-1).tolist())
+
+
+class FlatEngine(_MambaSlots):
     name = "flatradix"
 
     def __init__(self, cfg, max_reqs, max_ctx):
@@ -453,25 +478,6 @@ class FlatEngine:
         out, self.alloc.swa_log = self.alloc.swa_log, []
         return out
 
-    def take_mamba_frees(self):
-        out, self.malloc.log = self.malloc.log, []
-        return out
-
-    def arm_mamba(self, slots, avail):
-        """Let the next request op allocate state slots: ``slots`` in order while
-        ``avail`` (plus what it frees) lasts (``_ArmedMambaSlots``)."""
-        self.malloc.arm(slots, avail)
-
-    def take_mamba_allocs(self):
-        """Disarm; the slots handed out since ``arm_mamba``, in order."""
-        return self.malloc.disarm()
-
-    def free_mamba(self, slot):
-        """The caller frees a donated state slot the tree did not adopt (``mamba_exist``)."""
-        self.malloc.free(_torch_slot(slot))
-
-    def mamba_values(self):
-        return sorted(np.asarray(self.cache.all_mamba_values_flatten()).reshape(-1).tolist())
 
     def swa_peer(self, full):
         return self.alloc.swa_peer(full)
@@ -799,7 +805,7 @@ def _sgl():
     return _SGL
 
 
-class SglEngine:
+class SglEngine(_MambaSlots):
     name = "sglang"
 
     def __init__(self, cfg, max_reqs, max_ctx, backend):
@@ -950,24 +956,6 @@ class SglEngine:
         out, side.log = side.log, []
         return out
 
-    def take_mamba_frees(self):
-        out, self.malloc.log = self.malloc.log, []
-        return out
-
-    def arm_mamba(self, slots, avail):
-        """Let the next request op allocate state slots: ``slots`` in order while
-        ``avail`` (plus what it frees) lasts (``_ArmedMambaSlots``)."""
-        self.malloc.arm(slots, avail)
-
-    def take_mamba_allocs(self):
-        """Disarm; the slots handed out since ``arm_mamba``, in order."""
-        return self.malloc.disarm()
-
-    def free_mamba(self, slot):
-        self.malloc.free(_torch_slot(slot))
-
-    def mamba_values(self):
-        return sorted(self.cache.all_mamba_values_flatten().reshape(-1).tolist())
 
     def swa_peer(self, full):
         return int(self.alloc.full_to_swa_index_mapping[full])
