@@ -161,7 +161,9 @@ class UnifiedRadixCache(RequestCachingMixin):
         returned on their device, with one copy each way), or ``"cuda"`` /
         ``"cuda:N"`` when torch sees a CUDA device (``ValueError`` otherwise).
     is_eagle : bool
-        EAGLE bigram tree: every key is viewed as bigrams.
+        EAGLE bigram tree: every key is viewed as bigrams. A cache with the Mamba
+        component is never a bigram tree (SGLang: bigram iff ``is_eagle`` and no
+        Mamba), so ``cache.is_eagle`` is then False.
     enable_kv_cache_events : bool
         Queue ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events
         (``flatradix.events``; needs msgspec), drained by ``take_events()``. When
@@ -506,8 +508,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             key = params.key
             if params.req is not None and type(key) is RadixKey and type(key.token_ids) is list:
                 key = self._req_key(params.req, key)
-            if params.cow_mamba:
-                cow = self._check_cow(params)
+            if params.cow_mamba is not False:
+                cow = as_flag(params.cow_mamba, "params.cow_mamba") and self._check_cow(params)
         else:
             key = params
         units, n, nk, _ = self._key(key, "params.key")
@@ -687,6 +689,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             track=track and self._swa, mamba_slot=mamba_slot)
         if params.value is not None:
             self._vals.note_kind(params.value)
+        if mamba_slot >= 0 and not exist:
+            self._vals.mamba_owned.add(mamba_slot)
         dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
         if track:
             if self._swa:
@@ -829,6 +833,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             # the controller frees the step's slots: execute the events only
             mamba_freed = []
             freed = execute(rows, eng.out, None, None, self._sink, mamba_out=mamba_freed)
+            if mamba_freed:  # the controller frees them: the tree holds them no more
+                self._vals.mamba_owned.difference_update(mamba_freed[0].tolist())
             swa = rows[(rows[:, 0] == L_A.A_FREE_SLOT) & (rows[:, 1] == L.SWA)]
             swa_freed = (np.concatenate([eng.out[o:o + k] for o, k in swa[:, 3:5].tolist()])
                          if len(swa) else _EMPTY.copy())
@@ -1019,9 +1025,12 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise self._stale(nid)
         return DecLockRefResult()
 
-    def _raise_underflow(self, slot, nid, what="segment release", name=None):
+    def _raise_underflow(self, slot, nid, what="segment release", name=None, comp=None):
         nodes = self._engine.st.nodes
-        if nodes[slot, L.FULL_LOCK] <= 0:
+        if comp is not None:  # the kernel says which check failed (a batch's dry run)
+            comp, what = {L.FULL: ("FULL", what), L.SWA: ("SWA", what),
+                          L.MAMBA: ("Mamba", "release")}[comp]
+        elif nodes[slot, L.FULL_LOCK] <= 0:
             comp = "FULL"
         elif self._mamba and nodes[slot, L.LOCK_COL(L.MAMBA)] <= 0:
             comp = "Mamba"
@@ -1091,7 +1100,9 @@ class UnifiedRadixCache(RequestCachingMixin):
         params]`` returns, with the same effects on the tree (splits, recency), in
         order. Each result's ``device_indices`` is a view of one array shared by
         the batch. Every key is validated before anything changes (errors name
-        ``params[i].key``). O(total key length).
+        ``params[i].key``). A batch with a ``cow_mamba`` match runs as single
+        calls (a copy-on-write may evict a state before the next match).
+        O(total key length).
         """
         if not isinstance(params, (list, tuple)):
             raise TypeError(f"params must be a list of MatchPrefixParams / RadixKey, got "
@@ -1101,8 +1112,11 @@ class UnifiedRadixCache(RequestCachingMixin):
         get = eng.ns.get
         key_of = self._key
         parts, lens_l, nss_l = [], [], []
+        cow = False
         for i, p in enumerate(params):
             key = p.key if type(p) is MatchPrefixParams else p
+            if type(p) is MatchPrefixParams and p.cow_mamba is not False:
+                cow = as_flag(p.cow_mamba, f"params[{i}].cow_mamba") and self._check_cow(p) or cow
             units, n, nk, _ = key_of(key, f"params[{i}].key")
             ns = get(nk)
             if ns is None or n == 0:
@@ -1112,6 +1126,8 @@ class UnifiedRadixCache(RequestCachingMixin):
             parts.append(units if n == units.shape[0] else units[:n])
         if self.disable or k == 0:
             return [self._empty_match() for _ in range(k)]
+        if cow:  # a copy-on-write may evict a state between two matches: one at a time
+            return [self.match_prefix(p) for p in params]
         lens = np.array(lens_l, dtype=np.int64)
         nss = np.array(nss_l, dtype=np.int64)
         offs = np.zeros(k, dtype=np.int64)
@@ -1193,13 +1209,13 @@ class UnifiedRadixCache(RequestCachingMixin):
                 skips[i] |= self._early_mask
         st_ = self._engine.st
         with self._mutex:
-            st, i, x = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
+            st, i, x, comp = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
             if st == L.E_NOT_ANCHORED:
                 raise LockRefError(f"nodes[{i}]: no lock is anchored at node {int(nids[i])} "
                                    "(its lock_ref is held by locks on its descendants, or the batch "
                                    "released it already)")
             if st == L.E_LOCK_UNDERFLOW:
-                self._raise_underflow(int(x), int(nids[i]), name=f"nodes[{i}]")
+                self._raise_underflow(int(x), int(nids[i]), name=f"nodes[{i}]", comp=int(comp))
         if st == L.E_STALE:
             raise self._stale(int(nids[i]), f"nodes[{i}]")
         return [DecLockRefResult() for _ in range(k)]
@@ -1379,7 +1395,8 @@ class UnifiedRadixCache(RequestCachingMixin):
     def sanity_check(self):
         """Recompute every invariant (tree links, child table, lock counts, the
         evictable-leaf heap, size ledgers incl. evictable + protected == total,
-        free lists, pool accounting) in one kernel. Raises ``CacheInvariantError``
+        free lists, pool accounting) in one kernel; with Mamba, that no state slot
+        is held by two nodes. Raises ``CacheInvariantError``
         (an ``AssertionError``) naming the failed check and node. O(tree)."""
         with self._mutex:
             code, slot = _k_check(*self._engine.st)
@@ -1390,6 +1407,12 @@ class UnifiedRadixCache(RequestCachingMixin):
                 raise CacheInvariantError(
                     f"Sanity check FAILED: code {int(code)} on node {nid} "
                     f"(see flatradix.kernels.check: {check.__doc__.split(chr(10))[0]})")
+            if self._mamba:
+                slots = inspection.all_mamba_values_flatten(self._engine).tolist()
+                if len(set(slots)) != len(slots) or set(slots) != self._vals.mamba_owned:
+                    raise CacheInvariantError(
+                        "Sanity check FAILED: Mamba state slots held by two nodes, or the "
+                        "tree's slots differ from the slots it is known to hold")
 
     def reset(self):
         """Drop the whole tree; every old node id goes stale and the root gets a new id.
@@ -1400,6 +1423,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         by running requests go stale (releasing them raises ``NodeAccessError``)."""
         with self._mutex:
             self._root = self._engine.reset()
+            self._vals.mamba_owned.clear()
             if self._sink is not None:
                 self._sink.cleared()
 

@@ -45,6 +45,21 @@ _positive_int = _int_at_least(1)
 _nonnegative_int = _int_at_least(0)
 
 
+def _mamba_chunk(text):
+    """``--mamba-chunk``: an integer in [1, MAX_MAMBA_CHUNK] (the cache takes
+    ``mamba_cache_chunk_size`` below 2**62)."""
+    from .replay.sim import MAX_MAMBA_CHUNK
+
+    try:
+        v = int(text.strip().replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= v <= MAX_MAMBA_CHUNK:
+        raise argparse.ArgumentTypeError(f"expected a chunk in tokens, an integer >= 1 and "
+                                         f"<= {MAX_MAMBA_CHUNK:,} (2**62 - 1), got {text!r}")
+    return v
+
+
 def _positive_float(text):
     try:
         v = float(text)
@@ -99,8 +114,9 @@ def _int_list(text, noun, what, example, largest, alternative=""):
         except ValueError:
             v = -1
         if not 1 <= v <= largest:
+            limit = "" if v < 1 else f" and <= {largest:,}"
             raise argparse.ArgumentTypeError(
-                f"expected {what}, an integer >= 1 (several comma-separated: {example})"
+                f"expected {what}, an integer >= 1{limit} (several comma-separated: {example})"
                 f"{alternative}, got {t.strip()!r}")
         out.append(v)
     if not out:
@@ -120,7 +136,7 @@ def _swa_windows(text):
 
 
 def _mamba_states(text):
-    """``256,1024`` -> [256, 1024]: state pools, integers >= 1."""
+    """``256,1024`` -> [256, 1024]: state pools, integers in [1, MAX_CAPACITY]."""
     from .replay.report import MAX_CAPACITY
 
     return _int_list(text, "state count", "a number of states", "256,1024", MAX_CAPACITY)
@@ -201,8 +217,9 @@ def build_parser():
     g.add_argument("--kv-bytes-per-token", type=_positive_int, default=None, metavar="N",
                    help="KV bytes per token, given directly")
     g.add_argument("--kv-dtype", default=None, metavar="DTYPE",
-                   help="KV cache dtype for --model-config: bfloat16, float16, float32, "
-                        "fp8_e4m3... (default: the config's torch_dtype)")
+                   help="attention KV cache dtype for --model-config: bfloat16, float16, "
+                        "float32, fp8_e4m3... (default: the config's torch_dtype); not the "
+                        "Mamba state's (--mamba-ssm-dtype)")
     g.add_argument("--policy", type=_policies, action="append", default=None,
                    metavar="P[,P...]",
                    help=f"eviction policy, any case; several (comma-separated or repeated) run "
@@ -229,19 +246,28 @@ def build_parser():
         "Mamba / SSM hybrid models",
         "Replay as a hybrid SSM model (Qwen3-Next, Nemotron-H) is served by SGLang without the "
         "Mamba extra buffer: page size 1, the cache's Mamba component, a state pool of N slots; "
-        "each admitted request takes a state slot (evicting a cached state, or waiting for a "
-        "running request when none is left) and donates it to the tree when it finishes. "
-        "Reports the hit tokens lost to checkpoint granularity (Full KV cached, no state at its "
-        "end), the states evicted and the peak states in the tree. --capacity / --kv-memory "
-        "size the full-attention pool only; the state pool is N states on top (its bytes are "
-        "reported when --model-config gives them). Not with --swa-window.")
+        "each request matches its prompt less the last token, as SGLang's scheduler does (so a "
+        "repeated prompt never reaches the state at its own end), takes a state slot (evicting "
+        "a cached state, or waiting for a running request when none is left) and donates it to "
+        "the tree when it finishes. Reports the hit tokens lost to checkpoint granularity "
+        "(Full KV of that match cached, no state at its end), the states evicted and the peak "
+        "states in the tree. --capacity / --kv-memory size the full-attention pool only; the "
+        "state pool is N states on top (its bytes are reported when --model-config gives "
+        "them). Not with --swa-window.")
     g.add_argument("--mamba-states", type=_mamba_states, default=None, metavar="N[,N...]",
                    help="Mamba state pool in states (SGLang's mamba pool size); several run "
                         "once each")
-    g.add_argument("--mamba-chunk", type=_positive_int, default=None, metavar="C",
+    g.add_argument("--mamba-chunk", type=_mamba_chunk, default=None, metavar="C",
                    help="SGLang's mamba_cache_chunk_size (default 64); without the extra buffer "
                         "it only moves MatchResult.mamba_branching_seqlen, which the replay "
                         "does not use, so the figures do not depend on it")
+    g.add_argument("--mamba-ssm-dtype", choices=("float32", "bfloat16", "float16"),
+                   default=None,
+                   help="with --model-config: the SSM state's dtype in the reported state "
+                        "bytes, as SGLang's --mamba-ssm-dtype (default: the config's "
+                        "mamba_ssm_dtype, else float32, as SGLang); the conv state is bfloat16 "
+                        "(SGLang's SGLANG_MAMBA_CONV_DTYPE default); --kv-dtype applies to "
+                        "neither")
 
     g = r.add_argument_group("scheduling")
     g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
@@ -336,6 +362,8 @@ def _check_options(args):
          "--model-config and --kv-bytes-per-token both give the KV bytes per token: give one")
     need(args.kv_dtype is None or args.model_config,
          "--kv-dtype needs --model-config")
+    need(args.mamba_ssm_dtype is None or args.model_config,
+         "--mamba-ssm-dtype needs --model-config (it sizes the Mamba state in bytes)")
     need(args.swa_ratio is None or args.swa_window,
          "--swa-ratio needs --swa-window (the SWA mode)")
     if args.swa_window:
@@ -395,17 +423,20 @@ def _kv_sizing(args):
         from .replay.model import ModelConfigError, load_model_config
 
         try:
-            layout = load_model_config(args.model_config, kv_dtype=args.kv_dtype or "auto")
+            layout = load_model_config(args.model_config, kv_dtype=args.kv_dtype or "auto",
+                                       mamba_ssm_dtype=args.mamba_ssm_dtype)
         except (ModelConfigError, OSError) as e:
             raise UsageError(f"--model-config: {e}") from None
         if layout.full_kv_bytes_per_token == 0:
             raise UsageError(f"--model-config: {args.model_config} has no full-attention layer "
                              f"({layout.describe()[0]}); the replay models the full-attention "
                              f"pool only: give --kv-bytes-per-token")
-        if args.mamba_states and not layout.linear_attention_layers:
-            raise UsageError(f"--mamba-states: --model-config {args.model_config} has no "
-                             f"linear-attention / Mamba layer (give a hybrid config, or drop "
-                             f"--model-config)")
+        for opt, given in (("--mamba-states", args.mamba_states),
+                           ("--mamba-ssm-dtype", args.mamba_ssm_dtype)):
+            if given and not layout.linear_attention_layers:
+                raise UsageError(f"{opt}: --model-config {args.model_config} has no "
+                                 f"linear-attention / Mamba layer (give a hybrid config, or drop "
+                                 f"{'--model-config' if opt == '--mamba-states' else opt})")
         if args.swa_window:
             if not layout.sliding_window_layers:
                 raise UsageError(f"--swa-window: --model-config {args.model_config} has no "

@@ -120,6 +120,13 @@ class Req:
             v = getattr(self, name)
             if v is not None:
                 as_count(v, name)
+        if self.mamba_pool_idx is not None:
+            from .values import one_slot
+
+            if one_slot(self.mamba_pool_idx, "mamba_pool_idx") < 1:
+                raise ValueError("mamba_pool_idx must be a state slot >= 1 (slot 0 is the "
+                                 "reserved dummy)")
+        as_flag(self.mamba_needs_clear, "mamba_needs_clear")
 
 
 Req.kv = property(lambda self: self, doc="The request itself: SGLang reads the KV fields "
@@ -489,6 +496,7 @@ class RequestCachingMixin:
                 branch_inserted = branching is not None and aligned >= branching
             if self._mamba:  # SGLang cleanup_after_caching_req
                 if not exist:       # the tree took the slot
+                    self._vals.mamba_owned.add(mslot)
                     if finished:
                         getattr(req, "kv", req).mamba_pool_idx = None
                 elif finished:

@@ -38,6 +38,9 @@ class ValueBridge:
         self._numpy = getattr(allocator, "index_kind", "torch") == "numpy"
         self.mamba = None
         self._mamba_numpy = False
+        #: State slots the tree holds (one node each): a donated slot already in
+        #: it is refused, frees take slots out (the façade adds adopted ones).
+        self.mamba_owned = set()
 
     # ------------------------------------------------------------------ kinds
     def note_kind(self, value):
@@ -159,19 +162,7 @@ class ValueBridge:
         pool and, with flatradix's allocator, handed out. ``TypeError`` /
         ``ValueError`` naming ``name``; changes nothing. The pool's slots are
         ``1 .. size`` (slot 0 is SGLang's reserved dummy)."""
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            arr = np.array([int(value)], dtype=np.int64)
-        else:
-            from ._cast import as_int64
-
-            if getattr(value, "ndim", None) == 0 and hasattr(value, "reshape"):
-                # a 0-d tensor / array: SGLang's HybridReqToTokenPool.alloc stores
-                # req.kv.mamba_pool_idx = mid[0]
-                value = value.reshape(1)
-            arr = as_int64(value, name).reshape(-1)
-        if arr.size != 1:
-            raise ValueError(f"{name} must hold exactly one Mamba state slot, got {arr.size}")
-        slot = int(arr[0])
+        slot = one_slot(value, name)
         size = getattr(self.mamba, "size", None)
         # slots 1..size: slot 0 is SGLang's reserved dummy (MambaSlotAllocator)
         if slot < 1 or (isinstance(size, (int, np.integer)) and slot > size):
@@ -180,6 +171,9 @@ class ValueBridge:
         if check_held and hasattr(self.mamba, "is_held") and not self.mamba.is_held([slot])[0]:
             raise ValueError(f"{name}: Mamba slot {slot} is free in the state pool (not "
                              "handed out by mamba_allocator.alloc)")
+        if check_held and slot in self.mamba_owned:
+            raise ValueError(f"{name}: Mamba slot {slot} is already cached by the tree (a "
+                             "node owns it; donate a slot of your own)")
         return slot
 
     def mamba_out(self, slot):
@@ -192,9 +186,11 @@ class ValueBridge:
         return torch.from_numpy(a)
 
     def free_mamba(self, idx):
-        """Give the int64 numpy state slots ``idx`` back to the Mamba allocator."""
+        """Give the int64 numpy state slots ``idx`` back to the Mamba allocator (the
+        tree no longer holds them)."""
         if self.mamba is None or idx.size == 0:
             return
+        self.mamba_owned.difference_update(idx.tolist())
         if self._mamba_numpy:
             self.mamba.free(idx)
             return
@@ -222,6 +218,23 @@ class ValueBridge:
         """The SWA slots the Full slots ``full`` map to (int64 numpy; inspection)."""
         out = self.allocator.translate_swa_indices_for_transfer(self._arg(full))
         return np.asarray(out.cpu() if hasattr(out, "cpu") else out, dtype=np.int64)
+
+
+def one_slot(value, name):
+    """The one int of a state slot given as an int, a 0-d integer tensor / array
+    (SGLang's ``HybridReqToTokenPool.alloc`` stores ``mamba_pool_idx = mid[0]``) or
+    a 1-element one (``mamba_allocator.alloc(1)``). ``TypeError`` / ``ValueError``
+    naming ``name``."""
+    from ._cast import as_int64
+
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "reshape"):
+        value = value.reshape(1)
+    arr = as_int64(value, name).reshape(-1)
+    if arr.size != 1:
+        raise ValueError(f"{name} must hold exactly one Mamba state slot, got {arr.size}")
+    return int(arr[0])
 
 
 def is_swa_allocator(alloc):

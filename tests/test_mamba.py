@@ -592,3 +592,84 @@ def test_zero_d_slots_as_sglang_pools_hold_them():
     env.cache.release_kv_cache(req)
     assert req.mamba_pool_idx is None and own in env.cache.all_mamba_values_flatten().tolist()
     env.partition()
+
+
+# ---------------------------------------------------------------------- found by a fresh user
+def test_a_slot_the_tree_holds_is_refused():
+    env = Env()
+    r, s = env.ins([1, 2, 3])
+    kv = env.alloc.alloc(3)
+    before = snap(env)
+    with pytest.raises(ValueError, match="already cached by the tree"):
+        env.cache.insert(InsertParams(key=RadixKey([4, 5, 6]), value=kv, mamba_value=[s]))
+    assert snap(env) == before
+    req, _ = admit(env, [7, 8, 9])
+    env.ma.free([req.mamba_pool_idx])
+    req.mamba_pool_idx = s                      # a request naming the tree's slot
+    before = snap(env)
+    with pytest.raises(ValueError, match="already cached by the tree"):
+        env.cache.release_kv_cache(req)
+    assert snap(env) == before
+    # once evicted, the slot is free to be donated again
+    env.cache.evict(EvictParams(num_tokens=100))
+    env.cache.insert(InsertParams(key=RadixKey([4, 5, 6]), value=kv,
+                                  mamba_value=env.ma.alloc(1)))
+    env.cache.sanity_check()
+
+
+def test_sanity_check_catches_a_slot_on_two_nodes():
+    from flatradix import CacheInvariantError
+    from flatradix.kernels import layout as L
+
+    env = Env()
+    env.ins([1, 2, 3])
+    env.ins([4, 5, 6])
+    nodes = env.cache._engine.st.nodes
+    a, b = L.FIRST_SLOT, L.FIRST_SLOT + 1
+    nodes[b, L.MAMBA_SLOT] = nodes[a, L.MAMBA_SLOT]
+    with pytest.raises(CacheInvariantError, match="two nodes"):
+        env.cache.sanity_check()
+
+
+def test_batch_with_copy_on_write_runs_as_single_calls():
+    env = Env(states=2)
+    _, a = env.ins(range(4))
+    _, b = env.ins([9, 9])
+    req = _Req()
+    res = env.cache.match_prefix_batch([MatchPrefixParams(key=RadixKey([9, 9])),
+                                        MatchPrefixParams(key=RadixKey(list(range(4))),
+                                                          cow_mamba=True, req=req)])
+    assert [r.device_prefix_len for r in res] == [2, 4]
+    # the pool was empty: one state is evicted for the request's slot while the
+    # matched node (a's) is locked, so b's leaf goes
+    assert int(req.kv.mamba_cow_src_index[0]) == a and int(req.kv.mamba_pool_idx) == b
+    with pytest.raises(TypeError, match=r"params\[0\].cow_mamba"):
+        env.cache.match_prefix_batch([MatchPrefixParams(key=RadixKey([1]), cow_mamba="yes",
+                                                        req=_Req())])
+
+
+def test_batch_release_names_the_component_that_underflows():
+    env = Env()
+    env.ins(range(4))
+    lk = env.cache.lock(env.match(range(4)).last_device_node)
+    before = snap(env)
+    with pytest.raises(LockRefError, match=r"nodes\[1\]: FULL segment release hit lock_ref=0"):
+        env.cache.unlock_batch([lk, lk])
+    hold = env.cache.lock(env.match(range(4)).last_device_node,
+                          skip_lock_components=(MAMBA,))
+    with pytest.raises(LockRefError, match=r"nodes\[1\]: Mamba release hit lock_ref=0"):
+        import dataclasses
+
+        env.cache.dec_lock_ref_batch(
+            [lk.node, lk.node], [lk.receipt, dataclasses.replace(lk.receipt)])
+    env.cache.unlock_batch([lk, hold])
+    assert snap(env) == before[:2] + (4, 0, 1, 0) + before[6:]
+
+
+@pytest.mark.parametrize("bad, exc", [("x", TypeError), (0, ValueError), (-1, ValueError),
+                                      (1.5, TypeError), (np.array([1, 2]), ValueError)])
+def test_req_mamba_pool_idx_validated_at_construction(bad, exc):
+    from flatradix import Req
+
+    with pytest.raises(exc, match="mamba_pool_idx"):
+        Req(origin_input_ids=[1], mamba_pool_idx=bad)

@@ -13,7 +13,7 @@ untouched.
 from ..components import full, mamba, swa
 from ._jit import kernel
 from .actions import acts_begin
-from .layout import C_FULL, C_MAMBA, C_SWA, E_CAPACITY, E_STALE, M_COMPONENTS, OK, ROOT
+from .layout import C_FULL, C_MAMBA, C_SWA, E_CAPACITY, FULL, MAMBA, SWA, E_STALE, M_COMPONENTS, OK, ROOT
 from .order import refresh_leaf
 from .state import need, resolve
 
@@ -160,14 +160,14 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
     ``boundaries[i]`` as the single call's). All or nothing: a dry run first
     checks each release against the counts the earlier ones leave (moving lock
     counts only, then moving them back: the state is exactly as before), so
-    ``(status, i, slot)`` names the first release that would fail (stale id,
+    ``(status, i, slot, component)`` names the first release that would fail (stale id,
     underflow, not anchored -- also when an earlier release of the batch took
-    what it needed) with nothing changed; else the releases run and
-    ``(OK, -1, -1)``."""
+    what it needed) with nothing changed, and the component whose check failed;
+    else the releases run and ``(OK, -1, -1, FULL)``."""
     k = nids.shape[0]
     for i in range(k):
         if resolve(nodes, meta, nids[i]) < 0:
-            return E_STALE, i, -1
+            return E_STALE, i, -1, FULL
     swa_on = meta[M_COMPONENTS] & C_SWA
     mamba_on = meta[M_COMPONENTS] & C_MAMBA
     st = OK
@@ -178,10 +178,13 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
         with_swa = swa_on and not skips[i] & C_SWA
         with_mamba = mamba_on and not skips[i] & C_MAMBA
         with_full = not skips[i] & C_FULL
+        comp = FULL
         st, bad = full.check_release(nodes, s) if with_full else (OK, -1)
         if st == OK and with_swa:
+            comp = SWA
             st, bad, _ = swa.check_release(nodes, s, boundaries[i])
         if st == OK and with_mamba:
+            comp = MAMBA
             st, bad = mamba.check_release(nodes, s)
         if st != OK:
             fail = i
@@ -201,7 +204,7 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
         if not skips[j] & C_FULL:
             full.shift_counts(nodes, sj, 1)
     if fail < k:
-        return st, fail, bad
+        return st, fail, bad, comp
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
         if mamba_on and not skips[i] & C_MAMBA:
@@ -212,4 +215,4 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
             full.release_component_lock(nodes, heap, meta, s)
         else:
             refresh_leaf(nodes, heap, meta, s)
-    return OK, -1, -1
+    return OK, -1, -1, FULL

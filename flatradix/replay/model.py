@@ -20,11 +20,19 @@ keep per request, and the bytes each KV pool needs.
   ``sliding_window`` tokens only: the same formula over those layers, per token
   inside the window (:attr:`KVLayout.swa_kv_bytes_per_token`).
 * **Linear attention / Mamba** layers keep a fixed-size recurrent state per
-  request, whatever its length (:attr:`KVLayout.mamba_state_elements`).
+  request, whatever its length (:attr:`KVLayout.mamba_state_elements`): a
+  convolution state and an SSM (recurrent) state, each in its own dtype as
+  SGLang 0.5.23 picks them (``sglang/srt/configs/mamba_utils.py``,
+  ``mamba2_state_dtype``), never the KV dtype (``--kv-dtype`` / SGLang's
+  ``--kv-cache-dtype`` apply to attention KV only): the conv state is
+  :data:`MAMBA_CONV_DTYPE` (bfloat16, SGLang's ``SGLANG_MAMBA_CONV_DTYPE``
+  default), the SSM state ``--mamba-ssm-dtype`` when given, else the config's
+  ``mamba_ssm_dtype``, else float32 (:meth:`KVLayout.mamba_state_bytes`).
 
 The replay models the full-attention pool: ``--kv-memory`` buys
 ``kv_memory // full_kv_bytes_per_token`` tokens (rounded down to whole pages).
-The Mamba figures are reported, not replayed. The sliding-window pool is
+The Mamba state pool is replayed in the Mamba mode (``--mamba-states N``) in
+states; its bytes are reported beside the full-attention pool. The sliding-window pool is
 replayed in the SWA mode (``--swa-window``): SGLang sizes it ``R`` times the
 full pool (``swa_full_tokens_ratio``), so a token of the full pool costs
 ``full + R x swa`` bytes and :func:`swa_tokens_for_memory` splits a budget.
@@ -70,6 +78,15 @@ DTYPE_BYTES = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 
+#: Mamba state dtypes SGLang takes (its ``--mamba-ssm-dtype`` choices).
+MAMBA_DTYPES = ("float32", "bfloat16", "float16")
+#: SGLang's conv-state dtype (``SGLANG_MAMBA_CONV_DTYPE``'s default), whatever the
+#: model's or the KV cache's dtype.
+MAMBA_CONV_DTYPE = "bfloat16"
+#: SGLang's SSM-state dtype when neither ``--mamba-ssm-dtype`` nor the config's
+#: ``mamba_ssm_dtype`` names one.
+DEFAULT_MAMBA_SSM_DTYPE = "float32"
+
 _FULL, _SWA, _LINEAR, _NONE = "full", "swa", "linear", "none"
 _LAYER_TYPE = {
     "full_attention": _FULL, "attention": _FULL, "global_attention": _FULL,
@@ -106,7 +123,8 @@ class KVLayout:
         Per attention layer (``num_key_value_heads``; ``head_dim`` or
         ``hidden_size // num_attention_heads``).
     kv_dtype : str
-        Element type of the KV cache; ``dtype_bytes`` its size.
+        Element type of the attention KV cache; ``dtype_bytes`` its size (not
+        the Mamba state's: ``mamba_conv_dtype`` / ``mamba_ssm_dtype``).
     mla_dim : int or None
         ``kv_lora_rank + qk_rope_head_dim`` for multi-head latent attention.
     full_kv_bytes_per_token : int
@@ -117,10 +135,12 @@ class KVLayout:
     mamba_state_elements : dict or None
         Per request, all linear layers together: ``{"conv": n, "ssm": n}``
         elements (``None`` when the model has no linear layer or the config
-        lacks the sizes). Bytes depend on the state dtype a server picks:
-        :meth:`mamba_state_bytes`.
+        lacks the sizes). Bytes: :meth:`mamba_state_bytes`.
     notes : tuple of str
         How the layout was read (for the report).
+    mamba_conv_dtype, mamba_ssm_dtype : str
+        Element types of the convolution and the SSM state, as SGLang picks
+        them (module docstring): bfloat16 and, by default, float32.
     """
 
     name: str
@@ -135,6 +155,8 @@ class KVLayout:
     mla_dim: object = None
     mamba_state_elements: object = None
     notes: tuple = field(default_factory=tuple)
+    mamba_conv_dtype: str = MAMBA_CONV_DTYPE
+    mamba_ssm_dtype: str = DEFAULT_MAMBA_SSM_DTYPE
 
     @property
     def full_attention_layers(self):
@@ -164,14 +186,16 @@ class KVLayout:
     def mamba_state_bytes(self, conv_bytes=None, ssm_bytes=None):
         """Bytes of one request's Mamba / linear-attention state (``None`` if unknown).
 
+        ``conv elements x conv dtype bytes + SSM elements x SSM dtype bytes``.
         ``conv_bytes`` / ``ssm_bytes``: element sizes of the convolution and the
-        recurrent (SSM) state; default the model's dtype (servers often keep the
-        recurrent state in float32: pass ``ssm_bytes=4``).
+        recurrent (SSM) state; default those of ``mamba_conv_dtype`` and
+        ``mamba_ssm_dtype`` (SGLang's: bfloat16 and float32 unless the config or
+        ``--mamba-ssm-dtype`` says otherwise), never the KV dtype.
         """
         if self.mamba_state_elements is None:
             return None
-        c = self.dtype_bytes if conv_bytes is None else conv_bytes
-        s = self.dtype_bytes if ssm_bytes is None else ssm_bytes
+        c = DTYPE_BYTES[self.mamba_conv_dtype] if conv_bytes is None else conv_bytes
+        s = DTYPE_BYTES[self.mamba_ssm_dtype] if ssm_bytes is None else ssm_bytes
         return self.mamba_state_elements["conv"] * c + self.mamba_state_elements["ssm"] * s
 
     def to_dict(self):
@@ -215,9 +239,9 @@ class KVLayout:
         if self.linear_attention_layers:
             b = self.mamba_state_bytes()
             done = "replayed" if mamba_replayed else "not replayed"
-            lines.append("Mamba state " + (f"{b:,} bytes/request in {self.kv_dtype} (own pool; "
-                                           f"{done})" if b is not None
-                                           else f"size unknown ({done})"))
+            lines.append("Mamba state " + (f"{b:,} bytes/request (conv {self.mamba_conv_dtype}, "
+                                           f"SSM {self.mamba_ssm_dtype}; own pool; {done})"
+                                           if b is not None else f"size unknown ({done})"))
         lines += list(self.notes)
         return lines
 
@@ -318,7 +342,28 @@ def _mamba_elements(cfg, kinds):
     return {"conv": int(conv) * nlin, "ssm": int(ssm) * nlin}
 
 
-def kv_layout_from_dict(cfg, path="config.json", kv_dtype="auto"):
+def _mamba_ssm_dtype(top, given, notes):
+    """The SSM state's dtype as SGLang's ``mamba2_state_dtype`` picks it: ``given``
+    (``--mamba-ssm-dtype``), else the config's ``mamba_ssm_dtype`` (a nested
+    ``text_config``'s first), else float32 (also for a value SGLang does not take)."""
+    if given is not None:
+        if given not in MAMBA_DTYPES:
+            raise ValueError(f"mamba_ssm_dtype must be one of {', '.join(MAMBA_DTYPES)}, got "
+                             f"{given!r}")
+        return given
+    text = top.get("text_config")
+    src = text if isinstance(text, dict) and "mamba_ssm_dtype" in text else top
+    v = src.get("mamba_ssm_dtype")
+    if v is None:
+        return DEFAULT_MAMBA_SSM_DTYPE
+    if v not in MAMBA_DTYPES:
+        notes.append(f"mamba_ssm_dtype {v!r} is not one SGLang takes ({', '.join(MAMBA_DTYPES)}): "
+                     f"{DEFAULT_MAMBA_SSM_DTYPE}, as SGLang")
+        return DEFAULT_MAMBA_SSM_DTYPE
+    return v
+
+
+def kv_layout_from_dict(cfg, path="config.json", kv_dtype="auto", mamba_ssm_dtype=None):
     """:class:`KVLayout` of a parsed ``config.json`` dict (see :func:`load_model_config`)."""
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{path}: expected a JSON object")
@@ -363,19 +408,27 @@ def kv_layout_from_dict(cfg, path="config.json", kv_dtype="auto"):
     window = None
     if _SWA in kinds:
         window = _pos_int(cfg.get("sliding_window"), path, "sliding_window")
+    # (a config without linear layers keeps no state: no note about its dtype)
+    ssm_dtype = _mamba_ssm_dtype(top, mamba_ssm_dtype, notes if _LINEAR in kinds else [])
     return KVLayout(name=name, source=os.fspath(path), num_layers=n, layer_kinds=tuple(kinds),
                     sliding_window=window, num_kv_heads=kvh, head_dim=hd, kv_dtype=kv_dtype,
                     dtype_bytes=DTYPE_BYTES[kv_dtype], mla_dim=mla,
-                    mamba_state_elements=_mamba_elements(cfg, kinds), notes=tuple(notes))
+                    mamba_state_elements=_mamba_elements(cfg, kinds), notes=tuple(notes),
+                    mamba_ssm_dtype=ssm_dtype)
 
 
-def load_model_config(path, kv_dtype="auto"):
+def load_model_config(path, kv_dtype="auto", mamba_ssm_dtype=None):
     """:class:`KVLayout` of a local Hugging Face ``config.json`` (a file, or a
-    directory holding one). ``kv_dtype``: ``"auto"`` (the config's
-    ``torch_dtype``, else bfloat16) or a name of :data:`DTYPE_BYTES`.
+    directory holding one). ``kv_dtype``: the attention KV cache's, ``"auto"``
+    (the config's ``torch_dtype``, else bfloat16) or a name of
+    :data:`DTYPE_BYTES`. ``mamba_ssm_dtype``: the SSM state's (SGLang's
+    ``--mamba-ssm-dtype``, one of :data:`MAMBA_DTYPES`); ``None``: the
+    config's ``mamba_ssm_dtype``, else float32, as SGLang. The conv state is
+    always :data:`MAMBA_CONV_DTYPE`.
 
     Raises :class:`ModelConfigError` (unreadable file, invalid JSON, a missing
-    or invalid key) and ``OSError`` for a missing file.
+    or invalid key), ``ValueError`` for a ``mamba_ssm_dtype`` not in
+    :data:`MAMBA_DTYPES`, and ``OSError`` for a missing file.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -386,7 +439,7 @@ def load_model_config(path, kv_dtype="auto"):
         cfg = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelConfigError(f"{path}: invalid JSON ({e})") from None
-    return kv_layout_from_dict(cfg, path, kv_dtype)
+    return kv_layout_from_dict(cfg, path, kv_dtype, mamba_ssm_dtype)
 
 
 # ---------------------------------------------------------------- memory sizes

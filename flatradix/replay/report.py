@@ -45,6 +45,11 @@ def _n(x):
     return f"{x:,}"
 
 
+def _count(n, word, plural=None):
+    """``1, "state"`` -> ``"1 state"``; ``2, "state"`` -> ``"2 states"``."""
+    return f"{n:,} {word if n == 1 else (plural or word + 's')}"
+
+
 def format_tokens(n):
     """``2000000`` -> ``"2M"``, ``65536`` -> ``"65.5k"`` (3 significant digits)."""
     for unit, size in (("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)):
@@ -74,7 +79,7 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_stat
                          f"({_n(sb)} bytes); both pools {format_bytes(total)} ({_n(total)} bytes)")
     state_bytes = layout.mamba_state_bytes() if layout is not None else None
     for n in (mamba_states or ()) if state_bytes else ():
-        lines.append(f"Mamba state pool {_n(n)} states = {format_bytes(n * state_bytes)} "
+        lines.append(f"Mamba state pool {_count(n, 'state')} = {format_bytes(n * state_bytes)} "
                      f"({_n(n * state_bytes)} bytes), besides the full-attention pool")
     return lines
 
@@ -103,11 +108,13 @@ def _hybrid_lines(r):
         return [
             _lost_line("lost to ckpt", r.checkpoint_lost_hit_tokens, r.prompt_tokens,
                        "no Mamba state at its end"),
-            f"  evicted         Full {_n(r.evicted_tokens)} tokens, Mamba "
-            f"{_n(r.mamba_evicted_states)} states ({_n(r.evict_calls)} evict calls)",
-            f"  state waits     {_n(r.mamba_waits)} completions waited for a free state slot",
-            f"  peak tree size  {_n(r.peak_tree_tokens)} Full tokens, "
-            f"{_n(r.peak_mamba_tree_states)} Mamba states",
+            f"  evicted         Full {_count(r.evicted_tokens, 'token')}, Mamba "
+            f"{_count(r.mamba_evicted_states, 'state')} "
+            f"({_count(r.evict_calls, 'evict call')})",
+            f"  state waits     {_count(r.mamba_waits, 'completion')} waited for a free state "
+            f"slot",
+            f"  peak tree size  {_count(r.peak_tree_tokens, 'Full token')}, "
+            f"{_count(r.peak_mamba_tree_states, 'Mamba state')}",
         ]
     return None
 
@@ -133,7 +140,7 @@ def format_report(r, kv=None):
         lines.append(f"  sliding window {_n(r.swa_window)} tokens | SWA pool {_n(r.swa_pool_slots)} "
                      f"tokens (swa ratio {r.swa_ratio:g})")
     if mamba:
-        lines.append(f"  Mamba state pool {_n(r.mamba_states)} states | chunk "
+        lines.append(f"  Mamba state pool {_count(r.mamba_states, 'state')} | chunk "
                      f"{_n(r.mamba_chunk)} (no extra buffer)")
     lines += [f"  {s}" for s in (kv or [])]
     lines += [
@@ -563,7 +570,7 @@ def sweep_figure(curve, title=None):
         ub = 0.0
         for j, v in enumerate(values):
             name = (f"W={format_tokens(v)}" if mode is SWA_MODE
-                    else f"{format_tokens(v)} states")
+                    else f"{format_tokens(v)} state{'' if v == 1 else 's'}")
             for k, pol in enumerate(curve["policies"]):
                 pts = sorted((p for p in finite if p["policy"] == pol and p[mode.param] == v),
                              key=lambda p: p["capacity"])

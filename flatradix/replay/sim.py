@@ -90,11 +90,19 @@ then only moves ``MatchResult.mamba_branching_seqlen``, unused here); the
 request pool is a ``flatradix.HybridReqToTokenPool`` whose
 ``mamba_allocator`` holds ``N`` state slots. Per request:
 
-1. ``match_prefix``; ``cache.lock(node)`` (the ``TreeLock`` goes into
-   ``req.lock``). The hit is ``device_prefix_len``, which ends at the deepest
-   node holding a state; ``full_kv_hit_length - device_prefix_len`` tokens are
-   *lost to checkpoint granularity*: their Full KV is cached, but no state was
-   checkpointed at their end.
+1. ``match_prefix`` on the prompt less its last token, ``prompt[:-1]``, as
+   SGLang's scheduler matches (``Req._compute_max_prefix_len``: the match key
+   is capped at ``input_len - 1``, so at least one token is always computed);
+   ``cache.lock(node)`` (the ``TreeLock`` goes into ``req.lock``). The hit is
+   ``device_prefix_len``, which ends at the deepest node holding a state;
+   ``full_kv_hit_length - device_prefix_len`` of that same match are *lost to
+   checkpoint granularity*: their Full KV is cached, but no state was
+   checkpointed at their end. A state sits exactly at the end of the prompt
+   that donated it, so a prompt repeating an earlier one whole never reaches
+   that state (its key stops one token short); it hits the state of a shorter
+   earlier prompt that is a prefix of its own, if any. The Full-only and SWA
+   modes match the whole prompt (their published figures): a Full-only run
+   hits up to ``n`` tokens where this match stops at ``n - 1``.
 2. One state slot of its own (``req.mamba_pool_idx``): when none is free,
    ``evict_for_alloc(EvictParams(num_tokens=0, mamba_num=1))`` and retry;
    still none, a running request completes first (its state goes to the tree,
@@ -147,6 +155,8 @@ MAX_SWA_WINDOW = 1 << 40
 #: The Mamba mode's checkpoint chunk when none is given (SGLang's
 #: ``mamba_cache_chunk_size`` default).
 DEFAULT_MAMBA_CHUNK = 64
+#: Largest accepted chunk: the cache takes ``mamba_cache_chunk_size`` below 2**62.
+MAX_MAMBA_CHUNK = (1 << 62) - 1
 
 #: ``max_running`` of the arrival mode when none is given (a serving engine's
 #: running-request cap; SGLang derives its own, typically 2048-4096, from memory).
@@ -573,7 +583,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         ``full_kv_hit_tokens`` (its match's ``full_kv_hit_length``; 0 when
         rejected) and ``window_lost_hit_tokens`` (that minus the hit); Mamba
         mode ``mamba_evicted_states`` (states evicted to admit it),
-        ``full_kv_hit_tokens`` and ``checkpoint_lost_hit_tokens``.
+        ``full_kv_hit_tokens`` (of its ``prompt[:-1]`` match) and
+        ``checkpoint_lost_hit_tokens``.
     swa_window : int >= 1 or None
         The SWA mode's sliding window ``W`` in tokens (module docstring);
         ``None``: a Full-only model.
@@ -588,7 +599,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         The Mamba mode's state pool ``N`` (module docstring); ``None``: no
         Mamba layers. The pool gets ``min(N, requests)`` slots (no run uses
         more: ``mamba_pool_slots``).
-    mamba_chunk : int >= 1 or None
+    mamba_chunk : int in [1, MAX_MAMBA_CHUNK] or None
         Mamba mode: the cache's ``mamba_cache_chunk_size`` (``None``:
         :data:`DEFAULT_MAMBA_CHUNK`, SGLang's 64); without the extra buffer it
         only moves ``MatchResult.mamba_branching_seqlen``.
@@ -633,8 +644,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             raise ValueError(f"mamba_states must be >= 1 (state slots), got {mamba_states}")
         mamba_chunk = DEFAULT_MAMBA_CHUNK if mamba_chunk is None else mamba_chunk
         if isinstance(mamba_chunk, bool) or not isinstance(mamba_chunk, (int, np.integer)) \
-                or mamba_chunk < 1:
-            raise ValueError(f"mamba_chunk must be an int >= 1, got {mamba_chunk!r}")
+                or not 1 <= mamba_chunk <= MAX_MAMBA_CHUNK:
+            raise ValueError(f"mamba_chunk must be an int in [1, {MAX_MAMBA_CHUNK}], got "
+                             f"{mamba_chunk!r}")
         mamba_chunk = int(mamba_chunk)
         if swa:
             raise ValueError("mamba_states with swa_window: the replay has no (FULL, SWA, "
@@ -685,8 +697,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         # each request allocates one state, so no run uses more than one per request
         m_slots = max(1, min(mamba_states, n_req))
         if m_slots < mamba_states:
-            notes.append(f"state pool sized to {m_slots:,} states: this workload can never use "
-                         f"more")
+            notes.append(f"state pool sized to {m_slots:,} state{'' if m_slots == 1 else 's'}: "
+                         f"this workload can never use more")
     warmup_s = warm_up(notice=bool(progress))
     if hybrid:
         warmup_s += warm_up(swa=swa, mamba=mamba, notice=bool(progress))
@@ -837,7 +849,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             if timed:
                 slot_waits += 1
                 waited += 1
-        m, node, tree_lock = match_and_lock(toks[:n])
+        # the Mamba mode matches prompt[:-1], as SGLang's scheduler (at least one
+        # token is computed); the Full-only and SWA modes the whole prompt
+        key = toks[:n - 1] if mamba and n else toks[:n]
+        m, node, tree_lock = match_and_lock(key)
         ev0, aev0 = evicted, aux_evicted
         mslot = None
         if mamba:
@@ -857,7 +872,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                         # needs a second slot: give the match up and match again
                         unlock(tree_lock)
                         evict_state()
-                        m, node, tree_lock = match_and_lock(toks[:n])
+                        m, node, tree_lock = match_and_lock(key)
                         mslot = m_alloc(1)
                         if mslot is None:
                             raise AssertionError("no Mamba state slot free or evictable with "
