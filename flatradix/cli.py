@@ -247,20 +247,20 @@ def build_parser():
         "Replay as a hybrid SSM model (Qwen3-Next, Nemotron-H) is served by SGLang without the "
         "Mamba extra buffer: page size 1, the cache's Mamba component, a state pool of N slots; "
         "each request matches its prompt less the last token, as SGLang's scheduler does (so a "
-        "repeated prompt never reaches the state at its own end), takes a state slot (evicting "
-        "a cached state, or waiting for a running request when none is left) and donates it to "
-        "the tree when it finishes. Reports the hit tokens lost to checkpoint granularity "
-        "(Full KV of that match cached, no state at its end), the states evicted and the peak "
-        "states in the tree. --capacity / --kv-memory size the full-attention pool only; the "
-        "state pool is N states on top (its bytes are reported when --model-config gives "
-        "them). Not with --swa-window.")
+        "repeated prompt never reaches the state its twin left at the prompt's end), takes a "
+        "state slot (evicting a cached state, or waiting for a running request when none is "
+        "left) and donates it to the tree when it finishes. Reports the hit tokens lost to "
+        "checkpoint granularity (Full KV of that match cached, no state at its end), the "
+        "states evicted and the peak states in the tree. --capacity / --kv-memory size the "
+        "full-attention pool only; the state pool is N states on top (its bytes are reported "
+        "when --model-config gives them). Not with --swa-window.")
     g.add_argument("--mamba-states", type=_mamba_states, default=None, metavar="N[,N...]",
                    help="Mamba state pool in states (SGLang's mamba pool size); several run "
                         "once each")
     g.add_argument("--mamba-chunk", type=_mamba_chunk, default=None, metavar="C",
-                   help="SGLang's mamba_cache_chunk_size (default 64); without the extra buffer "
-                        "it only moves MatchResult.mamba_branching_seqlen, which the replay "
-                        "does not use, so the figures do not depend on it")
+                   help="SGLang's mamba_cache_chunk_size, 1 to 2**62 - 1 (default 64); without "
+                        "the extra buffer it only moves MatchResult.mamba_branching_seqlen, "
+                        "which the replay does not use, so the figures do not depend on it")
     g.add_argument("--mamba-ssm-dtype", choices=("float32", "bfloat16", "float16"),
                    default=None,
                    help="with --model-config: the SSM state's dtype in the reported state "

@@ -101,6 +101,10 @@ ERRORS = {
     "trace_is_a_directory": (["--trace", "{dir}"], ["is a directory"]),
     "unknown_policy": (["--policy", "lru,banana"], ["--policy", "'banana'"]),
     "seed_with_trace": (["--trace", "{one}", "--seed", "3"], ["--seed", "synthetic"]),
+    # the cache takes mamba_cache_chunk_size below 2**62: a traceback from it before
+    "mamba_chunk_2_to_the_62": (["--mamba-states", "4", "--mamba-chunk", "4611686018427387904"],
+                                ["argument --mamba-chunk", "<= 4,611,686,018,427,387,903",
+                                 "'4611686018427387904'"]),
 }
 
 # The planners' options: the same contract, checked in-process (main() with stderr
@@ -166,6 +170,20 @@ OPTION_ERRORS = {
                                    ["--mamba-chunk needs --mamba-states"]),
     "mamba_chunk_zero": (["--mamba-states", "8", "--mamba-chunk", "0"],
                          ["argument --mamba-chunk", ">= 1"]),
+    "mamba_chunk_beyond_int64": (["--mamba-states", "4", "--mamba-chunk",
+                                  "99999999999999999999999"],
+                                 ["argument --mamba-chunk", "<= 4,611,686,018,427,387,903"]),
+    "mamba_states_beyond_the_largest_pool": (["--mamba-states", "1099511627777"],
+                                             ["argument --mamba-states",
+                                              "<= 1,099,511,627,776", "'1099511627777'"]),
+    "mamba_ssm_dtype_without_config": (["--mamba-ssm-dtype", "float16"],
+                                       ["--mamba-ssm-dtype needs --model-config"]),
+    "mamba_ssm_dtype_unknown": (["--mamba-ssm-dtype", "fp8"],
+                                ["argument --mamba-ssm-dtype", "invalid choice: 'fp8'"]),
+    "mamba_ssm_dtype_config_without_linear_layers": (
+        ["--mamba-ssm-dtype", "float16", "--model-config",
+         str(EXAMPLES / "llama-3-8b-like.json")],
+        ["--mamba-ssm-dtype", "no linear-attention / Mamba layer"]),
     "mamba_config_without_linear_layers": (
         ["--mamba-states", "8", "--model-config", str(EXAMPLES / "llama-3-8b-like.json")],
         ["--mamba-states", "no linear-attention / Mamba layer"]),

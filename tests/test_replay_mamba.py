@@ -2,12 +2,18 @@
 without the Mamba extra buffer (page 1, one state slot per request, the finished
 request's state donated to the tree).
 
+Each request matches its prompt less the last token, ``prompt[:-1]``, as SGLang's
+scheduler does (``Req._compute_max_prefix_len``: the key is capped at
+``input_len - 1``); a state sits at the end of the prompt that donated it.
+
 Exact values: hand-worked runs (hits, hits lost to checkpoint granularity, waits
-for a state slot, evictions), and, unbounded, a plain-Python oracle over the
-prompts: request ``i`` hits the longest earlier prompt that is a prefix of its
-own (a state exists only where a prompt ended), and its Full KV hit is the
-Full-only one (``expected_hits`` of ``tests/test_replay.py``). The trace tests
-read ``../shared/traces/mooncake_conversation_trace.jsonl`` and skip where it is
+for a state slot, evictions), and, unbounded, plain-Python oracles over the
+prompts: request ``i`` hits the longest earlier prompt of length ``L <= n - 1``
+that is a prefix of its own (a state exists only where a prompt ended), and its
+Full KV hit is ``min(h, n - 1)`` for ``h`` its longest common prefix with an
+earlier prompt (:func:`full_hits`, checked against ``expected_hits`` of
+``tests/test_replay.py``). The trace tests read
+``../shared/traces/mooncake_conversation_trace.jsonl`` and skip where it is
 absent.
 """
 
@@ -67,26 +73,35 @@ SEVEN = ([[1, 2, 3], [1, 2, 5], [1, 2, 3], [1, 2, 3, 4], [1, 2], [1, 2, 6], [1, 
 
 
 def test_mamba_replay_by_hand():
-    """r0 [1,2,3] (12 tokens): empty cache; its state goes to depth 12.
-    r1 [1,2,5]: shares the system prompt [1,2] (8 tokens) with r0, but no state was
-      checkpointed at 8: Full hit 8, Mamba hit 0, lost 8. Its state: depth 12 of its branch.
-    r2 = r0 repeated: hit 12 (r0's state); its own state is freed (the node has one).
-    r3 [1,2,3,4] extends r0: hit 12, lost 0; state at 16.
-    r4 [1,2] (8): Full hit 8, the node at 8 (a split) holds none: hit 0, lost 8; its
-      state goes to that node.
-    r5 [1,2,6]: hit 8 (r4's state), Full hit 8.
-    r6 [1,2,3] cut at 10: Full hit 10, deepest state on the path at 8: hit 8, lost 2.
-    Full-only page 1: 8 + 12 + 12 + 8 + 8 + 10 = 58 = 40 hit + 18 lost."""
+    """Each request matches its first n - 1 tokens (SGLang's key limit).
+    r0 [1,2,3] (12 tokens): empty cache; its state goes to depth 12.
+    r1 [1,2,5]: key 11 shares the system prompt [1,2] (8 tokens) with r0, but no state
+      was checkpointed at 8: Full hit 8, Mamba hit 0, lost 8. Its state: depth 12 of
+      its branch.
+    r2 = r0 repeated: key 11 stops one token short of r0's state at 12: Full hit 11,
+      hit 0, lost 11 (a repeated prompt never reaches its twin's state); its own state
+      is freed at completion (the node at 12 has r0's).
+    r3 [1,2,3,4] (16) extends r0: key 15, Full hit 12 = r0's state: hit 12, lost 0;
+      state at 16.
+    r4 [1,2] (8): key 7, Full hit 7, no state: hit 0, lost 7; its state goes to the
+      node ending at 8 (a split of the shared prefix).
+    r5 [1,2,6]: key 11, Full hit 8 = r4's state: hit 8, lost 0.
+    r6 [1,2,3] cut at 10: key 9, Full hit 9, deepest state on the path at 8 (r4's):
+      hit 8, lost 1.
+    Hits 12 + 8 + 8 = 28; Full hits of the keys 8 + 11 + 12 + 7 + 8 + 9 = 55 = 28 + 27
+    lost. The Full-only replay matches whole prompts: 8 + 12 + 12 + 8 + 8 + 10 = 58,
+    3 more: one token each for r2, r4 and r6, whose whole prompt was cached."""
     box = {}
     r = replay(_workload(*SEVEN), capacity=None, page_size=1, mamba_states=100,
                record_requests=True, cache_factory=_capturing_factory(box))
     pr = r.per_request
-    assert pr["hit_tokens"].tolist() == [0, 0, 12, 12, 0, 8, 8] and r.hit_tokens == 40
-    assert pr["full_kv_hit_tokens"].tolist() == [0, 8, 12, 12, 8, 8, 10]
-    assert pr["checkpoint_lost_hit_tokens"].tolist() == [0, 8, 0, 0, 8, 0, 2]
-    assert r.checkpoint_lost_hit_tokens == 18
+    assert pr["hit_tokens"].tolist() == [0, 0, 0, 12, 0, 8, 8] and r.hit_tokens == 28
+    assert pr["full_kv_hit_tokens"].tolist() == [0, 8, 11, 12, 7, 8, 9]
+    assert pr["checkpoint_lost_hit_tokens"].tolist() == [0, 8, 11, 0, 7, 0, 1]
+    assert r.checkpoint_lost_hit_tokens == 27
     full_only = replay(_workload(*SEVEN), capacity=None, page_size=1, record_requests=True)
-    assert full_only.per_request["hit_tokens"].tolist() == pr["full_kv_hit_tokens"].tolist()
+    assert full_only.per_request["hit_tokens"].tolist() == [0, 8, 12, 12, 8, 8, 10]
+    assert full_only.hit_tokens == 58 == r.hit_tokens + r.checkpoint_lost_hit_tokens + 3
     # states: r0, r1, r3, r4, r5, r6 donated; r2's freed. One per request at most: 7 slots
     assert r.mamba_states == 100 and r.mamba_pool_slots == 7
     assert "state pool sized to 7 states" in r.notes[0]
@@ -95,12 +110,37 @@ def test_mamba_replay_by_hand():
     assert r.mamba_chunk == 64 and r.kv_conserved
     _assert_state_partition(box["cache"], box["alloc"], box["pool"])
     d = r.to_dict()
-    assert d["checkpoint_lost_hit_tokens"] == 18 and "swa_window" not in d
+    assert d["checkpoint_lost_hit_tokens"] == 27 and "swa_window" not in d
     assert "mamba_states" not in full_only.to_dict()
+
+
+def test_a_repeated_prompt_hits_a_shorter_earlier_prompt_state_only():
+    """r0 [1,2] (8), r1 [1,2,3] (12), r2 = r1 again, r3 = r0 again. r1: key 11 reaches r0's
+    state at 8: hit 8. r2: key 11 stops short of r1's state at 12; the deepest state on
+    its path is r0's at 8: hit 8, lost 3. r3: key 7, no state within 7: hit 0, lost 7."""
+    w = _workload([[1, 2], [1, 2, 3], [1, 2, 3], [1, 2]], [8, 12, 12, 8], [1, 1, 1, 1])
+    r = replay(w, page_size=1, mamba_states=4, record_requests=True)
+    pr = r.per_request
+    assert pr["hit_tokens"].tolist() == [0, 8, 8, 0]
+    assert pr["full_kv_hit_tokens"].tolist() == [0, 8, 11, 7]
+    assert (pr["hit_tokens"] < pr["prompt_tokens"]).all()
+    assert r.final_mamba_tree_states == 2 and r.kv_conserved
+
+
+def test_one_token_prompts_match_nothing():
+    """A prompt of 1 token matches the empty key (SGLang's limit max(n - 1, 0)): no hit,
+    even repeated; a 2-token repeat reaches the 1-token prompt's state."""
+    w = Workload("hand", 1, np.zeros(3), np.array([1, 1, 2]), np.array([1, 1, 1]),
+                 np.array([0, 1, 2, 4]), np.array([5, 5, 5, 6]))
+    r = replay(w, page_size=1, mamba_states=3, record_requests=True)
+    assert r.per_request["hit_tokens"].tolist() == [0, 0, 1]
+    assert r.per_request["full_kv_hit_tokens"].tolist() == [0, 0, 1] and r.kv_conserved
 
 
 # r0 [1,2,3] 12 + 2, r1 [7,8] 8 + 2, r2 = r0 again
 THREE = ([[1, 2, 3], [7, 8], [1, 2, 3]], [12, 8, 12], [2, 2, 1])
+# the same, r2 extending r0 to [1,2,3,4] (16 + 1): its key 15 reaches r0's state at 12
+THREE_EXT = ([[1, 2, 3], [7, 8], [1, 2, 3, 4]], [12, 8, 16], [2, 2, 1])
 
 
 def test_one_state_slot_two_running_requests():
@@ -123,11 +163,12 @@ def test_one_state_slot_two_running_requests():
 
 
 def test_two_state_slots_keep_the_matched_state():
-    """N = 2: r2 waits for r0 to finish (max running 2), then matches r0's state (hit
-    12, that node locked). No slot is free (tree: r0's; r1 holds one) and the locked
-    state cannot go: r2 waits for r1, whose leaf is then evicted (8 tokens)."""
-    r = replay(_workload(*THREE), capacity=None, page_size=1, max_running=2, mamba_states=2,
-               record_requests=True)
+    """N = 2: r2 [1,2,3,4] waits for r0 to finish (max running 2), then matches r0's
+    state (key 15, hit 12, that node locked). No slot is free (tree: r0's; r1 holds one)
+    and the locked state cannot go: r2 waits for r1, whose leaf is then evicted (8
+    tokens)."""
+    r = replay(_workload(*THREE_EXT), capacity=None, page_size=1, max_running=2,
+               mamba_states=2, record_requests=True)
     pr = r.per_request
     assert pr["hit_tokens"].tolist() == [0, 0, 12] and r.checkpoint_lost_hit_tokens == 0
     assert pr["waited"].tolist() == [0, 0, 1] and r.mamba_waits == 1
@@ -135,15 +176,18 @@ def test_two_state_slots_keep_the_matched_state():
 
 
 def test_one_state_slot_one_request_at_a_time_gives_up_its_match():
-    """N = 1, one request at a time: r2 matches r0's state, but a copy would need a
-    second slot and nothing runs that could free one: it unlocks, evicts that state
-    (r0's leaf, 12 tokens) and matches again: hit 0 (and no Full hit left either)."""
-    r = replay(_workload(*THREE), capacity=None, page_size=1, mamba_states=1,
-               record_requests=True)
+    """N = 1, one request at a time: r1 [1,2,3,4] matches r0's state (key 15, hit 12),
+    but a copy would need a second slot and nothing runs that could free one: one
+    empty-handed evict (the state is locked), then it unlocks, evicts that state (r0's
+    leaf, 12 tokens) and matches again: hit 0, and no Full hit left either."""
+    w = _workload([[1, 2, 3], [1, 2, 3, 4]], [12, 16], [2, 1])
+    r = replay(w, capacity=None, page_size=1, mamba_states=1, record_requests=True)
     pr = r.per_request
-    assert pr["hit_tokens"].tolist() == [0, 0, 0] and r.checkpoint_lost_hit_tokens == 0
-    assert pr["evicted_tokens"].tolist() == [0, 12, 8] and r.mamba_waits == 0
-    assert r.kv_conserved and r.rejected_requests == 0
+    assert pr["hit_tokens"].tolist() == [0, 0] and r.checkpoint_lost_hit_tokens == 0
+    assert pr["full_kv_hit_tokens"].tolist() == [0, 0]
+    assert pr["evicted_tokens"].tolist() == [0, 12] and r.mamba_waits == 0
+    assert pr["mamba_evicted_states"].tolist() == [0, 1] and r.evict_calls == 2
+    assert r.kv_conserved and r.rejected_requests == 0 and r.final_mamba_tree_states == 1
 
 
 def test_rejected_request_returns_its_state_slot():
@@ -159,18 +203,43 @@ def test_rejected_request_returns_its_state_slot():
 # ---------------------------------------------------------------- oracle
 def expected_mamba_hits(requests, block):
     """Per request, unbounded cache and state pool, one at a time: the longest earlier
-    prompt (hash ids, length) that is a prefix of this one (page 1)."""
+    prompt (hash ids, length) that is a prefix of this one's first n - 1 tokens
+    (page 1)."""
     seen = set()
     lengths = set()
     out = []
     for n, hs in requests:
         best = 0
         for L in lengths:
-            if best < L <= n and (tuple(hs[:-(-L // block)]), L) in seen:
+            if best < L <= n - 1 and (tuple(hs[:-(-L // block)]), L) in seen:
                 best = L
         out.append(best)
         seen.add((tuple(hs[:-(-n // block)]), n))
         lengths.add(n)
+    return out
+
+
+def full_hits(requests, block):
+    """Per request, unbounded, one at a time, page 1: the longest prefix (tokens) it
+    shares with any earlier prompt. Block ``k`` of a prompt is the tokens
+    ``hash * block + 0 ..``: two prompts share it token by token up to the shorter
+    one's cover when the hash ids up to ``k`` agree, and not at all otherwise."""
+    cover = {}   # hash ids of blocks 0..k -> most tokens of block k an earlier prompt held
+    out = []
+    for n, hs in requests:
+        hit = 0
+        for k in range(len(hs)):
+            c = min(cover.get(tuple(hs[:k + 1]), 0), block, n - k * block)
+            hit += c
+            if c < block:
+                break
+        out.append(hit)
+        for k in range(len(hs)):
+            c = min(block, n - k * block)
+            if c <= 0:
+                break
+            key = tuple(hs[:k + 1])
+            cover[key] = max(cover.get(key, 0), c)
     return out
 
 
@@ -179,19 +248,32 @@ def _check_against_oracles(w):
     reqs = workload_requests(w)
     pr = r.per_request
     assert pr["hit_tokens"].tolist() == expected_mamba_hits(reqs, w.block_size)
-    assert r.hit_tokens + r.checkpoint_lost_hit_tokens == expected_hits(reqs, 1, w.block_size)
+    full = full_hits(reqs, w.block_size)
+    assert sum(full) == expected_hits(reqs, 1, w.block_size)   # the two oracles agree
+    # the Full KV hit of the key prompt[:-1]
+    key_full = [min(h, max(n - 1, 0)) for h, (n, _) in zip(full, reqs)]
+    assert pr["full_kv_hit_tokens"].tolist() == key_full
+    assert r.hit_tokens + r.checkpoint_lost_hit_tokens == sum(key_full)
+    # against the Full-only replay (whole prompts): one token less per request whose
+    # whole prompt was cached
+    whole = sum(h == n for h, (n, _) in zip(full, reqs) if n)
+    full_only = replay(w, capacity=None, page_size=1)
+    assert full_only.hit_tokens == sum(full) == r.hit_tokens + r.checkpoint_lost_hit_tokens \
+        + whole
+    assert (pr["hit_tokens"] < np.maximum(pr["prompt_tokens"], 1)).all()
     assert r.mamba_evicted_states == 0 and r.kv_conserved
-    return r
+    return r, whole
 
 
 def test_unbounded_hits_equal_the_prompt_prefix_oracle_synthetic():
-    r = _check_against_oracles(synthetic_workload(300, block_size=16, seed=3))
+    r, _ = _check_against_oracles(synthetic_workload(300, block_size=16, seed=3))
     assert r.hit_tokens > 0 and r.checkpoint_lost_hit_tokens > 0
 
 
 @needs_trace
 def test_unbounded_hits_equal_the_prompt_prefix_oracle_on_the_trace():
-    _check_against_oracles(load_mooncake(TRACE, limit=400))
+    r, whole = _check_against_oracles(load_mooncake(TRACE, limit=400))
+    assert whole > 0 and r.checkpoint_lost_hit_tokens > 0
 
 
 @pytest.mark.parametrize("capacity,states,max_running", [(20_000, 4, 1), (20_000, 64, 4),
@@ -216,7 +298,8 @@ def test_more_state_slots_never_lose_hits_unbounded():
     (dict(mamba_states=8, page_size=16), "needs page_size=1"),
     (dict(mamba_states=8, swa_window=64), r"no \(FULL, SWA, MAMBA\) mode yet"),
     (dict(mamba_states=8, driver="core"), "driver='request'"),
-    (dict(mamba_states=8, mamba_chunk=0), "mamba_chunk must be an int >= 1"),
+    (dict(mamba_states=8, mamba_chunk=0), r"mamba_chunk must be an int in \[1, "),
+    (dict(mamba_states=8, mamba_chunk=1 << 62), r"in \[1, 4611686018427387903\], got "),
     (dict(mamba_chunk=32), "mamba_chunk needs mamba_states"),
 ])
 def test_mamba_replay_rejects_bad_options(kw, what):
@@ -229,16 +312,46 @@ def test_mamba_states_must_be_an_int():
         replay(_workload(*THREE), page_size=1, mamba_states="8")
 
 
+def test_largest_mamba_chunk_runs():
+    """2**62 - 1, the largest chunk the cache takes, runs (and gives the same figures:
+    without the extra buffer the chunk moves nothing the replay reads)."""
+    from flatradix.replay.sim import MAX_MAMBA_CHUNK
+
+    assert MAX_MAMBA_CHUNK == 2**62 - 1
+    a = replay(_workload(*SEVEN), page_size=1, mamba_states=3, mamba_chunk=MAX_MAMBA_CHUNK)
+    b = replay(_workload(*SEVEN), page_size=1, mamba_states=3)
+    assert a.mamba_chunk == MAX_MAMBA_CHUNK and a.kv_conserved
+    assert (a.hit_tokens, a.checkpoint_lost_hit_tokens) == (b.hit_tokens,
+                                                          b.checkpoint_lost_hit_tokens)
+
+
 # ---------------------------------------------------------------- reports
 def test_mamba_report_text():
     r = replay(_workload(*THREE), capacity=None, page_size=1, max_running=2, mamba_states=1)
     text = format_report(r)
-    for s in ("page size 1 |", "Mamba state pool 1 states | chunk 64 (no extra buffer)",
+    for s in ("page size 1 |", "Mamba state pool 1 state | chunk 64 (no extra buffer)",
               "lost to ckpt    0 (0.00 % of prompt tokens",
               "evicted         Full 20 tokens, Mamba 2 states (4 evict calls)",
               "state waits     2 completions waited for a free state slot",
-              "peak tree size  12 Full tokens, 1 Mamba states", "KV conservation ok"):
+              "peak tree size  12 Full tokens, 1 Mamba state", "KV conservation ok"):
         assert s in text, s
+
+
+def test_mamba_report_singulars():
+    """N = 1 over [r0, r1 = r0 extended], two running: r1 matches an empty tree (r0
+    runs), finds no slot free and no state in the tree (one empty-handed evict), waits
+    for r0 (1 completion), then evicts r0's state, an unlocked leaf: 12 Full tokens go
+    with it (2 evict calls). The tree peaks at r1's 16 tokens and 1 state. One request
+    with a pool of 5: "sized to 1 state"."""
+    w = _workload([[1, 2, 3], [1, 2, 3, 4]], [12, 16], [2, 1])
+    r = replay(w, page_size=1, mamba_states=1, max_running=2)
+    text = format_report(r)
+    for s in ("Mamba state pool 1 state |", "state waits     1 completion waited",
+              "evicted         Full 12 tokens, Mamba 1 state (2 evict calls)",
+              "peak tree size  16 Full tokens, 1 Mamba state"):
+        assert s in text, s
+    one = replay(_workload([[1, 2]], [8], [1]), page_size=1, mamba_states=5)
+    assert "state pool sized to 1 state: this workload can never use more" in one.notes
 
 
 def test_mamba_sweep_table_csv_and_plot(tmp_path):
@@ -312,8 +425,9 @@ def test_format_bytes_just_below_the_next_unit():
 def test_cli_mamba_runs_and_model_config():
     """Two state pools, one run each; with the qwen3-next-like config, 40 GiB buys the
     full-attention pool (24,576 B/token: 1,747,626 tokens at page 1) and the state
-    pool is reported beside it (64 x 39,518,208 bytes; the replay allocates 40 slots,
-    one per request, which gives the same run)."""
+    pool is reported beside it (64 x 77,266,944 bytes, conv bfloat16 + SSM float32:
+    see test_mamba_state_bytes_follow_sglang_dtypes; the replay allocates 40 slots, one
+    per request, which gives the same run)."""
     rc, out, err = _cli("--limit", "40", "--capacity", "8k", "--mamba-states", "4,64", "--json")
     assert rc == 0, err
     d = json.loads(out)
@@ -323,9 +437,10 @@ def test_cli_mamba_runs_and_model_config():
                         EXAMPLES / "qwen3-next-80b-like.json", "--kv-memory", "40GiB",
                         "--mamba-states", "64", "--mamba-chunk", "256")
     assert rc == 0, err
-    for s in ("capacity 1,747,626 tokens", "Mamba state 39,518,208 bytes/request in bfloat16 "
-              "(own pool; replayed)", "Mamba state pool 64 states | chunk 256",
-              "Mamba state pool 64 states = 2.36 GiB (2,529,165,312 bytes), besides the "
+    for s in ("capacity 1,747,626 tokens", "Mamba state 77,266,944 bytes/request (conv "
+              "bfloat16, SSM float32; own pool; replayed)",
+              "Mamba state pool 64 states | chunk 256",
+              "Mamba state pool 64 states = 4.61 GiB (4,945,084,416 bytes), besides the "
               "full-attention pool", "state pool sized to 40 states", "lost to ckpt"):
         assert s in out, s
 
@@ -341,3 +456,72 @@ def test_cli_on_a_prefix_of_the_trace():
     full = replay(load_mooncake(TRACE, limit=300), capacity=1_000_000, page_size=1)
     assert d["hit_tokens"] <= full.hit_tokens
     assert d["hit_tokens"] + d["checkpoint_lost_hit_tokens"] > 0
+
+# ---------------------------------------------------------------- state bytes
+QN = EXAMPLES / "qwen3-next-80b-like.json"
+# qwen3-next-like, 36 gated-delta-net layers, per layer: conv (2 x 16 key heads x 128 +
+# 32 value heads x 128) x (kernel 4 - 1) = 24,576 elements; SSM 32 x 128 x 128 = 524,288
+QN_CONV, QN_SSM = 36 * (2 * 16 * 128 + 32 * 128) * 3, 36 * 32 * 128 * 128
+QN_SGLANG = QN_CONV * 2 + QN_SSM * 4          # conv bfloat16, SSM float32: SGLang's default
+QN_BF16 = (QN_CONV + QN_SSM) * 2              # --mamba-ssm-dtype bfloat16 (or float16)
+
+
+def test_mamba_state_bytes_follow_sglang_dtypes():
+    """SGLang 0.5.23 (configs/mamba_utils.py, mamba2_state_dtype): conv state bfloat16
+    (SGLANG_MAMBA_CONV_DTYPE), SSM state --mamba-ssm-dtype, else the config's
+    mamba_ssm_dtype, else float32. The KV dtype (--kv-dtype) sizes attention KV only."""
+    from flatradix.replay import kv_layout_from_dict, load_model_config
+
+    assert (QN_CONV, QN_SSM) == (884_736, 18_874_368)
+    assert QN_SGLANG == 77_266_944 and QN_BF16 == 39_518_208
+    qn = load_model_config(QN)
+    assert (qn.mamba_conv_dtype, qn.mamba_ssm_dtype) == ("bfloat16", "float32")
+    assert qn.mamba_state_bytes() == QN_SGLANG
+    assert qn.to_dict()["mamba_state_bytes"] == QN_SGLANG
+    for kv in ("float32", "fp8_e4m3", "bfloat16"):
+        assert load_model_config(QN, kv_dtype=kv).mamba_state_bytes() == QN_SGLANG, kv
+    assert load_model_config(QN, kv_dtype="float32").full_kv_bytes_per_token == 2 * 24_576
+    assert load_model_config(QN, mamba_ssm_dtype="bfloat16").mamba_state_bytes() == QN_BF16
+    assert load_model_config(QN, mamba_ssm_dtype="float16").mamba_state_bytes() == QN_BF16
+    with pytest.raises(ValueError, match="mamba_ssm_dtype must be one of float32, bfloat16, "
+                                         "float16, got 'fp8'"):
+        load_model_config(QN, mamba_ssm_dtype="fp8")
+    cfg = json.loads(QN.read_text())
+    # the config's own mamba_ssm_dtype; the option over it; a nested text_config's first
+    assert kv_layout_from_dict(dict(cfg, mamba_ssm_dtype="bfloat16")).mamba_state_bytes() \
+        == QN_BF16
+    assert kv_layout_from_dict(dict(cfg, mamba_ssm_dtype="bfloat16"),
+                               mamba_ssm_dtype="float32").mamba_state_bytes() == QN_SGLANG
+    nested = {"model_type": "wrapper", "mamba_ssm_dtype": "float32",
+              "text_config": dict(cfg, mamba_ssm_dtype="float16")}
+    assert kv_layout_from_dict(nested).mamba_ssm_dtype == "float16"
+    bad = kv_layout_from_dict(dict(cfg, mamba_ssm_dtype="int8"))
+    assert bad.mamba_ssm_dtype == "float32" and bad.mamba_state_bytes() == QN_SGLANG
+    assert any("mamba_ssm_dtype 'int8' is not one SGLang takes" in n for n in bad.notes)
+    # nemotron-h-like, a float32 model: 3 Mamba-2 layers of conv (4 x 8 + 2 x 2 x 16) x 3
+    # = 288 and SSM 4 x 8 x 16 = 512 elements: 3 x (288 x 2 + 512 x 4) = 7,872 bytes
+    nh = kv_layout_from_dict(dict(num_hidden_layers=7, num_attention_heads=8,
+                                  num_key_value_heads=2, head_dim=128,
+                                  hybrid_override_pattern="M-M*-M*", mamba_num_heads=4,
+                                  mamba_head_dim=8, ssm_state_size=16, n_groups=2,
+                                  conv_kernel=4, torch_dtype="float32"))
+    assert nh.mamba_state_bytes() == 7_872 and nh.dtype_bytes == 4
+
+
+def test_cli_mamba_ssm_dtype_and_kv_dtype():
+    """--kv-dtype float32 doubles the attention KV (49,152 B/token) but not the state
+    (2 states: 154,533,888 bytes); --mamba-ssm-dtype bfloat16 halves the SSM part."""
+    rc, out, err = _cli("--limit", "5", "--describe", "--model-config", QN, "--kv-dtype",
+                        "float32", "--capacity", "1M", "--mamba-states", "2")
+    assert rc == 0, err
+    for s in ("full-attention KV 49,152 bytes/token",
+              "Mamba state 77,266,944 bytes/request (conv bfloat16, SSM float32; own pool; "
+              "replayed)",
+              "Mamba state pool 2 states = 147 MiB (154,533,888 bytes)"):
+        assert s in out, s
+    rc, out, err = _cli("--limit", "5", "--describe", "--model-config", QN,
+                        "--mamba-ssm-dtype", "bfloat16", "--json")
+    assert rc == 0, err
+    model = json.loads(out)["kv"]["model"]
+    assert model["mamba_state_bytes"] == QN_BF16 == 39_518_208
+    assert (model["mamba_conv_dtype"], model["mamba_ssm_dtype"]) == ("bfloat16", "bfloat16")
