@@ -258,9 +258,17 @@ def _skips(CT, skip_swa, skip_mamba):
     return (((CT.SWA,) if skip_swa else ()) + ((CT.MAMBA,) if skip_mamba else ()))
 
 
-class _MambaSlots:
-    """The Mamba state-slot calls both engines share (``self.malloc``: the recording
-    state allocator, ``self.cache``: the engine's cache)."""
+class _SameCalls:
+    """The calls both engines make alike: the Mamba state slots (``self.malloc``: the
+    recording state allocator) and the lock release (``self.cache``: the engine's
+    cache; both libraries spell these calls the same)."""
+
+    def unlock(self, handle, dec=False):
+        """``unlock(lock)``, or (``dec``) ``dec_lock_ref(node, receipt, skip_swa)``."""
+        if dec:
+            self.cache.dec_lock_ref(handle.node, handle.receipt, skip_swa=handle.swa_released)
+        else:
+            self.cache.unlock(handle)
 
     def take_mamba_frees(self):
         out, self.malloc.log = self.malloc.log, []
@@ -283,7 +291,7 @@ class _MambaSlots:
         return sorted(np.asarray(self.cache.all_mamba_values_flatten()).reshape(-1).tolist())
 
 
-class FlatEngine(_MambaSlots):
+class FlatEngine(_SameCalls):
     name = "flatradix"
 
     def __init__(self, cfg, max_reqs, max_ctx):
@@ -366,13 +374,6 @@ class FlatEngine(_MambaSlots):
             return h, (None, dict(h.receipt.component_lock_uuids))
         r = self.cache.inc_lock_ref(node, skip_lock_components=skip)
         return flatradix.TreeLock(node, r.to_dec_params()), (r.delta, dict(r.component_lock_uuids))
-
-    def unlock(self, handle, dec=False):
-        """``unlock(lock)``, or (``dec``) ``dec_lock_ref(node, receipt, skip_swa)``."""
-        if dec:
-            self.cache.dec_lock_ref(handle.node, handle.receipt, skip_swa=handle.swa_released)
-        else:
-            self.cache.unlock(handle)
 
     def release_mamba(self, handle):
         """SGLang's lazy extra-buffer path (``MambaComponent._alloc_mamba_slot``):
@@ -805,7 +806,7 @@ def _sgl():
     return _SGL
 
 
-class SglEngine(_MambaSlots):
+class SglEngine(_SameCalls):
     name = "sglang"
 
     def __init__(self, cfg, max_reqs, max_ctx, backend):
@@ -884,12 +885,6 @@ class SglEngine(_MambaSlots):
             return h, (None, dict(h.receipt.component_lock_uuids))
         r = self.cache.inc_lock_ref(node, skip)
         return self.S["TreeLock"](node, r.to_dec_params()), (r.delta, dict(r.component_lock_uuids))
-
-    def unlock(self, handle, dec=False):
-        if dec:
-            self.cache.dec_lock_ref(handle.node, handle.receipt, skip_swa=handle.swa_released)
-        else:
-            self.cache.unlock(handle)
 
     def release_mamba(self, handle):
         """``FlatEngine.release_mamba``: the very calls of SGLang's
