@@ -198,6 +198,11 @@ NS_WEIGHTS = [10, 2, 2, 1, 1, 1]
 MAX_LIVE = 6          # requests in flight
 MAX_LOCKS = 8         # extra locks held by "match+lock" ops
 VALUE_NONE, BIGRAM, TRACK = 1, 2, 4   # raw insert / match flags (see Executor.op_insert)
+# Fresh KV slots (Full configurations) start at SLOT_BASE and wrap back to it, and a
+# ``value=None`` insert (token ids become the values) is only sent when every token is
+# below it: a token id cached as a value never equals a slot a request holds at the
+# same position (the request path keeps such a slot as the tree's own KV).
+SLOT_BASE = 1 << 30
 SKIP_SWA, CURSOR, BRANCH = 8, 16, 32  # SWA: lock without the window / insert with a cursor /
                                       # with a swa_branching_seqlen
 SKIP_MAMBA, TREE_LOCK, LOCK_NODE = 64, 128, 256  # Mamba: lock without the state / through
@@ -300,7 +305,8 @@ class Executor:
         self.ids.bind("root", self.f.root(), self.s.root())
         self.hmap = EventHashMap()
         self.coalesce = backend == "rust"
-        self.next_page = 1
+        self.first_page = -(-SLOT_BASE // self.P)
+        self.next_page = self.first_page
         self.swa = cfg.get("swa_window") is not None
         if self.swa:
             npages = cfg["slot_space"] // self.P
@@ -357,7 +363,7 @@ class Executor:
                 out.append(self.next_page * P)
                 self.next_page += 1
                 if self.next_page * P >= (1 << 31) - P:  # SGLang rows are int32
-                    self.next_page = 1
+                    self.next_page = self.first_page
             else:
                 out.append((row[pos - 1] if pos - 1 < len(row) else out[-1]) + 1)
         return out
@@ -643,8 +649,8 @@ class Executor:
         if self.mamba:  # every insert donates one state slot (SGLang asserts one)
             self._make_mamba_room()
             mslot = self._mamba_slot()
-        if flags & VALUE_NONE and all(t < 2 ** 31 for t in toks) and not self.swa:
-            values = None  # token ids become "KV indices": only valid ones (SGLang rows are int32)
+        if flags & VALUE_NONE and all(t < SLOT_BASE for t in toks) and not self.swa:
+            values = None  # token ids become "KV indices" (below SLOT_BASE: see there)
         else:
             self._make_room(self._new_pages(0, n, self.P))
             values = self._slots([], 0, n)
