@@ -156,6 +156,14 @@ class UnifiedRadixCache(RequestCachingMixin):
         Mamba only: the request pool keeps extra (ping-pong) state slots so a
         checkpoint can be cached at any chunk boundary. Without it only the
         sequence-end state exists and ``page_size`` must be 1 (SGLang's rule).
+    mamba_max_states_per_path : int, keyword-only
+        Mamba only: -1 (default, SGLang's ``--mamba-max-states-per-path``) keeps
+        every state; ``c >= 1`` caps the states on a root-to-node path: after an
+        insert attached a state, the shallowest states beyond ``c`` on its path
+        are freed (their Full KV stays cached), sparing the inserted node,
+        Mamba-locked nodes and nodes without exactly one child, so the cap is
+        soft (SGLang ``MambaEvictExcessPathStates``). ``ValueError`` for 0 or
+        below -1, or for a value other than -1 without Mamba.
     device : str or torch.device
         ``"cpu"`` (values live in host memory; CUDA tensors are accepted and
         returned on their device, with one copy each way), or ``"cuda"`` /
@@ -209,7 +217,8 @@ class UnifiedRadixCache(RequestCachingMixin):
                  is_eagle=False, eviction_policy_config=None, disable=False,
                  enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16,
                  kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None,
-                 mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False):
+                 mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False,
+                 mamba_max_states_per_path=-1):
         if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
             raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
         self.page_size = int(page_size)
@@ -253,6 +262,13 @@ class UnifiedRadixCache(RequestCachingMixin):
         if chunk < 1:
             raise ValueError(f"mamba_cache_chunk_size must be >= 1, got {chunk}")
         extra = as_flag(enable_mamba_extra_buffer, "enable_mamba_extra_buffer")
+        path_cap = as_int(mamba_max_states_per_path, "mamba_max_states_per_path")
+        if path_cap == 0 or path_cap < -1:
+            raise ValueError("mamba_max_states_per_path must be -1 (unlimited) or >= 1, got "
+                             f"{path_cap}")
+        if path_cap != -1 and not self._mamba:
+            raise ValueError(f"mamba_max_states_per_path={path_cap} given, but components has "
+                             "no ComponentType.MAMBA")
         disable_flag = as_flag(disable, "disable")
         if self._mamba:
             malloc = getattr(req_to_token_pool, "mamba_allocator", None)
@@ -271,6 +287,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._early_mask = L.C_SWA | (L.C_MAMBA if self._mamba and self._swa else 0)
         self.mamba_cache_chunk_size = chunk
         self.enable_mamba_extra_buffer = extra
+        self.mamba_max_states_per_path = path_cap
         #: The grid a branching Mamba checkpoint lands on (tokens).
         self.mamba_checkpoint_grid = chunk * self.page_size // math.gcd(chunk, self.page_size)
         if not isinstance(eviction_policy, str) or eviction_policy.lower() not in L.POLICY_NAMES:
@@ -326,6 +343,7 @@ class UnifiedRadixCache(RequestCachingMixin):
                 policy_a=pa, policy_b=pb, events=self.enable_kv_cache_events,
                 components=(L.C_FULL | (L.C_SWA if self._swa else 0)
                             | (L.C_MAMBA if self._mamba else 0)), swa_window=self._window,
+                mamba_path_cap=path_cap,
                 bigram=self.is_eagle, node_capacity=max(4, ncap), pool_capacity=max(64, pcap))
         except MemoryError as e:
             raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "

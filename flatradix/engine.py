@@ -134,7 +134,8 @@ class Engine:
 
     Parameters (all validated by the façade): ``page_size``; ``policy`` (an index
     of ``POLICY_NAMES``) and its two parameters; ``components`` (``C_*`` bit
-    set); ``swa_window`` (units; 0 without SWA); ``events`` / ``bigram``
+    set); ``swa_window`` (units; 0 without SWA); ``mamba_path_cap``
+    (``mamba_max_states_per_path``, -1: off); ``events`` / ``bigram``
     flags; initial ``node_capacity`` / ``pool_capacity``.
 
     Growth is amortised O(1): arrays double (or the pool is compacted when half
@@ -144,8 +145,8 @@ class Engine:
     """
 
     def __init__(self, *, page_size, policy, policy_a=0, policy_b=0, components=L.C_FULL,
-                 swa_window=0, events=False, bigram=False, node_capacity=1024,
-                 pool_capacity=1 << 16):
+                 swa_window=0, mamba_path_cap=-1, events=False, bigram=False,
+                 node_capacity=1024, pool_capacity=1 << 16):
         self.events = bool(events)
         self.ns = Namespaces()
         ncap = max(node_capacity, L.FIRST_SLOT + 8)
@@ -164,6 +165,7 @@ class Engine:
         meta[L.M_POLICY_B] = policy_b
         meta[L.M_COMPONENTS] = components
         meta[L.M_SWA_WINDOW] = swa_window
+        meta[L.M_MAMBA_PATH_CAP] = mamba_path_cap
         meta[L.M_SWA_UUID_NEXT] = 1
         self.st = TreeArrays(nodes, ctab, pool, heap, meta)
         self.out = np.zeros(OUT_MIN, dtype=np.int64)

@@ -23,14 +23,15 @@ FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
 class Env:
     """A FULL+MAMBA cache with flatradix's pools; ``ins`` allocates both values."""
 
-    def __init__(self, page=1, chunk=64, states=16, extra=False, policy="lru"):
+    def __init__(self, page=1, chunk=64, states=16, extra=False, policy="lru", cap=-1):
         self.alloc = TokenToKVPoolAllocator(4096)
         self.pool = HybridReqToTokenPool(4, 256, mamba_size=states)
         self.ma = self.pool.mamba_allocator
         self.cache = UnifiedRadixCache(
             page_size=page, tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=self.alloc,
             req_to_token_pool=self.pool, mamba_cache_chunk_size=chunk,
-            enable_mamba_extra_buffer=extra, eviction_policy=policy)
+            enable_mamba_extra_buffer=extra, eviction_policy=policy,
+            mamba_max_states_per_path=cap)
         self.caller = set()  # state slots the caller holds (mamba_exist returns)
 
     def ins(self, toks):
@@ -326,6 +327,11 @@ def test_mamba_parameters_refused_where_they_do_not_apply():
     (dict(enable_mamba_extra_buffer="yes"), TypeError, "enable_mamba_extra_buffer"),
     (dict(req_to_token_pool=None), TypeError, "mamba_allocator"),
     (dict(tree_components=(FULL, MAMBA, SWA)), ValueError, "components must be"),
+    (dict(mamba_max_states_per_path=0), ValueError, "mamba_max_states_per_path"),
+    (dict(mamba_max_states_per_path=-2), ValueError, "mamba_max_states_per_path"),
+    (dict(mamba_max_states_per_path=2.0), TypeError, "mamba_max_states_per_path"),
+    (dict(mamba_max_states_per_path=2, tree_components=(FULL,), req_to_token_pool=None),
+     ValueError, "no ComponentType.MAMBA"),
 ])
 def test_bad_mamba_construction(kwargs, exc, msg):
     args = dict(page_size=1, tree_components=(FULL, MAMBA),
@@ -445,13 +451,13 @@ def test_eagle_is_not_bigram_with_mamba():
 
 
 # ---------------------------------------------------------------------- random run
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_ops_keep_the_state_partition(seed):
+@pytest.mark.parametrize("seed, cap", [(0, -1), (1, -1), (2, -1), (3, 1), (4, 2)])
+def test_random_ops_keep_the_state_partition(seed, cap):
     """Seeded random insert / match / lock / unlock / evict (whole and step-wise);
     after every op: sanity_check and the exact three-way partition of the state
-    pool, and every lock's release still succeeds."""
+    pool, and every lock's release still succeeds (``cap``: the per-path cap)."""
     rng = np.random.default_rng(seed)
-    env = Env(page=1, states=24)
+    env = Env(page=1, states=24, cap=cap)
     locks = []
     for _ in range(600):
         op = rng.integers(0, 7)
@@ -673,3 +679,91 @@ def test_req_mamba_pool_idx_validated_at_construction(bad, exc):
 
     with pytest.raises(exc, match="mamba_pool_idx"):
         Req(origin_input_ids=[1], mamba_pool_idx=bad)
+
+
+# ---------------------------------------------------------------- per-path cap
+# ``mamba_max_states_per_path`` (SGLang ``MambaEvictExcessPathStates``, spec §6.3):
+# after an insert attaches a state, the shallowest states beyond the cap on the
+# root -> target path go (their Full KV stays), sparing the target, Mamba-locked
+# nodes and nodes without exactly one child.
+
+def _recorded_frees(env):
+    freed = []
+    free = env.ma.free
+
+    def rec(idx):
+        freed.extend(np.asarray(idx).reshape(-1).tolist())
+        free(idx)
+    env.ma.free = rec
+    return freed
+
+
+def test_path_cap_drops_the_shallowest_state_and_keeps_the_kv():
+    env = Env(cap=2)
+    _, s1 = env.ins(range(1, 5))
+    _, s2 = env.ins(range(1, 9))
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == [s1, s2]
+    freed = _recorded_frees(env)
+    _, s3 = env.ins(range(1, 13))           # 3 states on the path > 2: depth 4's goes
+    assert freed == [s1]
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == [s2, s3]
+    assert env.cache.total_size() == (12, 2)          # every token's KV stays
+    assert env.cache.evictable_size() == 12
+    assert env.match(range(1, 5)).device_indices.size == 0   # no state at depth 4 now
+    assert env.match(range(1, 9)).device_indices.size == 8
+    env.partition()
+
+
+def test_path_cap_spares_locked_and_branching_nodes_and_the_target():
+    env = Env(cap=2)
+    _, s1 = env.ins([1, 2, 3, 4])
+    _, s2 = env.ins([1, 2, 3, 4, 5, 6])
+    _, s3 = env.ins([1, 2, 3, 4, 7, 8])     # [1..4] now has two children; 2 states per path
+    freed = _recorded_frees(env)
+    _, s4 = env.ins([1, 2, 3, 4, 5, 6, 9])  # path: s1 (2 children), s2, s4 -> s2 goes
+    assert freed == [s2]
+    lk = env.cache.lock(env.match([1, 2, 3, 4, 5, 6, 9]).last_device_node)
+    _, s5 = env.ins([1, 2, 3, 4, 5, 6, 9, 9])  # s1 branches, s4 locked: nothing to drop
+    assert freed == [s2]
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == sorted([s1, s3, s4, s5])
+    env.cache.unlock(lk)
+    env.partition()
+
+
+def test_path_cap_drops_several_shallowest_first():
+    env = Env(cap=1)
+    locks = []
+    slots = []
+    for n in (2, 4, 6):                     # each locked before the next insert: kept
+        _, s = env.ins(range(n))
+        slots.append(s)
+        locks.append(env.cache.lock(env.match(range(n)).last_device_node))
+    assert env.cache.mamba_protected_size() == 3
+    for lk in locks:
+        env.cache.unlock(lk)
+    freed = _recorded_frees(env)
+    _, s4 = env.ins(range(8))               # 4 states, cap 1: the three above go, top first
+    assert freed == slots
+    assert env.cache.all_mamba_values_flatten().tolist() == [s4]
+    assert env.cache.mamba_evictable_size() == 1
+    env.partition()
+
+
+def test_path_cap_also_when_a_stateless_split_node_takes_a_state():
+    env = Env(cap=1)
+    _, s1 = env.ins(range(8))
+    freed = _recorded_frees(env)
+    r, s2 = env.ins(range(4))               # ends on the split's upper part: takes s2
+    assert (r.prefix_len, r.mamba_exist) == (4, False)
+    assert freed == []                      # s1 is deeper (below the target): not on its path
+    _, s3 = env.ins(range(12))              # path: s2, s1, s3 -> s2 and s1 go, top first
+    assert freed == [s2, s1]
+    assert env.cache.all_mamba_values_flatten().tolist() == [s3]
+    env.partition()
+
+
+def test_path_cap_off_by_default_keeps_every_state():
+    env = Env()
+    slots = [env.ins(range(2 * k))[1] for k in range(1, 6)]
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == sorted(slots)
+    assert env.cache.mamba_max_states_per_path == -1

@@ -27,6 +27,11 @@ Rules (hook names as SGLang's):
   node loses its state only (no cascade: Mamba's internal priority is the
   lowest).
 * ``eviction_priority``: 0 everywhere.
+* ``evict_excess_path_states`` (``mamba_max_states_per_path``, ``meta[M_MAMBA_PATH_CAP]``;
+  -1 off): after a commit attached a state, the root->target path keeps at most
+  the cap's states: the shallowest ones beyond it lose their state (Full KV
+  stays), skipping the target, Mamba-locked nodes and nodes without exactly one
+  child -- a soft cap, as SGLang's.
 
 Writes ``MAMBA_SLOT``, ``F_HAS(MAMBA)``, ``LOCK_COL(MAMBA)``, the Mamba ledgers
 and (through ``kernels/lru.py``) the Mamba LRU links.
@@ -35,8 +40,9 @@ and (through ``kernels/lru.py``) the Mamba LRU links.
 from ..kernels._jit import helper
 from ..kernels.actions import A_FREE_SLOT, SRC_OUT, emit
 from ..kernels.layout import (
-    E_LOCK_UNDERFLOW, F_HAS, FLAGS, LAST_ACCESS, LOCK_REF, LRU_MAMBA, M_EVICTABLE, M_NOUT,
-    M_PROTECTED, M_TOTAL, MAMBA, MAMBA_SLOT, N_TIERS, NIL, OK, ROOT,
+    E_LOCK_UNDERFLOW, F_HAS, FLAGS, LAST_ACCESS, LOCK_REF, LRU_MAMBA, M_EVICTABLE,
+    M_MAMBA_PATH_CAP, M_NOUT, M_PROTECTED, M_TOTAL, MAMBA, MAMBA_SLOT, N_TIERS, NCHILD, NIL, OK,
+    PARENT, ROOT,
 )
 from ..kernels.lru import lru_move_to_front, lru_push_front, lru_remove
 from ..kernels.order import fix
@@ -98,6 +104,64 @@ def commit_insert_component_data(nodes, heap, meta, s, new_leaf, slot):
     nodes[s, LAST_ACCESS] = tick(meta)
     fix(nodes, heap, meta, s)
     return True
+
+
+@helper
+def _path_cap_eligible(nodes, s, tail):
+    """A state the per-path cap may drop: not the tail's, unlocked, on a node with
+    exactly one child (so never a leaf)."""
+    return (s != tail and has_data(nodes, s) and nodes[s, MAMBA_LOCK] == 0
+            and nodes[s, NCHILD] == 1)
+
+
+@helper
+def evict_excess_path_states(nodes, meta, tail, out, acts):
+    """SGLang ``MambaEvictExcessPathStates`` (spec §6.3, per-path cap): with
+    ``c = meta[M_MAMBA_PATH_CAP] >= 0`` and ``h`` states on the root->``tail``
+    path, drop the states of the ``h - c`` shallowest eligible nodes
+    (``_path_cap_eligible``; fewer when not enough are eligible), each as
+    ``evict_component`` does (Full KV kept, no cascade). Frees are emitted
+    shallowest first. Two bottom-up passes, no allocation: the first counts,
+    the second keeps the deepest ``m - (h - c)`` of the ``m`` eligible states
+    and drops the rest; the freed slots, written deepest first, are then
+    reversed in ``out``. Returns the states dropped. The caller checked room
+    for one row and one ``out`` value per node on the path."""
+    cap = meta[M_MAMBA_PATH_CAP]
+    if cap < 0:
+        return 0
+    held = 0
+    eligible = 0
+    s = tail
+    while s != ROOT:
+        if has_data(nodes, s):
+            held += 1
+            if _path_cap_eligible(nodes, s, tail):
+                eligible += 1
+        s = nodes[s, PARENT]
+    excess = held - cap
+    if excess <= 0 or eligible == 0:
+        return 0
+    keep = max(eligible - excess, 0)
+    lo = meta[M_NOUT]
+    dropped = 0
+    s = tail
+    while s != ROOT:
+        p = nodes[s, PARENT]
+        if _path_cap_eligible(nodes, s, tail):
+            if keep > 0:
+                keep -= 1
+            else:
+                evict_component(nodes, meta, s, out, acts)
+                dropped += 1
+        s = p
+    hi = meta[M_NOUT] - 1
+    while lo < hi:  # the emitted row(s) are one run of out: shallowest first
+        t = out[lo]
+        out[lo] = out[hi]
+        out[hi] = t
+        lo += 1
+        hi -= 1
+    return dropped
 
 
 @helper

@@ -6,7 +6,8 @@ from .actions import A_ADOPTED, A_FREE_KV, A_STORED, SRC_IN, SRC_POOL, acts_begi
 from .children import find_child
 from .layout import (
     C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FULL, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    M_COMPONENTS, M_EVENTS, M_NLIVE, M_PAGE, OK, PRIORITY, ROOT, VALUES_UNCHECKED,
+    M_COMPONENTS, M_EVENTS, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, OK, PRIORITY, ROOT,
+    VALUES_UNCHECKED,
 )
 from .order import fix
 from .state import has_room, need, node_id, tick
@@ -38,7 +39,10 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     part below the cursor Full-only). Commit: the unmatched rest becomes one
     new leaf whose value is a copy of ``value[prefix_len:n]``; each component
     commits its data (SWA: the window at or past the cursor, capped);
-    ``A_STORED`` per new node with events on. ``flags & TRACK_ADOPTED``: the
+    ``A_STORED`` per new node with events on. Mamba: the target takes
+    ``mamba_slot`` unless it had a state, and then the per-path cap
+    (``mamba.evict_excess_path_states``) may drop shallower states
+    (``A_FREE_SLOT``). ``flags & TRACK_ADOPTED``: the
     adopted ranges of the auxiliary components are reported (``A_ADOPTED``).
 
     ``out_base``: when ``>= n``, the cached prefix's KV indices (the tree's,
@@ -50,7 +54,8 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     target is the new leaf, else the node the key ended on, and ``mamba_exist``
     is 1 when the target already owned a Mamba state (0 without Mamba). Requires free slots (2; 4 with SWA),
     child-table entries, ``n`` free pool rows, ``out`` and ``acts`` room for the
-    actions; E_CAPACITY otherwise (``meta[M_NEED_*]`` say how much), with
+    actions (with a Mamba per-path cap, one row and value per node on the
+    target's path more); E_CAPACITY otherwise (``meta[M_NEED_*]`` say how much), with
     nothing changed.
     """
     if limit != VALUES_UNCHECKED and value.shape[0] > 0:
@@ -77,6 +82,13 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         need_acts = 4 * min(n // page + 1, meta[M_NLIVE]) + 8
         need_out += n
         slots = 4
+    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    if mamba_on and meta[M_MAMBA_PATH_CAP] >= 0:
+        # the per-path cap drops at most one state per node on the target's path
+        # (every node holds at least a page; a split adds one)
+        path_nodes = min(n // page + 2, meta[M_NLIVE] + 2)
+        need_out += path_nodes
+        need_acts += path_nodes
     if out.shape[0] < need_out or acts.shape[0] < need_acts:
         need(meta, 0, 0, need_out, need_acts)
         return E_CAPACITY, 0, -1, 0
@@ -136,9 +148,11 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
     exist = 0
-    if meta[M_COMPONENTS] & C_MAMBA:
+    if mamba_on:
         exist = 1 if mamba.commit_insert_component_data(nodes, heap, meta, target,
                                                         target != node, mamba_slot) else 0
+        if not exist:  # a state was attached: SGLang's MambaEvictExcessPathStates
+            mamba.evict_excess_path_states(nodes, meta, target, out, acts)
     if swa_on and target != ROOT:
         swa.refresh_lru(nodes, meta, target)
     return OK, prefix_len, node_id(nodes, target), exist

@@ -273,6 +273,7 @@ META_FIELDS = (
     ("RETIRED", 1),       # slots retired for good: their generation reached GEN_LIMIT
     ("COMPONENTS", 1),    # bit set C_* of the configured components (FULL always)
     ("SWA_WINDOW", 1),    # SWA retain window W in units (0 without SWA)
+    ("MAMBA_PATH_CAP", 1),  # mamba_max_states_per_path (-1: off)
     ("SWA_UUID_NEXT", 1),  # next SWA window-lock boundary stamp (never reused, > 0)
     ("NACTS", 1),         # rows written to ``acts`` by the last kernel call
     ("NOUT", 1),          # entries of ``out`` holding action data after the last call
@@ -310,6 +311,7 @@ M_BIGRAM = _META["BIGRAM"]
 M_RETIRED = _META["RETIRED"]
 M_COMPONENTS = _META["COMPONENTS"]
 M_SWA_WINDOW = _META["SWA_WINDOW"]
+M_MAMBA_PATH_CAP = _META["MAMBA_PATH_CAP"]
 M_SWA_UUID_NEXT = _META["SWA_UUID_NEXT"]
 M_NACTS = _META["NACTS"]
 M_NOUT = _META["NOUT"]

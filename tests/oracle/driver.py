@@ -152,11 +152,19 @@ MAMBA_CONFIGS = {
                            mamba_chunk=128, mamba_extra_buffer=True, mamba_budget=12),
     "p1-eagle-mamba-lru": dict(page_size=1, policy="lru", eagle=True, mamba_chunk=64,
                                mamba_budget=20),
+    # the per-path state cap (--mamba-max-states-per-path), with the request path
+    "p1-mamba-cap2-lru": dict(page_size=1, policy="lru", mamba_chunk=16, mamba_budget=24,
+                              mamba_path_cap=2),
+    "p16-mamba-cap1-lfu": dict(page_size=16, policy="lfu", mamba_chunk=64,
+                               mamba_extra_buffer=True, mamba_budget=16, mamba_path_cap=1),
     # FULL+SWA+MAMBA (SGLang's own fixtures run p1/W128 and p64/W64 stacks)
     "p1-swa16-mamba-lru": dict(page_size=1, policy="lru", swa_window=16, swa_budget=0.5,
                                mamba_chunk=64, mamba_budget=20),
     "p64-swa127-mamba-lru": dict(page_size=64, policy="lru", swa_window=127, swa_budget=0.6,
                                  mamba_chunk=64, mamba_extra_buffer=True, mamba_budget=10),
+    "p16-swa32-mamba-cap2-lru": dict(page_size=16, policy="lru", swa_window=32, swa_budget=0.6,
+                                     mamba_chunk=32, mamba_extra_buffer=True, mamba_budget=14,
+                                     mamba_path_cap=2),
 }
 for _c in MAMBA_CONFIGS.values():
     _c["requests"] = not _c.get("mamba_extra_buffer") and "swa_window" not in _c
@@ -188,6 +196,9 @@ MUTANTS = {
     # a running request's checkpoint donating its own state instead of a fork
     "mamba-fork-evicts-2": ("p1-mamba-lfu", dict(fork_evicts_2=True)),
     "mamba-checkpoint-donates": ("p1-mamba-lru", dict(checkpoint_donates=True)),
+    # the per-path cap: off, or one state more per path
+    "mamba-path-cap-off": ("p1-mamba-cap2-lru", dict(mamba_path_cap=-1)),
+    "mamba-path-cap-2": ("p16-mamba-cap1-lfu", dict(mamba_path_cap=2)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.

@@ -321,7 +321,9 @@ class FlatEngine(_SameCalls):
             kw.pop("components", None)
             kw.update(tree_components=mamba_components(cfg, flatradix.ComponentType),
                       mamba_cache_chunk_size=mut.get("mamba_chunk", cfg["mamba_chunk"]),
-                      enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False))
+                      enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False),
+                      mamba_max_states_per_path=mut.get("mamba_path_cap",
+                                                                cfg.get("mamba_path_cap", -1)))
         else:
             self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
         self.cache = flatradix.UnifiedRadixCache(
@@ -828,12 +830,15 @@ class SglEngine(_SameCalls):
             # MambaComponent (Python core) and the Rust adapter read the chunk size
             # from the global server args at construction: SGLang's own fixtures
             # preset ``_mamba_cache_chunk_size`` (a dummy model has no HF config to
-            # derive it from); the per-path state cap stays at its default -1 (off).
-            from sglang.srt.runtime_context import get_exec, get_server_args
+            # derive it from); the per-path state cap (``--mamba-max-states-per-path``,
+            # -1 = off) through the runtime context's override, as a launcher sets it.
+            from sglang.srt.runtime_context import get_context, get_exec, get_server_args
 
             get_server_args()._mamba_cache_chunk_size = cfg["mamba_chunk"]
-            if get_exec().mamba.mamba_max_states_per_path != -1:
-                raise RuntimeError("mamba_max_states_per_path is not -1")
+            cap = cfg.get("mamba_path_cap", -1)
+            get_context().override("flatradix-oracle", mamba_max_states_per_path=cap)
+            if get_exec().mamba.mamba_max_states_per_path != cap:
+                raise RuntimeError(f"mamba_max_states_per_path did not become {cap}")
             extra = cfg.get("mamba_extra_buffer", False)
             self.rtp = S["make_hybrid_req_pool"](max_reqs, max_ctx, extra, cfg["mamba_space"])
             self.malloc = self.rtp.mamba_allocator
