@@ -176,13 +176,14 @@ class RequestCachingMixin:
     def _need_pools(self, what):
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
-        if self._mamba and (self.enable_mamba_extra_buffer or self._swa):
+        if self._mamba and self.enable_mamba_extra_buffer:
             # refused before anything changes: the ping-pong track buffers of the
-            # extra-buffer mode, and the SWA + Mamba retain floor, are not built yet
+            # extra-buffer mode (and with SWA the retain floor below the tracked
+            # checkpoint, SGLang swa_retain_floor) are not built yet
             raise NotImplementedError(f"{what}: the request path of a Mamba cache with "
-                                      f"{'an SWA component' if self._swa else 'enable_mamba_extra_buffer'}"
-                                      " is not implemented yet; drive insert (with mamba_value), "
-                                      "match_prefix and lock / unlock directly")
+                                      "enable_mamba_extra_buffer is not implemented yet; drive "
+                                      "insert (with mamba_value), match_prefix and lock / unlock "
+                                      "directly")
 
     # ------------------------------------------------------------------ Mamba
     def _mamba_own(self, req):
@@ -440,8 +441,10 @@ class RequestCachingMixin:
                                  f"page_size={self.page_size}")
             self._swa_cursor(req)
             # SGLang prepare_for_caching_req: a first checkpoint after a match that
-            # stopped short of its Full hit inserts only up to the branching point
-            branching = getattr(req, "swa_branching_seqlen", None)
+            # stopped short of its Full hit inserts only up to the branching point --
+            # not with Mamba, whose state belongs to the whole key (SGLang's SWA
+            # component leaves the length to Mamba's then)
+            branching = None if self._mamba else getattr(req, "swa_branching_seqlen", None)
             if branching is not None:
                 branching = as_count(branching, "req.swa_branching_seqlen")
                 if branching <= protected or branching + eagle > up_to:

@@ -767,3 +767,44 @@ def test_path_cap_off_by_default_keeps_every_state():
     slots = [env.ins(range(2 * k))[1] for k in range(1, 6)]
     assert sorted(env.cache.all_mamba_values_flatten().tolist()) == sorted(slots)
     assert env.cache.mamba_max_states_per_path == -1
+
+
+# ---------------------------------------------------------------- (FULL, SWA, MAMBA) request path
+def test_triple_request_path_caches_the_whole_key_with_its_state():
+    """Page 1, no extra buffer: SWA's branching cut does not apply with Mamba (the
+    state belongs to the whole key, SGLang's SWA component leaves the length to
+    Mamba); the running request forks its state, slides its window out first,
+    and the finished one donates its own."""
+    from flatradix import Req
+
+    cache, alloc, ma = _triple(window=4, states=8)
+    pool = cache.req_to_token_pool
+    req = Req(origin_input_ids=list(range(12)), output_ids=[])
+    req.req_pool_idx = pool.alloc(1)[0]
+    own = req.mamba_pool_idx = int(ma.alloc(1)[0])
+    kv = alloc.alloc(12)
+    pool.write((req.req_pool_idx, slice(0, 12)), kv)
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(12)))))
+    req.prefix_indices, req.cache_protected_len = m.device_indices, 0
+    req.lock, req.last_node = cache.lock(m.last_device_node), m.last_device_node
+    req.kv_committed_len = 12
+    req.swa_branching_seqlen = 4            # SWA alone would stop this insert at 4
+    assert cache.checkpoint(req, 12) == 12
+    assert req.cache_protected_len == 12 and req.swa_branching_seqlen == 4
+    # out of the window before the insert: SWA slots [0, 11 - 4) go back
+    assert req.swa_evicted_seqlen == 7
+    assert alloc.swa_available_size() == 256 - 12 + 7
+    tree = cache.all_mamba_values_flatten().tolist()
+    assert len(tree) == 1 and tree[0] != own and req.mamba_pool_idx == own   # a fork
+    assert cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(12))))) \
+        .device_prefix_len == 12
+    req.output_ids = [50, 51]
+    pool.write((req.req_pool_idx, slice(12, 14)), alloc.alloc(2))
+    req.kv_committed_len = 14
+    cache.release_kv_cache(req)             # finished: its own state is adopted at 14
+    assert sorted(cache.all_mamba_values_flatten().tolist()) == sorted(tree + [own])
+    assert req.mamba_pool_idx is None and ma.available_size() == 8 - 2
+    assert alloc.full_available_size() == 256 - 14
+    assert cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(12)) + [50, 51]))) \
+        .device_prefix_len == 14
+    cache.sanity_check()

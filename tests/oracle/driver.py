@@ -167,7 +167,7 @@ MAMBA_CONFIGS = {
                                      mamba_path_cap=2),
 }
 for _c in MAMBA_CONFIGS.values():
-    _c["requests"] = not _c.get("mamba_extra_buffer") and "swa_window" not in _c
+    _c["requests"] = not _c.get("mamba_extra_buffer")
     _c["mamba_space"] = 1 << 12
     if "swa_window" in _c:
         _c["slot_space"] = (1 << 16) * _c["page_size"]
