@@ -287,7 +287,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._early_mask = L.C_SWA | (L.C_MAMBA if self._mamba and self._swa else 0)
         self.mamba_cache_chunk_size = chunk
         self.enable_mamba_extra_buffer = extra
-        self.mamba_max_states_per_path = path_cap
+        self._path_cap = path_cap
         #: The grid a branching Mamba checkpoint lands on (tokens).
         self.mamba_checkpoint_grid = chunk * self.page_size // math.gcd(chunk, self.page_size)
         if not isinstance(eviction_policy, str) or eviction_policy.lower() not in L.POLICY_NAMES:
@@ -520,6 +520,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         (tree unchanged). A list key that is ``params.req``'s own
         ``origin_input_ids`` / ``fill_ids`` (as SGLang's scheduler passes them)
         is converted through the request's memo: once per request, not per call.
+        Mamba with ``cow_mamba`` (spec §6.3): when the best node owns a state and
+        the request holds none, one slot is allocated for it (one state evicted
+        first when the pool is empty, the best node locked meanwhile);
+        ``RuntimeError("Can not alloc mamba cache ...")`` when nothing is
+        evictable -- raised after the match itself (its split and LRU refresh)
+        happened, as SGLang's assertion; the request then still holds no slot.
         """
         cow = False
         if type(params) is MatchPrefixParams:
@@ -1339,6 +1345,12 @@ class UnifiedRadixCache(RequestCachingMixin):
 
     def supports_swa(self):
         return self._swa
+
+    @property
+    def mamba_max_states_per_path(self):
+        """The per-path Mamba state cap given at construction (-1: off); read-only
+        (the kernels read it from the tree's meta array)."""
+        return self._path_cap
 
     def supports_mamba(self):
         return self._mamba

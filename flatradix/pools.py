@@ -315,6 +315,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.mamba_allocator = MambaSlotAllocator(mamba_size, index_kind, device)
         super().__init__(size, max_context_len, index_kind, device)
 
+    def clear(self):
+        """Every request row and every state slot free again (SGLang's
+        ``HybridReqToTokenPool.clear`` clears its ``mamba_allocator`` too: after
+        ``cache.reset()`` neither the tree nor a request holds a state)."""
+        super().clear()
+        self.mamba_allocator.clear()
+
     def free_mamba_cache(self, req):
         """Free the request's state slot ``req.kv.mamba_pool_idx`` (SGLang's name) and
         set the field to None. ``ValueError`` when it holds none (a double free)."""

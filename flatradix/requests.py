@@ -49,7 +49,8 @@ class Req:
     SWA caches: ``swa_evicted_seqlen`` is the request's SWA cursor (its row's
     SWA slots below it are freed; the cache advances it), and
     ``swa_branching_seqlen`` the ``MatchResult`` field of its admission match
-    (the first checkpoint then inserts only up to it).
+    (the first checkpoint then inserts only up to it; not with Mamba, whose state
+    belongs to the whole key -- the field is still validated).
     Mamba caches: ``mamba_pool_idx`` is the request's own state slot (from
     ``req_to_token_pool.mamba_allocator``; ``None``: holds none);
     ``mamba_cow_src_index`` / ``mamba_needs_clear`` are set by a ``cow_mamba``
@@ -403,7 +404,11 @@ class RequestCachingMixin:
         Every field read is validated first (``TypeError`` / ``ValueError`` naming
         it: token lists, lengths, the row and its KV slots; ``NodeAccessError`` /
         ``LockRefError`` for a ``req.last_node`` that is stale or holds no lock);
-        nothing changes then.
+        nothing changes then. Mamba: a running request's fork needs a free state
+        slot; with the pool empty one state is evicted first, and when none is
+        evictable ``RuntimeError("Can not alloc mamba cache ...")`` is raised,
+        nothing changed (SGLang asserts). ``NotImplementedError`` (nothing
+        changed) for a Mamba cache with ``enable_mamba_extra_buffer``.
         """
         self._need_pools("checkpoint")
         self._check_req_type(req)
@@ -444,10 +449,10 @@ class RequestCachingMixin:
             # stopped short of its Full hit inserts only up to the branching point --
             # not with Mamba, whose state belongs to the whole key (SGLang's SWA
             # component leaves the length to Mamba's then)
-            branching = None if self._mamba else getattr(req, "swa_branching_seqlen", None)
+            branching = getattr(req, "swa_branching_seqlen", None)
             if branching is not None:
                 branching = as_count(branching, "req.swa_branching_seqlen")
-                if branching <= protected or branching + eagle > up_to:
+                if self._mamba or branching <= protected or branching + eagle > up_to:
                     branching = None
                 else:
                     effective = branching + eagle

@@ -808,3 +808,42 @@ def test_triple_request_path_caches_the_whole_key_with_its_state():
     assert cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(12)) + [50, 51]))) \
         .device_prefix_len == 14
     cache.sanity_check()
+
+
+def test_triple_request_path_still_validates_swa_branching_seqlen():
+    from flatradix import Req
+
+    cache, alloc, ma = _triple(window=4, states=8)
+    pool = cache.req_to_token_pool
+    req = Req(origin_input_ids=list(range(8)), output_ids=[])
+    req.req_pool_idx = pool.alloc(1)[0]
+    req.mamba_pool_idx = int(ma.alloc(1)[0])
+    pool.write((req.req_pool_idx, slice(0, 8)), alloc.alloc(8))
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(8)))))
+    req.prefix_indices, req.cache_protected_len = m.device_indices, 0
+    req.lock, req.last_node = cache.lock(m.last_device_node), m.last_device_node
+    req.kv_committed_len = 8
+    before = (alloc.full_available_size(), alloc.swa_available_size(), ma.available_size(),
+              cache.total_size())
+    for bad, exc in (("5", TypeError), (-3, ValueError)):
+        req.swa_branching_seqlen = bad
+        with pytest.raises(exc, match="swa_branching_seqlen"):
+            cache.checkpoint(req, 8)
+        assert (alloc.full_available_size(), alloc.swa_available_size(), ma.available_size(),
+                cache.total_size()) == before
+    req.swa_branching_seqlen = None
+    assert cache.checkpoint(req, 8) == 8
+
+
+def test_pool_clear_frees_the_state_slots_and_the_cap_is_read_only():
+    env = Env(cap=2)
+    env.ins(range(4))
+    req, _ = admit(env, range(6))
+    assert env.ma.available_size() == env.ma.size - 2
+    env.cache.reset()                       # SGLang flush_cache: reset, then the pools
+    env.pool.clear()
+    assert env.ma.available_size() == env.ma.size
+    assert env.pool.available_size() == env.pool.size
+    with pytest.raises(AttributeError):
+        env.cache.mamba_max_states_per_path = 1
+    assert env.cache.mamba_max_states_per_path == 2
