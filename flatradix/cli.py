@@ -232,7 +232,8 @@ def build_parser():
         "Replay as a hybrid sliding-window model (Gemma-3, gpt-oss) is served: a full-attention "
         "pool (--capacity / --kv-memory) and an SWA pool of R x its tokens, the cache's SWA "
         "component, each request's window sliding as it decodes. Reports the evictions of both "
-        "pools and the hit tokens lost to the window (Full KV cached, its SWA KV dropped).")
+        "pools and the hit tokens lost to the window (Full KV cached, its SWA KV dropped). "
+        "With --mamba-states: the SWA + Mamba mode (below).")
     g.add_argument("--swa-window", type=_swa_windows, default=None, metavar="W[,W...]|model",
                    help="sliding window in tokens; several run once each (a sweep over W); "
                         "'model': the sliding_window of --model-config")
@@ -253,7 +254,10 @@ def build_parser():
         "checkpoint granularity (Full KV of that match cached, no state at its end), the "
         "states evicted and the peak states in the tree. --capacity / --kv-memory size the "
         "full-attention pool only; the state pool is N states on top (its bytes are reported "
-        "when --model-config gives them). Not with --swa-window.")
+        "when --model-config gives them). With --swa-window too: a model with both kinds of "
+        "layers, the (FULL, SWA, MAMBA) cache at page 1, both modes' pools, steps and figures "
+        "(the hits lost split between the window and checkpoint granularity); several windows "
+        "or several state counts, not both.")
     g.add_argument("--mamba-states", type=_mamba_states, default=None, metavar="N[,N...]",
                    help="Mamba state pool in states (SGLang's mamba pool size); several run "
                         "once each")
@@ -338,9 +342,10 @@ def _check_options(args):
         need(args.page_size in (None, 1),
              f"--mamba-states needs --page-size 1 (SGLang serves a Mamba hybrid without the "
              f"extra buffer at page size 1), got --page-size {args.page_size}")
-        need(not args.swa_window,
-             "--mamba-states with --swa-window: the replay has no (FULL, SWA, MAMBA) mode yet; "
-             "give one of them")
+        need(not args.swa_window or len(args.swa_window) == 1 or len(args.mamba_states) == 1,
+             f"--swa-window ({len(args.swa_window or ())} windows) and --mamba-states "
+             f"({len(args.mamba_states)} state counts) both list several values: an SWA + Mamba "
+             f"replay varies one of them at a time; give one window or one state count")
         args.page_size = 1
     else:
         need(args.mamba_chunk is None, "--mamba-chunk needs --mamba-states (the Mamba mode)")
@@ -506,9 +511,15 @@ def _replay(args):
     bpt, layout = _kv_sizing(args)
     windows = args.swa_window          # None, or a list of ints (after _kv_sizing)
     states = args.mamba_states         # None, or a list of ints
-    # the hybrid mode's series: replay() argument and its values, one run each
-    series = ("swa_window", windows) if windows else ("mamba_states", states) if states \
-        else (None, [None])
+    # the hybrid mode's series: replay() argument and its values, one run each (the SWA
+    # + Mamba mode: the one of the two that lists several; the other is fixed in kw)
+    series = (None, [None])
+    if windows and states:
+        series = (("swa_window", windows) if len(windows) > 1 else ("mamba_states", states))
+    elif windows:
+        series = ("swa_window", windows)
+    elif states:
+        series = ("mamba_states", states)
     ratio = None
     if windows:
         from .replay.sim import DEFAULT_SWA_RATIO
@@ -577,13 +588,17 @@ def _replay(args):
         kw["swa_ratio"] = ratio
     if states:
         kw["mamba_chunk"] = args.mamba_chunk
+    if windows and states:
+        fixed = "mamba_states" if series[0] == "swa_window" else "swa_window"
+        kw[fixed] = (states if fixed == "mamba_states" else windows)[0]
     try:
         if args.sweep:
             swa_kw = dict(swa_windows=windows, swa_bytes_per_token=swa_bpt) if windows else {}
             if states:
-                swa_kw = dict(mamba_states=states)
+                swa_kw["mamba_states"] = states
+            skw = {k: v for k, v in kw.items() if k not in ("swa_window", "mamba_states")}
             curve = rep.sweep(workload, sweep_caps, policies=policies, jobs=args.jobs,
-                              progress=progress, bytes_per_token=bpt, **swa_kw, **kw)
+                              progress=progress, bytes_per_token=bpt, **swa_kw, **skw)
             if kv:
                 curve["kv"] = kv
             if args.csv:
@@ -601,8 +616,9 @@ def _replay(args):
                                  f"requests\n{os.path.basename(layout.source)} ({bpt:,} + "
                                  f"{ratio:g} x {swa_bpt:,} B/token), page {curve['page_size']}, "
                                  f"max running {curve['max_running']:,}, {mode}")
-                    elif states:
-                        title += f", Mamba chunk {curve['mamba']['chunk']}"
+                    if states:
+                        chunk = (curve.get("swa_mamba") or curve["mamba"])["chunk"]
+                        title += f", Mamba chunk {chunk}"
                 rep.plot_sweep(curve, args.plot, title=title)
             _emit(args, curve, lambda: rep.format_sweep(curve))
             return 0

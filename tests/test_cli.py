@@ -159,9 +159,10 @@ OPTION_ERRORS = {
     "empty_out_name": (["--out", ""], ["--out", "empty file name"]),
     "mamba_page_size": (["--mamba-states", "8", "--page-size", "16"],
                         ["--mamba-states needs --page-size 1", "got --page-size 16"]),
-    "mamba_with_swa": (["--mamba-states", "8", "--swa-window", "512"],
-                       ["--mamba-states with --swa-window",
-                        "the replay has no (FULL, SWA, MAMBA) mode yet"]),
+    "mamba_and_swa_both_several": (["--mamba-states", "64,256", "--swa-window", "512,4096"],
+                                   ["--swa-window (2 windows) and --mamba-states (2 state "
+                                    "counts) both list several values",
+                                    "give one window or one state count"]),
     "mamba_states_zero": (["--mamba-states", "0"],
                           ["argument --mamba-states", "an integer >= 1", "'0'"]),
     "mamba_states_negative": (["--mamba-states", "-1"], ["argument --mamba-states", "'-1'"]),

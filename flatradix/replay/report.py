@@ -7,7 +7,8 @@ import os
 
 from ._progress import progress_bar
 from .model import format_bytes
-from .sim import MAMBA_MODE, OPS, SWA_FIELDS, SWA_MODE, SWA_OPS, hybrid_mode, replay
+from .sim import (MAMBA_MODE, OPS, SWA_FIELDS, SWA_MAMBA_MODE, SWA_MODE, SWA_OPS, hybrid_mode,
+                  replay)
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -64,7 +65,8 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_stat
     ``swa_tokens`` (the SWA mode's SWA pool, tokens) also that pool, at the
     layout's ``swa_kv_bytes_per_token``, and the sum; with ``mamba_states``
     (the Mamba mode's state pools, a list of state counts) what each costs at
-    the layout's ``mamba_state_bytes()``, on top of the full-attention pool."""
+    the layout's ``mamba_state_bytes()``, on top of the full-attention pool (and
+    of the SWA pool in the SWA + Mamba mode)."""
     lines = list(layout.describe(swa_replayed=swa_tokens is not None,
                                  mamba_replayed=bool(mamba_states))) if layout is not None \
         else [f"KV {bytes_per_token:,} bytes/token (--kv-bytes-per-token)"]
@@ -78,9 +80,11 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_stat
             lines.append(f"sliding-window pool {_n(swa_tokens)} tokens = {format_bytes(sb)} "
                          f"({_n(sb)} bytes); both pools {format_bytes(total)} ({_n(total)} bytes)")
     state_bytes = layout.mamba_state_bytes() if layout is not None else None
+    besides = ("the full-attention and sliding-window pools" if swa_tokens is not None
+               else "the full-attention pool")
     for n in (mamba_states or ()) if state_bytes else ():
         lines.append(f"Mamba state pool {_count(n, 'state')} = {format_bytes(n * state_bytes)} "
-                     f"({_n(n * state_bytes)} bytes), besides the full-attention pool")
+                     f"({_n(n * state_bytes)} bytes), besides {besides}")
     return lines
 
 
@@ -93,6 +97,23 @@ def _hybrid_lines(r):
     """The hybrid mode's report lines (lost hits, evictions per pool, peak tree
     size), or None for a Full-only run."""
     mode = hybrid_mode(r)
+    if mode is SWA_MAMBA_MODE:
+        return [
+            _lost_line("lost to window", r.window_lost_hit_tokens, r.prompt_tokens,
+                       "a state at its end, its window's SWA KV dropped"),
+            _lost_line("lost to ckpt", r.checkpoint_lost_hit_tokens, r.prompt_tokens,
+                       "no Mamba state at its end"),
+            f"  evicted         Full {_count(r.evicted_tokens, 'token')}, SWA "
+            f"{_count(r.swa_evicted_tokens, 'token')}, Mamba "
+            f"{_count(r.mamba_evicted_states, 'state')} ({_count(r.evict_calls, 'evict call')})",
+            f"  window slides   {_n(r.swa_slid_tokens)} SWA slots freed "
+            f"({_n(r.latency_us.get('evict_sliding_windows', {}).get('count', 0))} calls)",
+            f"  state waits     {_count(r.mamba_waits, 'completion')} waited for a free state "
+            f"slot",
+            f"  peak tree size  {_count(r.peak_tree_tokens, 'Full token')}, "
+            f"{_count(r.peak_swa_tree_tokens, 'SWA token')}, "
+            f"{_count(r.peak_mamba_tree_states, 'Mamba state')}",
+        ]
     if mode is SWA_MODE:
         return [
             _lost_line("lost to window", r.window_lost_hit_tokens, r.prompt_tokens,
@@ -244,20 +265,45 @@ def _tick(bar, result):
     if bar is not None:
         cap = "inf" if result.capacity == "inf" else format_tokens(result.capacity)
         mode = hybrid_mode(result)
-        series = "" if mode is None else f" {mode.label}={getattr(result, mode.param)}"
+        series = "" if mode is None else "".join(
+            f" {label}={getattr(result, param)}" for param, label in zip(mode.params, mode.labels))
         bar.set_postfix_str(f"{result.policy}{series} {cap}: {100 * result.token_hit_ratio:.2f} %",
                             refresh=False)
         bar.update(1)
 
 
 def _curve_series(curve):
-    """``(HybridMode, values, unbounded points)`` of a hybrid mode's sweep curve (one
-    series per window / state pool), or ``None`` for a Full-only curve."""
+    """``(HybridMode, series param, values, unbounded points)`` of a hybrid mode's
+    sweep curve (one series per window / state pool), or ``None`` for a Full-only
+    curve."""
+    if curve.get("swa_mamba"):
+        sm = curve["swa_mamba"]
+        values = sm["windows"] if sm["series"] == "swa_window" else sm["states"]
+        return SWA_MAMBA_MODE, sm["series"], values, sm["unbounded"]
     if curve.get("swa"):
-        return SWA_MODE, curve["swa"]["windows"], curve["swa"]["unbounded"]
+        return SWA_MODE, "swa_window", curve["swa"]["windows"], curve["swa"]["unbounded"]
     if curve.get("mamba"):
-        return MAMBA_MODE, curve["mamba"]["states"], curve["mamba"]["unbounded"]
+        return MAMBA_MODE, "mamba_states", curve["mamba"]["states"], curve["mamba"]["unbounded"]
     return None
+
+
+def _series_runs(swa_windows, mamba_states):
+    """``(HybridMode or None, series param or None, [replay kwargs per series value])``
+    of a sweep's windows and state pools; ``ValueError`` when both list several."""
+    windows, states = list(swa_windows or ()), list(mamba_states or ())
+    if windows and states:
+        if len(windows) > 1 and len(states) > 1:
+            raise ValueError(f"swa_windows ({len(windows)}) and mamba_states ({len(states)}) "
+                             f"both list several values: an SWA + Mamba sweep varies one of "
+                             f"them (one series axis)")
+        param = "swa_window" if len(windows) > 1 else "mamba_states"
+        return SWA_MAMBA_MODE, param, [dict(swa_window=w, mamba_states=n)
+                                       for w in windows for n in states]
+    if windows:
+        return SWA_MODE, "swa_window", [dict(swa_window=w) for w in windows]
+    if states:
+        return MAMBA_MODE, "mamba_states", [dict(mamba_states=n) for n in states]
+    return None, None, [{}]
 
 
 def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
@@ -265,7 +311,8 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
           **kwargs):
     """Replay once per (policy, capacity), plus once unbounded; in the SWA mode
     once per (window, policy, capacity), plus once unbounded per window; in the
-    Mamba mode the same per state pool.
+    Mamba mode the same per state pool; in the SWA + Mamba mode (both given) the
+    same per window or per state pool, whichever lists several.
 
     Parameters
     ----------
@@ -290,7 +337,9 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     mamba_states : list of int, optional
         The Mamba mode: the state pools (states) to replay, each as a series
         (``mamba_chunk`` goes in ``kwargs``); ``kv_bytes`` stays the
-        full-attention pool's.
+        full-attention pool's. With ``swa_windows``: the SWA + Mamba mode, whose
+        series are the windows or the state pools: one of the two lists must
+        hold a single value (``ValueError`` otherwise).
     kwargs : passed to :func:`~flatradix.replay.sim.replay`.
 
     Returns the curve as a JSON-ready dict: ``points`` (policy-major: every
@@ -309,7 +358,11 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     Mamba mode: the points have the ``ReplayResult`` Mamba fields
     (``mamba_states``, ``checkpoint_lost_hit_tokens``, ``mamba_evicted_states``...),
     ``unbounded`` is the first pool's, and ``mamba`` holds ``states``,
-    ``chunk`` and ``unbounded`` (one point per state pool).
+    ``chunk`` and ``unbounded`` (one point per state pool). SWA + Mamba mode:
+    the points have both modes' fields, and ``swa_mamba`` holds ``series``
+    (``"swa_window"`` or ``"mamba_states"``: what the series vary),
+    ``windows``, ``states``, ``ratio``, ``chunk``, ``swa_kv_bytes_per_token``
+    and ``unbounded`` (one point per series).
     """
     policies = list(policies)
     if not policies:
@@ -317,37 +370,32 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     jobs = int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if swa_windows and mamba_states:
-        raise ValueError("swa_windows with mamba_states: the replay has no (FULL, SWA, "
-                         "MAMBA) mode yet")
-    mode = SWA_MODE if swa_windows else MAMBA_MODE if mamba_states else None
-    windows = list(swa_windows or mamba_states or [None])   # the series
-    tasks = ([(p, c, w) for w in windows for p in policies for c in capacities]
-             + [(policies[0], None, w) for w in windows])
+    mode, axis, runs = _series_runs(swa_windows, mamba_states)  # replay kwargs per series
+    tasks = ([(p, c, k) for k in range(len(runs)) for p in policies for c in capacities]
+             + [(policies[0], None, k) for k in range(len(runs))])
     # a refresh per finished run (runs take seconds: no need to rate-limit)
     bar = progress_bar(len(tasks), progress, unit="run", desc="sweep", mininterval=0)
     results = [None] * len(tasks)
     try:
         if jobs == 1:
-            for k, (p, c, w) in enumerate(tasks):
-                kw = kwargs if w is None else dict(kwargs, **{mode.param: w})
-                results[k] = replay(workload, capacity=c, policy=p, progress=progress, **kw)
+            for k, (p, c, j) in enumerate(tasks):
+                results[k] = replay(workload, capacity=c, policy=p, progress=progress,
+                                    **kwargs, **runs[j])
                 _tick(bar, results[k])
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker,
                                      initargs=(workload,)) as ex:
-                futs = {ex.submit(_run_point, (p, c, kwargs if w is None
-                                                else dict(kwargs, **{mode.param: w}))): k
-                        for k, (p, c, w) in enumerate(tasks)}
+                futs = {ex.submit(_run_point, (p, c, dict(kwargs, **runs[j]))): k
+                        for k, (p, c, j) in enumerate(tasks)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
                     _tick(bar, results[futs[f]])
     finally:
         if bar is not None:
             bar.close()
-    nu = len(windows)
+    nu = len(runs)
     unbs = results[len(results) - nu:]
     unb = unbs[0]
     bpt = (bytes_per_token, swa_bytes_per_token)
@@ -363,12 +411,18 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         "unbounded_hit_ratio": unb.token_hit_ratio,
         "points": [_point(r, *bpt) for r in results[:len(results) - nu]],
     }
-    if swa_windows:
-        curve["swa"] = {"windows": windows, "ratio": unb.swa_ratio,
+    if mode is SWA_MAMBA_MODE:
+        curve["swa_mamba"] = {"series": axis, "windows": list(swa_windows),
+                              "states": list(mamba_states), "ratio": unb.swa_ratio,
+                              "chunk": unb.mamba_chunk,
+                              "swa_kv_bytes_per_token": swa_bytes_per_token,
+                              "unbounded": [_point(r, *bpt) for r in unbs]}
+    elif mode is SWA_MODE:
+        curve["swa"] = {"windows": list(swa_windows), "ratio": unb.swa_ratio,
                         "swa_kv_bytes_per_token": swa_bytes_per_token,
                         "unbounded": [_point(r, *bpt) for r in unbs]}
-    elif mamba_states:
-        curve["mamba"] = {"states": windows, "chunk": unb.mamba_chunk,
+    elif mode is MAMBA_MODE:
+        curve["mamba"] = {"states": list(mamba_states), "chunk": unb.mamba_chunk,
                           "unbounded": [_point(r, *bpt) for r in unbs]}
     return curve
 
@@ -377,7 +431,8 @@ def format_sweep(curve):
     """The sweep as a text table (one row per point, then the unbounded run; SWA
     mode: with the window, the hits lost to it and the SWA evictions, and one
     unbounded row per window; Mamba mode the same with the state pool, the hits
-    lost to checkpoint granularity and the states evicted)."""
+    lost to checkpoint granularity and the states evicted; SWA + Mamba mode both
+    modes' columns, one unbounded row per series)."""
     if _curve_series(curve):
         return _format_hybrid_sweep(curve)
     mem = curve.get("kv_bytes_per_token")
@@ -394,33 +449,46 @@ def format_sweep(curve):
     return "\n".join(lines)
 
 
-#: Per hybrid mode: the series column, the aux pool column (or None), the lost
-#: and evicted column headings of the sweep table.
-_SWEEP_HEADINGS = {"swa": ("window", "SWA pool", "lost to W", "SWA evicted"),
-                   "mamba": ("states", None, "lost to ckpt", "states evicted")}
+#: Sweep table headings of the hybrid modes' fields: the series columns
+#: (``HybridMode.params``), lost and evicted columns.
+_SWEEP_HEADINGS = {"swa_window": "window", "mamba_states": "states",
+                   "window_lost_hit_tokens": "lost to W",
+                   "checkpoint_lost_hit_tokens": "lost to ckpt",
+                   "swa_evicted_tokens": "SWA evicted", "mamba_evicted_states": "states evicted"}
 
 
 def _format_hybrid_sweep(curve):
     mem = curve.get("kv_bytes_per_token")
-    mode, _, unbounded = _curve_series(curve)
-    series, pool, lost, aux = _SWEEP_HEADINGS[mode.name]
-    head = (f"{'policy':>8}{series:>9}{'capacity':>15}" + (f"{pool:>13}" if pool else "")
+    mode, _, _, unbounded = _curve_series(curve)
+    pool = "swa_window" in mode.params    # the SWA pool column
+    head = (f"{'policy':>8}" + "".join(f"{_SWEEP_HEADINGS[k]:>9}" for k in mode.params)
+            + f"{'capacity':>15}" + (f"{'SWA pool':>13}" if pool else "")
             + (f"{'KV memory':>12}" if mem else ""))
-    title = (f"sliding-window replay: SWA pool = {curve['swa']['ratio']:g} x capacity"
-             if mode is SWA_MODE else
-             f"Mamba replay: page 1, chunk {curve['mamba']['chunk']}, states = the state pool")
-    lines = [title, head + f"{'hit ratio':>11}{lost:>13}{'evicted':>16}{aux:>16}{'rejected':>10}"]
+    if mode is SWA_MAMBA_MODE:
+        sm = curve["swa_mamba"]
+        title = (f"sliding-window + Mamba replay: page 1, SWA pool = {sm['ratio']:g} x "
+                 f"capacity, chunk {sm['chunk']}, states = the state pool")
+    elif mode is SWA_MODE:
+        title = f"sliding-window replay: SWA pool = {curve['swa']['ratio']:g} x capacity"
+    else:
+        title = f"Mamba replay: page 1, chunk {curve['mamba']['chunk']}, states = the state pool"
+    lines = [title, head + f"{'hit ratio':>11}"
+             + "".join(f"{_SWEEP_HEADINGS[k]:>13}" for k in mode.lost) + f"{'evicted':>16}"
+             + "".join(f"{_SWEEP_HEADINGS[k]:>16}" for k in mode.evicted) + f"{'rejected':>10}"]
     for p in curve["points"] + unbounded:
         unb = p["capacity"] == "inf"
         cap = "inf" if unb else _n(p["capacity"])
-        row = f"{'any' if unb else p['policy']:>8}{_n(p[mode.param]):>9}{cap:>15}"
+        row = (f"{'any' if unb else p['policy']:>8}"
+               + "".join(f"{_n(p[k]):>9}" for k in mode.params) + f"{cap:>15}")
         if pool:
             row += f"{'inf' if unb else _n(p['swa_pool_slots']):>13}"
         if mem:
             row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
         lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
-                     f"{_n(p[mode.lost]):>13}{_n(p['evicted_tokens']):>16}"
-                     f"{_n(p[mode.evicted]):>16}{_n(p['rejected_requests']):>10}")
+                     + "".join(f"{_n(p[k]):>13}" for k in mode.lost)
+                     + f"{_n(p['evicted_tokens']):>16}"
+                     + "".join(f"{_n(p[k]):>16}" for k in mode.evicted)
+                     + f"{_n(p['rejected_requests']):>10}")
     return "\n".join(lines)
 
 
@@ -445,6 +513,9 @@ SWA_PER_REQUEST_COLUMNS = (SWA_MODE.param,) + SWA_MODE.per_request
 #: Columns the Mamba mode appends to each CSV (absent otherwise).
 MAMBA_COLUMNS = MAMBA_MODE.fields
 MAMBA_PER_REQUEST_COLUMNS = (MAMBA_MODE.param,) + MAMBA_MODE.per_request
+#: Columns the SWA + Mamba mode appends to each CSV (absent otherwise): both modes'.
+SWA_MAMBA_COLUMNS = SWA_MAMBA_MODE.fields
+SWA_MAMBA_PER_REQUEST_COLUMNS = SWA_MAMBA_MODE.params + SWA_MAMBA_MODE.per_request
 
 
 def _runs_mode(results):
@@ -464,13 +535,14 @@ def write_sweep_csv(curve, path):
     """One row per sweep point and one for the unbounded run (``capacity`` ``inf``),
     columns :data:`SWEEP_COLUMNS` (empty where a figure does not apply); the SWA
     mode adds :data:`SWA_COLUMNS` and one unbounded row per window, the Mamba
-    mode :data:`MAMBA_COLUMNS` and one unbounded row per state pool."""
+    mode :data:`MAMBA_COLUMNS` and one unbounded row per state pool, the SWA +
+    Mamba mode :data:`SWA_MAMBA_COLUMNS` and one unbounded row per series."""
     series = _curve_series(curve)
     cols = SWEEP_COLUMNS + (series[0].fields if series else ())
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
-        for p in curve["points"] + (series[2] if series else [curve["unbounded"]]):
+        for p in curve["points"] + (series[3] if series else [curve["unbounded"]]):
             w.writerow([_cell(p.get(c)) for c in cols])
 
 
@@ -478,7 +550,7 @@ def write_runs_csv(results, path, bytes_per_token=None, swa_bytes_per_token=None
     """One row per ``ReplayResult``, columns :data:`RUN_COLUMNS` plus ``kv_bytes``
     (plus :data:`SWA_COLUMNS` in the SWA mode, ``kv_bytes`` then counting the SWA
     pool at ``swa_bytes_per_token`` too; plus :data:`MAMBA_COLUMNS` in the Mamba
-    mode)."""
+    mode, :data:`SWA_MAMBA_COLUMNS` in the SWA + Mamba mode)."""
     mode = _runs_mode(results)
     extra = mode.fields if mode else ()
     with open(path, "w", newline="") as f:
@@ -504,18 +576,20 @@ def write_per_request_csv(results, path):
     :data:`SWA_PER_REQUEST_COLUMNS` (``full_kv_hit_tokens``: the match's
     ``full_kv_hit_length``; ``window_lost_hit_tokens``: that minus the hit), the
     Mamba mode :data:`MAMBA_PER_REQUEST_COLUMNS` (``checkpoint_lost_hit_tokens``:
-    the full hit minus the hit)."""
+    the full hit minus the hit), the SWA + Mamba mode
+    :data:`SWA_MAMBA_PER_REQUEST_COLUMNS` (the full hit minus the hit split in
+    ``window_lost_hit_tokens`` and ``checkpoint_lost_hit_tokens``)."""
     mode = _runs_mode(results)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(PER_REQUEST_COLUMNS + (((mode.param,) + mode.per_request) if mode else ()))
+        w.writerow(PER_REQUEST_COLUMNS + ((mode.params + mode.per_request) if mode else ()))
         for r in results:
             pr = r.per_request
             cols = [pr[c].tolist() for c in PER_REQUEST_COLUMNS[2:]]
             extra = []
             if mode:
                 cols += [pr[c].tolist() for c in mode.per_request]
-                extra = [getattr(r, mode.param)]
+                extra = [getattr(r, p) for p in mode.params]
             for i, row in enumerate(zip(*cols)):
                 vals = [_cell(v) if not isinstance(v, bool) else int(v) for v in row]
                 if mode:
@@ -552,7 +626,8 @@ def sweep_figure(curve, title=None):
     dashed; a tick at every swept capacity, labelled with its tokens (and KV
     memory above them when the curve has ``kv_bytes_per_token``). SWA mode: one
     line per (window, policy) and one dashed unbounded line per window, a
-    window's lines in one colour; Mamba mode the same per state pool. Returns
+    window's lines in one colour; Mamba mode the same per state pool, SWA +
+    Mamba mode per window or state pool (whichever the series vary). Returns
     the matplotlib ``Figure`` (Agg backend). ``RuntimeError`` without matplotlib."""
     plot_formats()
     import matplotlib.pyplot as plt
@@ -562,17 +637,26 @@ def sweep_figure(curve, title=None):
     caps = sorted({p["capacity"] for p in finite})
     bpt = curve.get("kv_bytes_per_token")
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    swa = curve.get("swa")
+    swa = curve.get("swa") or curve.get("swa_mamba")
     series = _curve_series(curve)
     if series:
-        mode, values, unbounded = series
+        mode, param, values, unbounded = series
+
+        def series_name(p):
+            parts = []
+            if p.get("swa_window") is not None:
+                parts.append(f"W={format_tokens(p['swa_window'])}")
+            if p.get("mamba_states") is not None:
+                n = p["mamba_states"]
+                parts.append(f"{format_tokens(n)} state{'' if n == 1 else 's'}")
+            return ", ".join(parts)
+
         marks = "os^vDP*X"
         ub = 0.0
         for j, v in enumerate(values):
-            name = (f"W={format_tokens(v)}" if mode is SWA_MODE
-                    else f"{format_tokens(v)} state{'' if v == 1 else 's'}")
+            name = series_name(unbounded[j])
             for k, pol in enumerate(curve["policies"]):
-                pts = sorted((p for p in finite if p["policy"] == pol and p[mode.param] == v),
+                pts = sorted((p for p in finite if p["policy"] == pol and p[param] == v),
                              key=lambda p: p["capacity"])
                 ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
                         marks[k % len(marks)] + "-", color=f"C{j}", markersize=4,
@@ -609,6 +693,8 @@ def sweep_figure(curve, title=None):
         ax.set_xlabel((f"KV memory (full-attention pool, {bpt:,} bytes/token) / tokens" if bpt
                        else "KV capacity (tokens)")
                       + ("; one line per Mamba state pool" if series else ""))
+    if curve.get("swa_mamba"):
+        ax.set_xlabel(ax.get_xlabel() + f"; Mamba chunk {curve['swa_mamba']['chunk']}")
     ax.set_ylabel("token hit ratio (%)")
     ax.set_ylim(0, max(ub * 1.1, 1.0))
     name = os.path.basename(curve["workload"])

@@ -121,6 +121,32 @@ evicted (``EvictResult.mamba_num_evicted``, also those of leaves the Full
 eviction deleted), the completions waited for because no state slot was free,
 and the peak states in the tree.
 
+**SWA + Mamba mode** (``swa_window=W`` and ``mamba_states=N``): a hybrid model
+with sliding-window and SSM layers besides its full-attention ones. The cache
+has the ``(FULL, SWA, MAMBA)`` components at page size 1 (no extra buffer),
+window ``W`` and chunk ``mamba_chunk``; the KV pools are the SWA mode's (an
+``SWATokenToKVPoolAllocator``, the SWA pool :func:`swa_pool_slots`) and the
+request pool the Mamba mode's (a ``HybridReqToTokenPool`` of ``N`` state
+slots). Each request goes through both modes' steps: the Mamba match
+(``prompt[:-1]``) and ``cache.lock``, ``req.swa_branching_seqlen``, its state
+slot (evicting a state, waiting, giving its match up as above), the one
+allocation from both pools (``evict_for_alloc`` with both shortfalls), the
+window slides of its decode, and ``cache_finished_req`` (the prompt cached
+with the SWA cursor, the state donated at its end; the cache does not cut the
+key at ``swa_branching_seqlen`` then: the state belongs to the whole key).
+The hit ends at the deepest node that holds a state *and* has ``W`` tokens of
+SWA KV before its end. Of ``full_kv_hit_length - device_prefix_len``, the
+tokens beyond the deepest state on the matched path (``S``, read with
+``node_info`` right after the match) are *lost to checkpoint granularity*
+(``full_kv_hit_length - S``: no state at their end) and the rest *lost to
+the window* (``S - device_prefix_len``: a state was there, the SWA KV before
+it was dropped); a state the SWA eviction dropped with its node's window
+(an SWA tombstone drops the node's state) is no state any more, so it counts
+in the former. The report carries both modes' figures: SWA and Full tokens
+evicted, states evicted (each counter the unit its eviction freed, whichever
+call did it), window slides, state waits, the peak SWA tokens and states in
+the tree, and the conservation of all three pools.
+
 Rows of the ``ReqToTokenPool`` are reused: it has ``min(max_running,
 requests)`` rows, each as long as the longest request (prompt + output). The
 KV pool never holds more slots than the workload can use
@@ -173,7 +199,8 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
     ``SWATokenToKVPoolAllocator`` (the replay passes it only in that mode).
     ``mamba_cache_chunk_size``: the Mamba mode's chunk; the cache then has the
     ``(FULL, MAMBA)`` components and ``req_to_token_pool`` is a
-    ``HybridReqToTokenPool`` (passed only in that mode).
+    ``HybridReqToTokenPool`` (passed only in that mode). Both: the SWA + Mamba
+    mode's ``(FULL, SWA, MAMBA)`` cache.
 
     The token pool starts at up to 4x the KV pool: evicted spans leave dead rows
     that the cache compacts away when the pool is full, so headroom makes those
@@ -181,12 +208,15 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
     """
     size = getattr(token_to_kv_pool_allocator, "size_full", None) or token_to_kv_pool_allocator.size
     kw = {}
+    components = [ComponentType.FULL]
     if sliding_window_size is not None:
-        kw = dict(components=(ComponentType.FULL, ComponentType.SWA),
-                  sliding_window_size=sliding_window_size)
-    elif mamba_cache_chunk_size is not None:
-        kw = dict(components=(ComponentType.FULL, ComponentType.MAMBA),
-                  mamba_cache_chunk_size=mamba_cache_chunk_size)
+        components.append(ComponentType.SWA)
+        kw["sliding_window_size"] = sliding_window_size
+    if mamba_cache_chunk_size is not None:
+        components.append(ComponentType.MAMBA)
+        kw["mamba_cache_chunk_size"] = mamba_cache_chunk_size
+    if len(components) > 1:
+        kw["components"] = tuple(components)
     return UnifiedRadixCache(page_size=page_size, eviction_policy=eviction_policy,
                              token_to_kv_pool_allocator=token_to_kv_pool_allocator,
                              req_to_token_pool=req_to_token_pool,
@@ -281,21 +311,23 @@ class ReplayResult:
     notes: list = field(default_factory=list)        # why requests were rejected, etc.
     hits: object = None           # int64 (requests,) per-request hit, -1 rejected (record_hits)
     per_request: object = None    # dict of (requests,) arrays (record_requests)
-    # SWA mode only (None otherwise; left out of to_dict then)
+    # SWA and SWA + Mamba modes (None otherwise; left out of to_dict then)
     swa_window: object = None             # W, tokens
     swa_ratio: object = None              # SWA pool / Full pool (swa_full_tokens_ratio)
     swa_pool_slots: object = None         # SWA allocator size actually used
     swa_evicted_tokens: object = None     # SWA tokens evicted (EvictResult.swa_num_tokens_evicted)
-    window_lost_hit_tokens: object = None  # sum of full_kv_hit_length - device_prefix_len
+    window_lost_hit_tokens: object = None  # sum of full_kv_hit_length (SWA + Mamba: the
+                                           # deepest state on the path) - device_prefix_len
     swa_slid_tokens: object = None        # SWA slots freed by evict_sliding_windows
     peak_swa_tree_tokens: object = None   # SWA tokens the tree held at most (after completions)
     final_swa_tree_tokens: object = None
-    # Mamba mode only (None otherwise; left out of to_dict then)
+    # Mamba and SWA + Mamba modes (None otherwise; left out of to_dict then)
     mamba_states: object = None           # N, the state pool asked for
     mamba_pool_slots: object = None       # state slots actually allocated (<= N)
     mamba_chunk: object = None            # mamba_cache_chunk_size
     mamba_evicted_states: object = None   # EvictResult.mamba_num_evicted, summed
     checkpoint_lost_hit_tokens: object = None  # sum of full_kv_hit_length - device_prefix_len
+                                               # (SWA + Mamba: - the deepest state on the path)
     mamba_waits: object = None            # completions waited for because no state slot was free
     peak_mamba_tree_states: object = None  # states the tree held at most (after completions)
     final_mamba_tree_states: object = None
@@ -304,7 +336,7 @@ class ReplayResult:
         d = asdict(self)
         d.pop("hits")
         d.pop("per_request")
-        for mode in HYBRID_MODES:
+        for mode in (SWA_MODE, MAMBA_MODE):
             if getattr(self, mode.param) is None:
                 for k in mode.fields:
                     d.pop(k)
@@ -323,38 +355,55 @@ MAMBA_FIELDS = ("mamba_states", "mamba_pool_slots", "mamba_chunk", "mamba_evicte
 
 @dataclass(frozen=True)
 class HybridMode:
-    """What reports need to know of a hybrid mode: ``param`` the ``replay``
-    argument (and ``ReplayResult`` field) set in that mode, which a series of
-    runs varies; ``label`` its name in tables and plots; ``lost`` the field of
-    the hit tokens the mode loses (Full KV cached, unusable); ``evicted`` the
-    field of its own evictions; ``fields`` all its ``ReplayResult`` fields;
+    """What reports need to know of a hybrid mode: ``params`` the ``replay``
+    arguments (and ``ReplayResult`` fields) set in that mode, one of which a
+    series of runs varies (``param``: the first); ``labels`` their names in
+    tables and plots (``label``: the first); ``lost`` the fields of the hit
+    tokens the mode loses (Full KV cached, unusable); ``evicted`` the fields of
+    its own evictions; ``fields`` all its ``ReplayResult`` fields;
     ``per_request`` its per-request arrays (``record_requests``)."""
 
     name: str
-    param: str
-    label: str
-    lost: str
-    evicted: str
+    params: tuple
+    labels: tuple
+    lost: tuple
+    evicted: tuple
     fields: tuple
     per_request: tuple
 
+    @property
+    def param(self):
+        return self.params[0]
 
-SWA_MODE = HybridMode("swa", "swa_window", "W", "window_lost_hit_tokens", "swa_evicted_tokens",
-                      SWA_FIELDS, ("swa_evicted_tokens", "full_kv_hit_tokens",
-                                   "window_lost_hit_tokens"))
-MAMBA_MODE = HybridMode("mamba", "mamba_states", "states", "checkpoint_lost_hit_tokens",
-                        "mamba_evicted_states", MAMBA_FIELDS,
-                        ("mamba_evicted_states", "full_kv_hit_tokens",
-                         "checkpoint_lost_hit_tokens"))
-HYBRID_MODES = (SWA_MODE, MAMBA_MODE)
+    @property
+    def label(self):
+        return self.labels[0]
+
+
+SWA_MODE = HybridMode("swa", ("swa_window",), ("W",), ("window_lost_hit_tokens",),
+                      ("swa_evicted_tokens",), SWA_FIELDS,
+                      ("swa_evicted_tokens", "full_kv_hit_tokens", "window_lost_hit_tokens"))
+MAMBA_MODE = HybridMode("mamba", ("mamba_states",), ("states",),
+                        ("checkpoint_lost_hit_tokens",), ("mamba_evicted_states",),
+                        MAMBA_FIELDS, ("mamba_evicted_states", "full_kv_hit_tokens",
+                                       "checkpoint_lost_hit_tokens"))
+#: The SWA + Mamba mode: both modes' fields (a series varies the window or the
+#: state pool, not both).
+SWA_MAMBA_MODE = HybridMode(
+    "swa+mamba", ("swa_window", "mamba_states"), ("W", "states"),
+    ("window_lost_hit_tokens", "checkpoint_lost_hit_tokens"),
+    ("swa_evicted_tokens", "mamba_evicted_states"), SWA_FIELDS + MAMBA_FIELDS,
+    ("swa_evicted_tokens", "mamba_evicted_states", "full_kv_hit_tokens",
+     "window_lost_hit_tokens", "checkpoint_lost_hit_tokens"))
+HYBRID_MODES = (SWA_MAMBA_MODE, SWA_MODE, MAMBA_MODE)
 
 
 def hybrid_mode(run):
     """The :class:`HybridMode` of a ``ReplayResult`` or of a sweep point (dict), or
     ``None`` for a Full-only run."""
-    for mode in HYBRID_MODES:
-        v = run.get(mode.param) if isinstance(run, dict) else getattr(run, mode.param)
-        if v is not None:
+    for mode in HYBRID_MODES:   # the SWA + Mamba mode first: it sets both modes' params
+        get = run.get if isinstance(run, dict) else lambda k: getattr(run, k)
+        if all(get(p) is not None for p in mode.params):
             return mode
     return None
 
@@ -378,11 +427,11 @@ WARM_UP_NOTICE_S = 1.0
 def warm_up(swa=False, notice=False, mamba=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
     process (and once more for the SWA mode when ``swa``, for the Mamba mode when
-    ``mamba``), so the timed loop measures the cache and not the JIT. ``notice``:
-    when it runs longer than ``WARM_UP_NOTICE_S`` and stderr is a terminal, say
-    so there (a first run compiles for ~10-25 s in silence otherwise). Returns
-    seconds."""
-    kind = "swa" if swa else "mamba" if mamba else "full"
+    ``mamba``, for the SWA + Mamba mode when both), so the timed loop measures the
+    cache and not the JIT. ``notice``: when it runs longer than
+    ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
+    compiles for ~10-25 s in silence otherwise). Returns seconds."""
+    kind = "swa+mamba" if swa and mamba else "swa" if swa else "mamba" if mamba else "full"
     if kind in _warm:
         return 0.0
     from .trace import Workload
@@ -409,7 +458,10 @@ def _warm_up(kind, swa, Workload):
     tiny = Workload("warm-up", 4, np.zeros(4), np.array([8, 10, 7, 4], dtype=np.int64),
                     np.full(4, 2, dtype=np.int64), np.array([0, 2, 5, 7, 8], dtype=np.int64),
                     np.array([0, 1, 0, 1, 2, 0, 3, 4], dtype=np.int64))
-    if kind == "swa":
+    if kind == "swa+mamba":
+        replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
+               swa_eviction_interval=1, mamba_states=1)
+    elif kind == "swa":
         replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
                swa_eviction_interval=1)
     elif kind == "mamba":
@@ -584,10 +636,15 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         rejected) and ``window_lost_hit_tokens`` (that minus the hit); Mamba
         mode ``mamba_evicted_states`` (states evicted to admit it),
         ``full_kv_hit_tokens`` (of its ``prompt[:-1]`` match) and
-        ``checkpoint_lost_hit_tokens``.
+        ``checkpoint_lost_hit_tokens``; SWA + Mamba mode all five
+        (``swa_evicted_tokens``, ``mamba_evicted_states``,
+        ``full_kv_hit_tokens``, ``window_lost_hit_tokens``,
+        ``checkpoint_lost_hit_tokens``; the two lost add up to the full hit
+        minus the hit).
     swa_window : int >= 1 or None
         The SWA mode's sliding window ``W`` in tokens (module docstring);
-        ``None``: a Full-only model.
+        ``None``: a Full-only model. With ``mamba_states``: the SWA + Mamba
+        mode.
     swa_ratio : float in (0, 1] or None
         SWA mode: SWA pool / Full pool (SGLang's ``swa_full_tokens_ratio``);
         ``None``: :data:`DEFAULT_SWA_RATIO`. The SWA pool is
@@ -598,16 +655,17 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     mamba_states : int >= 1 or None
         The Mamba mode's state pool ``N`` (module docstring); ``None``: no
         Mamba layers. The pool gets ``min(N, requests)`` slots (no run uses
-        more: ``mamba_pool_slots``).
+        more: ``mamba_pool_slots``). With ``swa_window``: the SWA + Mamba mode
+        (page size 1, both modes' options and figures).
     mamba_chunk : int in [1, MAX_MAMBA_CHUNK] or None
         Mamba mode: the cache's ``mamba_cache_chunk_size`` (``None``:
         :data:`DEFAULT_MAMBA_CHUNK`, SGLang's 64); without the extra buffer it
         only moves ``MatchResult.mamba_branching_seqlen``.
 
     Raises ``ValueError`` for an invalid option (also: SWA options without
-    ``swa_window``, Mamba options without ``mamba_states``, both modes at once,
-    the ``"core"`` driver in either, a Mamba page size other than 1, an SWA
-    pool below one page), ``TypeError`` for a non-int window or state count,
+    ``swa_window``, Mamba options without ``mamba_states``, the ``"core"``
+    driver in a hybrid mode, a Mamba page size other than 1, an SWA pool below
+    one page), ``TypeError`` for a non-int window or state count,
     and ``MemoryError`` when the pools cannot be allocated.
     """
     if driver not in ("request", "core"):
@@ -648,9 +706,6 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             raise ValueError(f"mamba_chunk must be an int in [1, {MAX_MAMBA_CHUNK}], got "
                              f"{mamba_chunk!r}")
         mamba_chunk = int(mamba_chunk)
-        if swa:
-            raise ValueError("mamba_states with swa_window: the replay has no (FULL, SWA, "
-                             "MAMBA) mode yet")
         if int(page_size) != 1:
             raise ValueError(f"the Mamba mode (mamba_states) needs page_size=1 (SGLang serves "
                              f"Mamba hybrids without the extra buffer at page 1), got "
@@ -718,12 +773,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     else:
         req_pool = ReqToTokenPool(rows, max(longest, 1))
     factory = cache_factory or default_cache_factory
+    fkw = {}
     if swa:
-        cache = factory(page_size, policy, alloc, req_pool, sliding_window_size=swa_window)
-    elif mamba:
-        cache = factory(page_size, policy, alloc, req_pool, mamba_cache_chunk_size=mamba_chunk)
-    else:
-        cache = factory(page_size, policy, alloc, req_pool)
+        fkw["sliding_window_size"] = swa_window
+    if mamba:
+        fkw["mamba_cache_chunk_size"] = mamba_chunk
+    cache = factory(page_size, policy, alloc, req_pool, **fkw)
     table = req_pool.req_to_token
     use_req = driver == "request"
 
@@ -749,11 +804,21 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     fresh = workload.token_base
     lat_match, lat_lock, lat_evict, lat_finish, lat_slide = [], [], [], [], []
     W, interval = swa_window, swa_eviction_interval
-    # the hybrid mode's own figures: SWA tokens / Mamba states evicted, hit tokens
-    # lost (to the window / to checkpoint granularity), peak tokens / states in the tree
-    aux_evicted = lost = slid = peak_aux = m_waits = 0
+    # the hybrid modes' own figures: SWA tokens and Mamba states evicted, hit tokens
+    # lost to the window and to checkpoint granularity, peak SWA tokens / states in the
+    # tree (the SWA + Mamba mode reads its two aux ledgers apart: total_size lumps them)
+    triple = swa and mamba
+    node_info = cache.node_info if triple else None
+    if triple:
+        swa_ev_size, swa_prot_size = cache.swa_evictable_size, cache.swa_protected_size
+        m_ev_size, m_prot_size = cache.mamba_evictable_size, cache.mamba_protected_size
+    swa_evicted = m_evicted = lost_w = lost_c = slid = peak_aux = peak_m = m_waits = 0
     r_full_hit = np.zeros(n_req, dtype=np.int64) if hybrid else None
-    r_aux_evicted = np.zeros(n_req, dtype=np.int64) if hybrid else None
+    # the hit Mamba alone would give on the tree at admission: the deepest state on the
+    # matched path (SWA mode: the full hit; Mamba mode: the hit)
+    r_state_hit = np.zeros(n_req, dtype=np.int64) if hybrid else None
+    r_swa_evicted = np.zeros(n_req, dtype=np.int64) if swa else None
+    r_m_evicted = np.zeros(n_req, dtype=np.int64) if mamba else None
     # per request: hit (-1 rejected), evicted to admit it, completions waited for
     r_hit = np.full(n_req, -1, dtype=np.int64)
     r_evicted = np.zeros(n_req, dtype=np.int64)
@@ -770,7 +835,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     def complete(r):
         # r = (req_or_None, row, tokens, node, hit, n, o)
-        nonlocal peak, peak_aux
+        nonlocal peak, peak_aux, peak_m
         req, row, toks, node, hit, n, o = r
         t = pc()
         if use_req:
@@ -795,6 +860,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         size, aux_size = total_size()
         if size > peak:
             peak = size
+        if triple:
+            aux_size = swa_ev_size() + swa_prot_size()
+            m_size = m_ev_size() + m_prot_size()
+            if m_size > peak_m:
+                peak_m = m_size
         if aux_size > peak_aux:
             peak_aux = aux_size
 
@@ -808,15 +878,30 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         lat_match.append(t1 - t0)
         return m, node, tree_lock
 
+    def state_hit(m):
+        # the SWA + Mamba mode: the end of the deepest node holding a state on the matched
+        # path (read now: the unlocked nodes below the hit may be evicted before admission);
+        # from the node at the Full hit up to the hit's node, which holds one (or is the root)
+        hit, depth = m.device_prefix_len, m.full_kv_hit_length
+        nid = m.last_visited_node_id
+        while depth > hit:
+            info = node_info(nid)
+            if info["has_mamba"]:
+                return depth
+            depth -= len(info["key"])
+            nid = info["parent"]
+        return hit
+
     def evict_state():
-        # the Mamba mode: one state (a leaf's deletes its Full KV too)
-        nonlocal evicted, aux_evicted, evict_calls
+        # the Mamba modes: one state (a leaf's deletes its Full and SWA KV too)
+        nonlocal evicted, swa_evicted, m_evicted, evict_calls
         t = pc()
         res = evict_for_alloc(EvictParams(num_tokens=0, mamba_num=1))
         lat_evict.append(pc() - t)
         evict_calls += 1
         evicted += res.num_tokens_evicted
-        aux_evicted += res.mamba_num_evicted
+        swa_evicted += res.swa_num_tokens_evicted
+        m_evicted += res.mamba_num_evicted
 
     def complete_next():
         # the oldest (order mode) or the earliest-ending (arrival mode) running request
@@ -853,7 +938,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         # token is computed); the Full-only and SWA modes the whole prompt
         key = toks[:n - 1] if mamba and n else toks[:n]
         m, node, tree_lock = match_and_lock(key)
-        ev0, aev0 = evicted, aux_evicted
+        s_hit = state_hit(m) if triple else None
+        ev0, sev0, mev0 = evicted, swa_evicted, m_evicted
         mslot = None
         if mamba:
             # a state slot of its own: evict a state when none is free, then wait for
@@ -873,6 +959,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                         unlock(tree_lock)
                         evict_state()
                         m, node, tree_lock = match_and_lock(key)
+                        s_hit = state_hit(m) if triple else None
                         mslot = m_alloc(1)
                         if mslot is None:
                             raise AssertionError("no Mamba state slot free or evictable with "
@@ -890,8 +977,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             else:
                 res = evict(EvictParams(num_tokens=need - a_avail()))
             evicted += res.num_tokens_evicted
-            # what a Full eviction deleted with its leaves counts for the hybrid mode too
-            aux_evicted += res.swa_num_tokens_evicted + res.mamba_num_evicted
+            # what a Full eviction deleted with its leaves counts for the hybrid modes too
+            swa_evicted += res.swa_num_tokens_evicted
+            m_evicted += res.mamba_num_evicted
             lat_evict.append(pc() - t)
             evict_calls += 1
             slots_i = a_alloc(need)
@@ -903,8 +991,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 waited += 1
                 slots_i = a_alloc(need)
         r_evicted[i] = evicted - ev0
-        if hybrid:
-            r_aux_evicted[i] = aux_evicted - aev0
+        if swa:
+            r_swa_evicted[i] = swa_evicted - sev0
+        if mamba:
+            r_m_evicted[i] = m_evicted - mev0
         r_waited[i] = waited
         r_decide[i] = clock
         if slots_i is None:
@@ -927,8 +1017,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                           mamba_pool_idx=mslot)
             if hybrid:
                 req.lock = tree_lock
-                r_full_hit[i] = m.full_kv_hit_length
-                lost += m.full_kv_hit_length - hit
+                full_hit = m.full_kv_hit_length
+                r_full_hit[i] = full_hit
+                # the deepest state: Mamba alone on this tree would hit it (SWA: no state
+                # to lack; Mamba: the hit)
+                s_hit = s_hit if triple else full_hit if swa else hit
+                r_state_hit[i] = s_hit
+                lost_w += s_hit - hit
+                lost_c += full_hit - s_hit
             if swa:
                 req.swa_branching_seqlen = m.swa_branching_seqlen
                 # decode steps: seqlen n + 1 .. n + o - 1; the scheduler slides the
@@ -964,18 +1060,18 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     ev, prot = cache.evictable_size(), cache.protected_size()
     conserved = (a_avail() + ev + prot == slots) and prot == 0
     aux_msg = ""
-    aux = None
+    aux = []
     if swa:
-        aux = ("SWA", s_avail(), cache.swa_evictable_size(), cache.swa_protected_size(), swa_slots)
-    elif mamba:
-        aux = ("Mamba states", m_avail(), cache.mamba_evictable_size(),
-               cache.mamba_protected_size(), m_slots)
-    if aux is not None:
-        name, x_avail, x_ev, x_prot, x_pool = aux
+        aux.append(("SWA", s_avail(), cache.swa_evictable_size(), cache.swa_protected_size(),
+                    swa_slots))
+    if mamba:
+        aux.append(("Mamba states", m_avail(), cache.mamba_evictable_size(),
+                    cache.mamba_protected_size(), m_slots))
+    for name, x_avail, x_ev, x_prot, x_pool in aux:
         if not (x_avail + x_ev + x_prot == x_pool and x_prot == 0):
             conserved = False
-            aux_msg = (f"; {name}: available {x_avail} + evictable {x_ev} + protected {x_prot} "
-                       f"!= pool {x_pool}")
+            aux_msg += (f"; {name}: available {x_avail} + evictable {x_ev} + protected {x_prot} "
+                        f"!= pool {x_pool}")
     if check:
         if not conserved:
             raise AssertionError(f"KV conservation broken after the replay: available {a_avail()} "
@@ -1030,11 +1126,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             "finish_ms": r_end, "rejected": ~served,
         }
         if hybrid:
-            # the mode's evicted / full hit / lost arrays, in HybridMode.per_request order
-            ev_name, full_name, lost_name = (SWA_MODE if swa else MAMBA_MODE).per_request
-            per_request[ev_name] = r_aux_evicted
-            per_request[full_name] = np.where(served, r_full_hit, 0)
-            per_request[lost_name] = np.where(served, r_full_hit - r_hit, 0)
+            # the mode's HybridMode.per_request arrays
+            arrays = {"swa_evicted_tokens": r_swa_evicted, "mamba_evicted_states": r_m_evicted,
+                      "full_kv_hit_tokens": np.where(served, r_full_hit, 0),
+                      "window_lost_hit_tokens": np.where(served, r_state_hit - r_hit, 0),
+                      "checkpoint_lost_hit_tokens": np.where(served, r_full_hit - r_state_hit,
+                                                             0)}
+            mode = SWA_MAMBA_MODE if triple else SWA_MODE if swa else MAMBA_MODE
+            per_request.update((k, arrays[k]) for k in mode.per_request)
     prompt_tokens = workload.prompt_tokens
     latency = {"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
                "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)}
@@ -1044,16 +1143,20 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if not unbounded and swa_slots < int(int(capacity) * swa_ratio) - page_size:
             notes.append(f"SWA pool sized to {swa_slots:,} tokens: this workload can never use "
                          f"more")
-        swa_kw = dict(swa_window=swa_window, swa_ratio=swa_ratio, swa_pool_slots=swa_slots,
-                      swa_evicted_tokens=int(aux_evicted), window_lost_hit_tokens=int(lost),
+        final_swa = (cache.swa_evictable_size() + cache.swa_protected_size() if triple
+                     else total_size()[1])
+        swa_kw.update(swa_window=swa_window, swa_ratio=swa_ratio, swa_pool_slots=swa_slots,
+                      swa_evicted_tokens=int(swa_evicted), window_lost_hit_tokens=int(lost_w),
                       swa_slid_tokens=int(slid), peak_swa_tree_tokens=int(peak_aux),
-                      final_swa_tree_tokens=int(total_size()[1]))
-    elif mamba:
-        swa_kw = dict(mamba_states=mamba_states, mamba_pool_slots=m_slots, mamba_chunk=mamba_chunk,
-                      mamba_evicted_states=int(aux_evicted),
-                      checkpoint_lost_hit_tokens=int(lost), mamba_waits=int(m_waits),
-                      peak_mamba_tree_states=int(peak_aux),
-                      final_mamba_tree_states=int(total_size()[1]))
+                      final_swa_tree_tokens=int(final_swa))
+    if mamba:
+        final_m = (cache.mamba_evictable_size() + cache.mamba_protected_size() if triple
+                   else total_size()[1])
+        swa_kw.update(mamba_states=mamba_states, mamba_pool_slots=m_slots,
+                      mamba_chunk=mamba_chunk, mamba_evicted_states=int(m_evicted),
+                      checkpoint_lost_hit_tokens=int(lost_c), mamba_waits=int(m_waits),
+                      peak_mamba_tree_states=int(peak_m if triple else peak_aux),
+                      final_mamba_tree_states=int(final_m))
     return ReplayResult(
         workload=workload.name, capacity="inf" if unbounded else int(capacity), pool_slots=slots,
         page_size=page_size, max_running=max_running, policy=policy,
