@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from . import _numba_env  # noqa: F401  (cache directory, before the kernels)
-from ._cast import _to_numpy, as_int64, as_count, is_torch
+from ._cast import _to_numpy, as_count, as_flag, as_int64, is_torch
 from .kernels.slots import E_DOUBLE as _S_DOUBLE
 from .kernels.slots import E_RANGE as _S_RANGE
 from .kernels.slots import E_REPEATED as _S_REPEATED
@@ -309,11 +309,73 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     The cache frees the states it evicts through ``mamba_allocator.free`` and
     allocates copy-on-write slots through ``mamba_allocator.alloc(1)``.
+
+    ``enable_mamba_extra_buffer`` (SGLang's non-lazy extra buffer): each request
+    also holds a *ping-pong track buffer* of ``mamba_ping_pong_track_buffer_size``
+    (2, SGLang's with the overlap scheduler; or 1) state slots, into which the
+    model runner saves the state at checkpoint-grid boundaries. The scheduler
+    (model runner) keeps ``req.mamba_last_track_idx`` (the entry holding the
+    latest tracked state), ``req.mamba_next_track_idx``,
+    ``req.mamba_last_track_seqlen`` and ``req.mamba_prev_track_seqlen`` (the
+    token lengths those states were taken at; ``None``: none since the last
+    checkpoint); the cache donates tracked entries to the tree.
     """
 
-    def __init__(self, size, max_context_len, mamba_size, index_kind="numpy", device="cpu"):
+    def __init__(self, size, max_context_len, mamba_size, index_kind="numpy", device="cpu",
+                 enable_mamba_extra_buffer=False, mamba_ping_pong_track_buffer_size=2):
+        self.enable_mamba_extra_buffer = as_flag(enable_mamba_extra_buffer,
+                                                 "enable_mamba_extra_buffer")
+        track = as_count(mamba_ping_pong_track_buffer_size, "mamba_ping_pong_track_buffer_size")
+        if track not in (1, 2):
+            raise ValueError("mamba_ping_pong_track_buffer_size must be 1 or 2, got "
+                             f"{track}")
+        self.mamba_ping_pong_track_buffer_size = track
         self.mamba_allocator = MambaSlotAllocator(mamba_size, index_kind, device)
         super().__init__(size, max_context_len, index_kind, device)
+
+    def alloc_mamba(self, req):
+        """Give ``req`` its state slots, as SGLang's ``alloc(reqs)`` does: its own
+        ``req.mamba_pool_idx`` when it holds none, and with the extra buffer a
+        ping-pong track buffer when it has none (``req.mamba_ping_pong_track_buffer``
+        int64 of the buffer size, ``mamba_ping_pong_empty``, ``mamba_next_track_idx``
+        0, ``mamba_last_track_idx`` the other entry, no tracked seqlens). Returns
+        True, or False with nothing allocated when the state pool is short."""
+        kv = getattr(req, "kv", req)
+        own = kv.mamba_pool_idx is None
+        ping = self.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None
+        n = self.mamba_ping_pong_track_buffer_size
+        if self.mamba_allocator.available_size() < int(own) + (n if ping else 0):
+            return False
+        if own:
+            kv.mamba_pool_idx = int(self.mamba_allocator.alloc(1)[0])
+        if ping:
+            kv.mamba_ping_pong_track_buffer = np.asarray(self.mamba_allocator.alloc(n),
+                                                         dtype=np.int64).copy()
+            kv.mamba_ping_pong_empty = [False] * n
+            kv.mamba_next_track_idx = 0
+            kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
+            kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None
+        return True
+
+    def get_mamba_ping_pong_other_idx(self, idx):
+        """The other entry of a 2-entry buffer (the same one of a 1-entry buffer)."""
+        return 1 - idx if self.mamba_ping_pong_track_buffer_size == 2 else idx
+
+    @staticmethod
+    def get_mamba_ping_pong_keep_idx(req):
+        """The entry holding the latest tracked state (``req.mamba_last_track_idx``)."""
+        return getattr(req, "kv", req).mamba_last_track_idx
+
+    def donate_mamba_ping_pong_slot(self, req, new_slot):
+        """Hand the latest tracked entry's slot to the tree and put ``new_slot`` (a
+        1-element slot array) in its place; returns the donated slot (1-element
+        int64 array)."""
+        kv = getattr(req, "kv", req)
+        keep = kv.mamba_last_track_idx
+        donated = np.array([int(kv.mamba_ping_pong_track_buffer[keep])], dtype=np.int64)
+        kv.mamba_ping_pong_track_buffer[keep] = int(np.asarray(new_slot).reshape(-1)[0])
+        kv.mamba_ping_pong_empty[keep] = False
+        return donated
 
     def clear(self):
         """Every request row and every state slot free again (SGLang's
@@ -322,9 +384,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
         super().clear()
         self.mamba_allocator.clear()
 
-    def free_mamba_cache(self, req):
+    def free_mamba_cache(self, req, mamba_ping_pong_track_buffer_to_keep=None):
         """Free the request's state slot ``req.kv.mamba_pool_idx`` (SGLang's name) and
-        set the field to None. ``ValueError`` when it holds none (a double free)."""
+        set the field to None. ``ValueError`` when it holds none (a double free).
+        With the extra buffer the ping-pong entries go too, in entry order, but
+        ``mamba_ping_pong_track_buffer_to_keep`` (the entry the tree adopted), and
+        the request's track fields are cleared."""
         kv = getattr(req, "kv", req)
         idx = kv.mamba_pool_idx
         if idx is None:
@@ -336,6 +401,18 @@ class HybridReqToTokenPool(ReqToTokenPool):
             idx = idx.reshape(1)  # a 0-d tensor (SGLang's form: mid[0])
         self.mamba_allocator.free(as_int64(idx, "req.mamba_pool_idx").reshape(-1))
         kv.mamba_pool_idx = None
+        buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
+        if self.enable_mamba_extra_buffer and buf is not None:
+            keep = mamba_ping_pong_track_buffer_to_keep
+            empty = kv.mamba_ping_pong_empty
+            slots = [int(buf[p]) for p in range(len(buf)) if p != keep and not empty[p]]
+            if slots:
+                self.mamba_allocator.free(np.array(slots, dtype=np.int64))
+            kv.mamba_ping_pong_track_buffer = kv.mamba_ping_pong_empty = None
+            kv.mamba_next_track_idx = kv.mamba_last_track_idx = None
+            kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None
+            kv.mamba_cow_src_index = None
+            kv.mamba_needs_clear = False
 
 
 class SWATokenToKVPoolAllocator:

@@ -54,7 +54,11 @@ class Req:
     Mamba caches: ``mamba_pool_idx`` is the request's own state slot (from
     ``req_to_token_pool.mamba_allocator``; ``None``: holds none);
     ``mamba_cow_src_index`` / ``mamba_needs_clear`` are set by a ``cow_mamba``
-    match. ``req.kv`` is the request itself (SGLang keeps these under ``req.kv``).
+    match. With ``enable_mamba_extra_buffer``: ``mamba_ping_pong_track_buffer``
+    (its tracked state slots), ``mamba_ping_pong_empty``, ``mamba_next_track_idx``,
+    ``mamba_last_track_idx``, ``mamba_last_track_seqlen``,
+    ``mamba_prev_track_seqlen`` (see ``HybridReqToTokenPool``; set by
+    ``alloc_mamba`` and the model runner). ``req.kv`` is the request itself (SGLang keeps these under ``req.kv``).
 
     Construction validates every field (``TypeError`` / ``ValueError`` naming it):
     token containers must be 1-D integer sequences (list, tuple, ``array('q')``,
@@ -84,6 +88,12 @@ class Req:
     mamba_pool_idx: Any = None
     mamba_cow_src_index: Any = None
     mamba_needs_clear: bool = False
+    mamba_ping_pong_track_buffer: Any = None
+    mamba_ping_pong_empty: Any = None
+    mamba_next_track_idx: Optional[int] = None
+    mamba_last_track_idx: Optional[int] = None
+    mamba_last_track_seqlen: Optional[int] = None
+    mamba_prev_track_seqlen: Optional[int] = None
     #: attr -> (container, its length, int64 view or copy): a list is converted once
     _np_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -117,7 +127,8 @@ class Req:
         if self.lock is not None and not isinstance(self.lock, TreeLock):
             raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(self.lock).__name__}")
         for name in ("cache_protected_len", "kv_committed_len", "kv_allocated_len",
-                     "swa_branching_seqlen"):
+                     "swa_branching_seqlen", "mamba_next_track_idx", "mamba_last_track_idx",
+                     "mamba_last_track_seqlen", "mamba_prev_track_seqlen"):
             v = getattr(self, name)
             if v is not None:
                 as_count(v, name)
@@ -178,13 +189,22 @@ class RequestCachingMixin:
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
         if self._mamba and self.enable_mamba_extra_buffer:
-            # refused before anything changes: the ping-pong track buffers of the
-            # extra-buffer mode (and with SWA the retain floor below the tracked
-            # checkpoint, SGLang swa_retain_floor) are not built yet
-            raise NotImplementedError(f"{what}: the request path of a Mamba cache with "
-                                      "enable_mamba_extra_buffer is not implemented yet; drive "
-                                      "insert (with mamba_value), match_prefix and lock / unlock "
-                                      "directly")
+            if self._swa:
+                # refused before anything changes: with SWA the retain floor below
+                # the tracked checkpoint (SGLang swa_retain_floor) is not built yet
+                raise NotImplementedError(f"{what}: the request path of a (FULL, SWA, MAMBA) "
+                                          "cache with enable_mamba_extra_buffer is not "
+                                          "implemented yet; drive insert (with mamba_value), "
+                                          "match_prefix and lock / unlock directly")
+            pool = self.req_to_token_pool
+            if not (getattr(pool, "enable_mamba_extra_buffer", False) and all(
+                    callable(getattr(pool, m, None)) for m in (
+                        "donate_mamba_ping_pong_slot", "get_mamba_ping_pong_other_idx",
+                        "free_mamba_cache"))):
+                raise TypeError(f"{what}: enable_mamba_extra_buffer needs a request pool with "
+                                "ping-pong track buffers (flatradix.HybridReqToTokenPool or "
+                                "SGLang's, built with enable_mamba_extra_buffer=True), got "
+                                f"{type(pool).__name__}")
 
     # ------------------------------------------------------------------ Mamba
     def _mamba_own(self, req):
@@ -203,15 +223,7 @@ class RequestCachingMixin:
         evicted first (``RuntimeError`` when none is evictable). The copy runs on the
         pool's own ``mamba_pool.copy_from`` when it has one (SGLang's pool); a pool
         without state tensors (flatradix's) has nothing to copy."""
-        alloc = self._vals.mamba
-        dst = alloc.alloc(1)
-        if dst is None:
-            self.evict(EvictParams(num_tokens=0, mamba_num=1))
-            dst = alloc.alloc(1)
-            if dst is None:
-                raise RuntimeError("Can not alloc mamba cache: the Mamba state pool is empty "
-                                   "and no state is evictable")
-        slot = self._vals.mamba_slot(dst, "mamba_allocator.alloc(1)", check_held=False)
+        slot = self._mamba_alloc_slot()
         mp = getattr(self.req_to_token_pool, "mamba_pool", None)
         if mp is not None and callable(getattr(mp, "copy_from", None)):
             src_t, dst_t = self._vals.mamba_out(own), self._vals.mamba_out(slot)
@@ -220,6 +232,56 @@ class RequestCachingMixin:
                 src_t, dst_t = tr(src_t), tr(dst_t)
             mp.copy_from(src_t, dst_t)
         return slot
+
+    def _mamba_alloc_slot(self):
+        """A fresh state slot (SGLang ``_alloc_mamba_slot``): one state is evicted
+        first when the pool is empty (``RuntimeError`` when none is evictable)."""
+        alloc = self._vals.mamba
+        dst = alloc.alloc(1)
+        if dst is None:
+            self.evict(EvictParams(num_tokens=0, mamba_num=1))
+            dst = alloc.alloc(1)
+            if dst is None:
+                raise RuntimeError("Can not alloc mamba cache: the Mamba state pool is empty "
+                                   "and no state is evictable")
+        return self._vals.mamba_slot(dst, "mamba_allocator.alloc(1)", check_held=False)
+
+    def _mamba_tracked(self, req, up_to, finished):
+        """Extra buffer (SGLang ``prepare_for_caching_req`` / ``_select_finished_checkpoint``),
+        validated before any change: ``(cache_len, keep)`` -- the length the tracked
+        state belongs to (0: nothing to cache) and its ping-pong entry. A running
+        request caches its latest tracked state; a finished one too when it lies
+        within ``up_to``, else (2-entry buffer) the previous one when that does."""
+        kv = getattr(req, "kv", req)
+        last = getattr(kv, "mamba_last_track_seqlen", None)
+        if last is not None:
+            last = as_count(last, "req.mamba_last_track_seqlen")
+        if last is None or last == 0:
+            return 0, None
+        pool = self.req_to_token_pool
+        buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
+        size = pool.mamba_ping_pong_track_buffer_size
+        if buf is None or len(buf) != size:
+            raise ValueError(f"req.mamba_ping_pong_track_buffer must hold {size} state slots "
+                             "(HybridReqToTokenPool.alloc_mamba), got "
+                             f"{None if buf is None else len(buf)}")
+        keep = as_count(kv.mamba_last_track_idx, "req.mamba_last_track_idx")
+        if keep >= size:
+            raise ValueError(f"req.mamba_last_track_idx={keep} is not an entry of the "
+                             f"{size}-entry track buffer")
+        cache_len = last
+        if finished and last > up_to:  # overshoot: the state ran past the key
+            prev = getattr(kv, "mamba_prev_track_seqlen", None)
+            if prev is not None:
+                prev = as_count(prev, "req.mamba_prev_track_seqlen")
+            if size != 2 or prev is None or prev > up_to or prev == 0:
+                return 0, None
+            cache_len, keep = prev, pool.get_mamba_ping_pong_other_idx(keep)
+        if not finished and last > up_to:
+            raise ValueError(f"req.mamba_last_track_seqlen={last} exceeds the {up_to} tokens "
+                             "being cached")
+        self._vals.mamba_slot(buf[keep], f"req.mamba_ping_pong_track_buffer[{keep}]")
+        return cache_len, keep
 
     def _mamba_release_own(self, req):
         """Free the request's own state slot (it holds one) and clear the field."""
@@ -456,6 +518,11 @@ class RequestCachingMixin:
                     branching = None
                 else:
                     effective = branching + eagle
+        extra = self._mamba and self.enable_mamba_extra_buffer
+        keep = None
+        if extra:  # the key ends where the tracked state was taken
+            track_len, keep = self._mamba_tracked(req, up_to, finished)
+            effective = min(effective, track_len)
         own = self._mamba_own(req) if self._mamba else -1
         key = self._request_key(req, all_ids[:effective])
         units, aligned, nk, _ = self._key(key, "req")
@@ -464,9 +531,34 @@ class RequestCachingMixin:
                 row = self._row(req, up_to, "up_to")
             self._check_last_node(req)
             # every check is done: from here on the request and the tree change
-            # Mamba (SGLang prepare_for_caching_req, no extra buffer): a finished
-            # request donates its own state, a running one forks a copy
-            mslot = own if finished else (self._mamba_fork(own) if self._mamba else -1)
+            kv = getattr(req, "kv", req)
+            if extra and effective <= 0:
+                # SGLang: no state tracked since the last checkpoint, nothing is
+                # inserted; a finished request gives its states back
+                if finished:
+                    self._mamba_release_own(req)
+                    self._release_req_lock(req)
+                    req.last_node = None
+                else:
+                    kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None
+                return 0
+            if extra:
+                # SGLang prepare_for_caching_req with the extra buffer: a finished
+                # request donates the tracked entry, a running one swaps a fresh
+                # slot into that entry and donates the tracked state
+                if finished:
+                    mslot = self._vals.mamba_slot(kv.mamba_ping_pong_track_buffer[keep],
+                                                  "req.mamba_ping_pong_track_buffer")
+                else:
+                    fresh = self._mamba_alloc_slot()
+                    mslot = self._vals.mamba_slot(
+                        self.req_to_token_pool.donate_mamba_ping_pong_slot(
+                            req, self._vals.mamba_out(fresh)),
+                        "donate_mamba_ping_pong_slot", check_held=False)
+            else:
+                # Mamba (SGLang prepare_for_caching_req, no extra buffer): a finished
+                # request donates its own state, a running one forks a copy
+                mslot = own if finished else (self._mamba_fork(own) if self._mamba else -1)
             exist = True
             cursor = 0
             if self._swa:
@@ -502,7 +594,17 @@ class RequestCachingMixin:
                 req.cache_inserted_len = max(inserted, aligned)
                 # the inserted key is the page-aligned one (SGLang aligns before insert)
                 branch_inserted = branching is not None and aligned >= branching
-            if self._mamba:  # SGLang cleanup_after_caching_req
+            if extra:  # SGLang cleanup_after_caching_req, extra buffer
+                if not exist:
+                    self._vals.mamba_owned.add(mslot)
+                if finished:  # every slot of the request but the adopted entry goes back
+                    self.req_to_token_pool.free_mamba_cache(
+                        req, mamba_ping_pong_track_buffer_to_keep=None if exist else keep)
+                else:
+                    if exist:
+                        self._vals.free_mamba(np.array([mslot], dtype=np.int64))
+                    kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None
+            elif self._mamba:  # SGLang cleanup_after_caching_req
                 if not exist:       # the tree took the slot
                     self._vals.mamba_owned.add(mslot)
                     if finished:

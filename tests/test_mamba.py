@@ -342,10 +342,20 @@ def test_bad_mamba_construction(kwargs, exc, msg):
         UnifiedRadixCache(**args)
 
 
-def test_request_path_with_extra_buffer_refused_before_any_change():
-    env = Env(page=16, extra=True)
-    with pytest.raises(NotImplementedError, match="enable_mamba_extra_buffer"):
+def test_request_path_with_extra_buffer_needs_ping_pong_pools_and_no_swa():
+    env = Env(page=16, extra=True)          # a pool built without the extra buffer
+    with pytest.raises(TypeError, match="ping-pong track buffers"):
         env.cache.cache_finished_req(object())
+    from flatradix import SWATokenToKVPoolAllocator
+
+    cache = UnifiedRadixCache(
+        page_size=16, tree_components=(FULL, SWA, MAMBA), sliding_window_size=32,
+        token_to_kv_pool_allocator=SWATokenToKVPoolAllocator(256, 256, page_size=16),
+        req_to_token_pool=HybridReqToTokenPool(2, 64, mamba_size=8,
+                                               enable_mamba_extra_buffer=True),
+        enable_mamba_extra_buffer=True)
+    with pytest.raises(NotImplementedError, match="enable_mamba_extra_buffer"):
+        cache.cache_finished_req(object())
 
 
 # ---------------------------------------------------------------------- request path
@@ -847,3 +857,148 @@ def test_pool_clear_frees_the_state_slots_and_the_cap_is_read_only():
     with pytest.raises(AttributeError):
         env.cache.mamba_max_states_per_path = 1
     assert env.cache.mamba_max_states_per_path == 2
+
+
+
+# ---------------------------------------------------------------- extra buffer request path
+class ExtraEnv:
+    """FULL+MAMBA at page 16 with the extra buffer (2-entry ping-pong track buffers)."""
+
+    def __init__(self, states=16, chunk=64):
+        from flatradix import Req
+
+        self.alloc = TokenToKVPoolAllocator(4096, page_size=16)
+        self.pool = HybridReqToTokenPool(4, 512, mamba_size=states,
+                                         enable_mamba_extra_buffer=True)
+        self.ma = self.pool.mamba_allocator
+        self.cache = UnifiedRadixCache(
+            page_size=16, tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, mamba_cache_chunk_size=chunk,
+            enable_mamba_extra_buffer=True)
+        self.Req = Req
+
+    def admit(self, prompt):
+        req = self.Req(origin_input_ids=list(prompt), output_ids=[])
+        req.req_pool_idx = self.pool.alloc(1)[0]
+        assert self.pool.alloc_mamba(req)
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(prompt)[:-1])))
+        req.prefix_indices, req.cache_protected_len = m.device_indices, m.device_prefix_len
+        req.lock, req.last_node = self.cache.lock(m.last_device_node), m.last_device_node
+        self.pool.write((req.req_pool_idx, slice(0, m.device_prefix_len)), m.device_indices)
+        return req
+
+    def grow(self, req, n):
+        """Give the row KV up to ``n`` tokens (pages as a paged allocator does)."""
+        have = req.kv_committed_len or req.cache_protected_len
+        self.pool.write((req.req_pool_idx, slice(have, n)), self.alloc.alloc(n - have))
+        req.kv_committed_len = n
+        req.fill_ids = (list(req.origin_input_ids) + list(req.output_ids))[:n]
+
+    @staticmethod
+    def track(req, seqlen):
+        """The model runner saved the state at ``seqlen`` into the next entry."""
+        req.mamba_last_track_idx = req.mamba_next_track_idx
+        req.mamba_next_track_idx = 1 - req.mamba_next_track_idx
+        req.mamba_prev_track_seqlen, req.mamba_last_track_seqlen = req.mamba_last_track_seqlen, seqlen
+
+
+def test_extra_buffer_running_request_donates_the_tracked_entry():
+    env = ExtraEnv()
+    req = env.admit(range(200))
+    own, (e0, e1) = req.mamba_pool_idx, req.mamba_ping_pong_track_buffer.tolist()
+    assert env.ma.available_size() == 16 - 3 and req.mamba_last_track_idx == 1
+    env.grow(req, 128)
+    assert env.cache.checkpoint(req, 128) == 0           # nothing tracked: nothing cached
+    assert req.cache_protected_len == 0 and env.cache.total_size() == (0, 0)
+    env.track(req, 128)                                  # into entry 0 (slot e0)
+    assert env.cache.checkpoint(req, 128) == 128
+    fresh = req.mamba_ping_pong_track_buffer[0]
+    assert env.cache.all_mamba_values_flatten().tolist() == [e0]   # donated, not copied
+    assert req.mamba_ping_pong_track_buffer.tolist() == [fresh, e1] and fresh not in (own, e0, e1)
+    assert req.mamba_last_track_seqlen is None and req.cache_protected_len == 128
+    assert env.ma.available_size() == 16 - 4
+    assert env.cache.checkpoint(req, 128) == 0           # consumed: the next one caches nothing
+    # finished at 200 tokens, the state tracked at 192 (entry 1, slot e1) is adopted
+    env.grow(req, 200)
+    env.track(req, 192)
+    env.cache.release_kv_cache(req)
+    assert sorted(env.cache.all_mamba_values_flatten().tolist()) == sorted([e0, e1])
+    assert env.ma.available_size() == 16 - 2             # own and the fresh entry went back
+    assert req.mamba_pool_idx is None and req.mamba_ping_pong_track_buffer is None
+    assert env.cache.total_size() == (192, 2)            # the 8-token tail is not cached
+    assert env.alloc.available_size() == 4096 - 192
+    env.cache.sanity_check()
+
+
+def test_extra_buffer_finish_past_the_latest_state_falls_back_to_the_previous():
+    env = ExtraEnv()
+    req = env.admit(range(100))
+    env.grow(req, 100)
+    env.track(req, 64)                                   # entry 0
+    env.track(req, 128)                                  # entry 1: beyond the 100 tokens
+    e0 = int(req.mamba_ping_pong_track_buffer[0])
+    env.cache.release_kv_cache(req)                      # SGLang: the previous state, at 64
+    assert env.cache.all_mamba_values_flatten().tolist() == [e0]
+    assert env.cache.total_size() == (64, 1) and env.ma.available_size() == 16 - 1
+    req = env.admit(range(100))                          # nothing tracked: all three go back
+    env.grow(req, 100)
+    env.cache.release_kv_cache(req)
+    assert env.cache.total_size() == (64, 1) and env.ma.available_size() == 16 - 1
+    env.cache.sanity_check()
+
+
+def test_extra_buffer_node_with_a_state_frees_the_donated_one_and_abort_frees_all():
+    env = ExtraEnv()
+    a = env.admit(range(80))
+    env.grow(a, 80)
+    env.track(a, 64)
+    env.cache.release_kv_cache(a)                        # the tree: [0..64) with a state
+    b = env.admit(range(80))
+    assert b.cache_protected_len == 64
+    env.grow(b, 80)
+    env.track(b, 64)                                     # the same checkpoint again
+    e0 = int(b.mamba_ping_pong_track_buffer[0])
+    before = env.ma.available_size()
+    assert env.cache.checkpoint(b, 80) == 64
+    # mamba_exist: the donated state is freed, the fresh one stays in the entry
+    assert env.ma.available_size() == before and not env.ma.is_held([e0])[0]
+    env.cache.release_kv_cache(b, checkpoint=False)      # abort: own and both entries back
+    assert env.ma.available_size() == 16 - 1 and env.cache.total_size() == (64, 1)
+    env.cache.sanity_check()
+
+
+def test_extra_buffer_bad_track_fields_change_nothing():
+    env = ExtraEnv()
+    req = env.admit(range(100))
+    env.grow(req, 100)
+    env.track(req, 64)
+    before = (env.ma.available_size(), env.alloc.available_size(), env.cache.total_size(),
+              req.mamba_ping_pong_track_buffer.tolist())
+    for field, value, exc, msg in (
+            ("mamba_last_track_seqlen", 128, ValueError, "exceeds the 100 tokens"),
+            ("mamba_last_track_seqlen", -1, ValueError, "mamba_last_track_seqlen"),
+            ("mamba_last_track_idx", 2, ValueError, "not an entry"),
+            ("mamba_ping_pong_track_buffer", None, ValueError, "must hold 2 state slots")):
+        saved = getattr(req, field)
+        setattr(req, field, value)
+        with pytest.raises(exc, match=msg):
+            env.cache.checkpoint(req, 100)
+        setattr(req, field, saved)
+        assert (env.ma.available_size(), env.alloc.available_size(), env.cache.total_size(),
+                req.mamba_ping_pong_track_buffer.tolist()) == before
+    freed = int(req.mamba_ping_pong_track_buffer[0])
+    env.ma.free([freed])                                 # an entry the pool does not hold
+    with pytest.raises(ValueError, match="is free in the state pool"):
+        env.cache.checkpoint(req, 100)
+    env.ma.alloc(1)
+
+
+def test_alloc_mamba_is_all_or_nothing():
+    pool = HybridReqToTokenPool(2, 16, mamba_size=2, enable_mamba_extra_buffer=True)
+    from flatradix import Req
+
+    req = Req(origin_input_ids=[1, 2])
+    assert pool.alloc_mamba(req) is False               # 3 slots needed, 2 in the pool
+    assert pool.mamba_allocator.available_size() == 2 and req.mamba_pool_idx is None
+    with pytest.raises(ValueError, match="mamba_ping_pong_track_buffer_size"):
+        HybridReqToTokenPool(2, 16, mamba_size=2, mamba_ping_pong_track_buffer_size=3)

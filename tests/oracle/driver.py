@@ -64,6 +64,7 @@ import argparse
 import hashlib
 from collections import deque
 import json
+import math
 import os
 import random
 import sys
@@ -167,7 +168,7 @@ MAMBA_CONFIGS = {
                                      mamba_path_cap=2),
 }
 for _c in MAMBA_CONFIGS.values():
-    _c["requests"] = not _c.get("mamba_extra_buffer")
+    _c["requests"] = not (_c.get("mamba_extra_buffer") and "swa_window" in _c)
     _c["mamba_space"] = 1 << 12
     if "swa_window" in _c:
         _c["slot_space"] = (1 << 16) * _c["page_size"]
@@ -199,6 +200,11 @@ MUTANTS = {
     # the per-path cap: off, or one state more per path
     "mamba-path-cap-off": ("p1-mamba-cap2-lru", dict(mamba_path_cap=-1)),
     "mamba-path-cap-2": ("p16-mamba-cap1-lfu", dict(mamba_path_cap=2)),
+    # the extra buffer: flatradix's request tracks into the other ping-pong entry
+    "mamba-track-no-flip": ("p64-mamba-c16-fifo", dict(track_no_flip=True)),
+    # ... a checkpoint donating the other entry, a finish freeing the adopted one
+    "mamba-donate-other": ("p64-mamba-priority", dict(donate_other=True)),
+    "mamba-finish-keeps-none": ("p64-mamba-c16-fifo", dict(finish_keeps_none=True)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.
@@ -275,7 +281,7 @@ class SlotSpace:
 
 class ReqState:
     __slots__ = ("rid", "prompt", "ns", "prio", "row", "protected", "extend_end",
-                 "output", "committed", "admitted", "swa", "cursor", "mslot")
+                 "output", "committed", "admitted", "swa", "cursor", "mslot", "pp", "track")
 
     def __init__(self, rid, prompt, ns, prio):
         self.rid, self.prompt, self.ns, self.prio = rid, prompt, ns, prio
@@ -288,6 +294,8 @@ class ReqState:
         self.swa = []      # SWA slot of each row position (SWA configs)
         self.cursor = 0    # SWA cursor (positions below it have no SWA slot of the request)
         self.mslot = None  # Mamba: the request's own state slot
+        self.pp = []       # Mamba extra buffer: its ping-pong track slots
+        self.track = None  # ... and the seqlen tracked since the last checkpoint
 
 
 class Executor:
@@ -304,6 +312,10 @@ class Executor:
         # SGLang ignores is_eagle when Mamba is configured (no bigram tree)
         self.eagle = cfg.get("eagle", False) and not self.mamba
         self.requests = cfg.get("requests", True)
+        self.extra = self.mamba and bool(cfg.get("mamba_extra_buffer"))
+        if self.mamba:  # the checkpoint grid lcm(chunk, page)
+            self.grid = cfg["mamba_chunk"] * cfg["page_size"] // math.gcd(cfg["mamba_chunk"],
+                                                                          cfg["page_size"])
         self.unit, self.max_ctx, self.cap_pages = geometry(self.P)
         nrows = MAX_LIVE + 2
         ctx = self.max_ctx + 2 * self.P
@@ -446,12 +458,13 @@ class Executor:
     def _mamba_used(self):
         """States in the pool: the tree's and the live requests' own."""
         sizes = self.f.sizes()
-        return sizes[-2] + sizes[-1] + sum(r.mslot is not None for r in self.reqs.values())
+        return sizes[-2] + sizes[-1] + sum((r.mslot is not None) + len(r.pp)
+                                           for r in self.reqs.values())
 
-    def _make_mamba_room(self):
+    def _make_mamba_room(self, n=1):
         """Evict Mamba states (``mamba_num``) before donating (or giving a request)
-        one more, as a scheduler would when the state pool is full."""
-        over = self._mamba_used() + 1 - self.cap_mamba
+        ``n`` more, as a scheduler would when the state pool is full."""
+        over = self._mamba_used() + n - self.cap_mamba
         if over > 0:
             self.stats["budget_evict_mamba"] += 1
             a, b = self._both("budget_evict_mamba", lambda: self.f.evict(0, 0, over),
@@ -474,7 +487,7 @@ class Executor:
         """Before a request op: both engines' ``mamba_allocator`` may hand out the
         next slots of the free list while ``avail`` lasts (each free in the op adds
         one: an eviction makes room)."""
-        slots = [self.mamba_free[i] for i in range(min(2, len(self.mamba_free)))]
+        slots = [self.mamba_free[i] for i in range(min(3, len(self.mamba_free)))]
         self.f.arm_mamba(slots, avail)
         self.s.arm_mamba(slots, avail)
 
@@ -542,6 +555,7 @@ class Executor:
                 mv = self.f.mamba_values()
                 compare(f"{what}.all_mamba_values_flatten(sorted)", mv, self.s.mamba_values())
                 own = {r.mslot for r in self.reqs.values()}  # the live requests' states
+                own.update(x for r in self.reqs.values() for x in r.pp)
                 compare(f"{what}.mamba_values_held", mv, sorted(self.mamba_held - own))
 
     def key_units(self, toks):
@@ -753,17 +767,23 @@ class Executor:
         if rid in self.reqs or len(self.reqs) >= MAX_LIVE or not prompt or not self.requests:
             return
         ns = NAMESPACES[nsi]
-        if self.mamba:  # the request's own state slot (a full pool evicts first)
-            self._make_mamba_room()
-            self._arm_mamba(1)
+        # the request's own state slot, with the extra buffer its two ping-pong track
+        # slots too (a full pool evicts first)
+        n_states = 1 + 2 * self.extra
+        if self.mamba:
+            self._make_mamba_room(n_states)
+            self._arm_mamba(n_states)
         (fl, fi, fn, fw), (sl, si, sn, sw) = self._both(
             "admit", lambda: self.f.req_admit(rid, prompt, ns, prio),
             lambda: self.s.req_admit(rid, prompt, ns, prio))
         mslot = None
         if self.mamba:
             got = self._take_mamba_allocs("admit")
-            compare("admit.mamba_allocs.count", len(got), 1)
+            compare("admit.mamba_allocs.count", len(got), n_states)
             mslot = got[0]
+            if self.extra:
+                compare("admit.mamba_ping_pong", self.f.req_ping_pong(rid), got[1:])
+                compare("admit.mamba_ping_pong(SGLang)", self.s.req_ping_pong(rid), got[1:])
             compare("admit.req_mamba_pool_idx", self.f.req_mamba(rid), mslot)
             compare("admit.req.kv.mamba_pool_idx(SGLang)", self.s.req_mamba(rid), mslot)
         compare("admit.prefix_len", fl, sl)
@@ -774,6 +794,8 @@ class Executor:
         r.row = list(fi)
         r.protected = r.extend_end = r.committed = r.admitted = fl
         r.mslot = mslot
+        if self.extra:
+            r.pp = list(got[1:])
         self.reqs[rid] = r
         self.stats["admit_hit_tokens"] += fl
         self.stats["admit_tokens"] += len(prompt)
@@ -797,6 +819,15 @@ class Executor:
         self._both("progress", lambda: self.f.req_progress(r.rid, r.output, r.committed),
                    lambda: self.s.req_progress(r.rid, r.output, r.committed))
 
+    def _track(self, r, seqlen):
+        """Extra buffer: the model runner saved the state at ``seqlen`` tokens into
+        the request's next ping-pong entry (SGLang's non-lazy tracking: last entry
+        = next, next flips, prev seqlen = last)."""
+        self._both("track", lambda: self.f.req_track(r.rid, seqlen),
+                   lambda: self.s.req_track(r.rid, seqlen))
+        r.track = seqlen
+        self.stats["mamba_tracked"] += 1
+
     def _checkpoint(self, r, what):
         up_to = r.committed
         if self.mamba:  # the fork of the request's state (SGLang _alloc_mamba_slot)
@@ -809,9 +840,17 @@ class Executor:
         if self.mamba:
             # one fork per checkpoint of a running request: SGLang allocates it
             # before it knows whether anything gets cached or the node already
-            # holds a state (it frees the fork then, compared with the frees)
+            # holds a state (it frees the fork then, compared with the frees);
+            # extra buffer: a fresh slot for the ping-pong entry it donates, only
+            # when a state was tracked since the last checkpoint
             got = self._take_mamba_allocs(what)
-            compare(f"{what}.mamba_allocs.count", len(got), 1)
+            compare(f"{what}.mamba_allocs.count", len(got),
+                    int(not self.extra or bool(r.track)))
+            if self.extra:
+                pp = self.f.req_ping_pong(r.rid)
+                compare(f"{what}.mamba_ping_pong", pp, self.s.req_ping_pong(r.rid))
+                r.pp = pp
+                r.track = None
             compare(f"{what}.req_mamba_pool_idx", self.f.req_mamba(r.rid), r.mslot)
             compare(f"{what}.req.kv.mamba_pool_idx(SGLang)", self.s.req_mamba(r.rid), r.mslot)
         compare(f"{what}.cache_protected_len", fp, sp)
@@ -861,6 +900,8 @@ class Executor:
             if b <= a:
                 b = min(L, (a // P + 1) * P)
         self._grow(r, b)
+        if self.extra and b - a >= self.grid:  # the model runner tracks a state
+            self._track(r, a + (b - a) // self.grid * self.grid)
         r.extend_end = b
         if b == L:
             r.output.append(first_tok)  # the first sampled token (no KV yet)
@@ -876,7 +917,10 @@ class Executor:
         k = min(len(toks), self.max_ctx - r.committed - 1)
         if k <= 0:
             return
+        c0 = r.committed
         self._grow(r, r.committed + k)  # KV of the previously sampled tokens
+        if self.extra and r.committed // self.grid > c0 // self.grid:
+            self._track(r, r.committed // self.grid * self.grid)
         r.output.extend(toks[:k])
         self._progress(r)
         if ckpt:

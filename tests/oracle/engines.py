@@ -242,6 +242,23 @@ class _FlatRecordingMambaAllocator(_ArmedMambaSlots):
         return self._available()
 
 
+def ping_pong(req):
+    """A request's extra-buffer ping-pong track slots (``req.kv`` on SGLang's Req)."""
+    buf = getattr(req, "kv", req).mamba_ping_pong_track_buffer
+    return None if buf is None else [int(x) for x in np.asarray(buf).reshape(-1)]
+
+
+def track(req, seqlen):
+    """The model runner's non-lazy tracking (SGLang ``ScheduleBatch`` / result
+    processor): the state at ``seqlen`` tokens went to the next ping-pong entry;
+    it becomes the last one, the next flips, the previous seqlen is kept."""
+    kv = getattr(req, "kv", req)
+    kv.mamba_last_track_idx = kv.mamba_next_track_idx
+    kv.mamba_next_track_idx = 1 - kv.mamba_next_track_idx
+    kv.mamba_prev_track_seqlen = kv.mamba_last_track_seqlen
+    kv.mamba_last_track_seqlen = seqlen
+
+
 def mamba_idx(req):
     """A request's ``mamba_pool_idx`` (``req.kv`` on SGLang's Req) as an int, or None."""
     v = getattr(getattr(req, "kv", req), "mamba_pool_idx", None)
@@ -314,8 +331,9 @@ class FlatEngine(_SameCalls):
         if self.mamba:
             # flatradix's own HybridReqToTokenPool (its free_mamba_cache frees a
             # request's state), with the recording allocator in place of its free list
-            self.rtp = flatradix.HybridReqToTokenPool(size=max_reqs, max_context_len=max_ctx,
-                                                      mamba_size=2)
+            self.rtp = flatradix.HybridReqToTokenPool(
+                size=max_reqs, max_context_len=max_ctx, mamba_size=2,
+                enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False))
             self.malloc = _FlatRecordingMambaAllocator(cfg["mamba_space"])
             self.rtp.mamba_allocator = self.malloc
             kw.pop("components", None)
@@ -324,6 +342,20 @@ class FlatEngine(_SameCalls):
                       enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False),
                       mamba_max_states_per_path=mut.get("mamba_path_cap",
                                                                 cfg.get("mamba_path_cap", -1)))
+            if mut.get("donate_other"):  # self-test: the checkpoint donates the stale entry
+                donate = self.rtp.donate_mamba_ping_pong_slot
+
+                def donate_other(req, new_slot):
+                    req.mamba_last_track_idx = 1 - req.mamba_last_track_idx
+                    try:
+                        return donate(req, new_slot)
+                    finally:
+                        req.mamba_last_track_idx = 1 - req.mamba_last_track_idx
+                self.rtp.donate_mamba_ping_pong_slot = donate_other
+            if mut.get("finish_keeps_none"):  # self-test: the adopted entry is freed too
+                free_cache = self.rtp.free_mamba_cache
+                self.rtp.free_mamba_cache = lambda req, mamba_ping_pong_track_buffer_to_keep=None: \
+                    free_cache(req)
         else:
             self.rtp = flatradix.ReqToTokenPool(size=max_reqs, max_context_len=max_ctx)
         self.cache = flatradix.UnifiedRadixCache(
@@ -522,10 +554,15 @@ class FlatEngine(_SameCalls):
             # the request's own state slot, drawn as SGLang's HybridReqToTokenPool.alloc
             # draws it; odd requests hold a plain int, even ones SGLang's own form,
             # mid[0] (a 0-d tensor)
-            mid = self.malloc.alloc(1)
-            if mid is None:
-                raise AssertionError("Not enough space for mamba cache (driver armed none)")
-            req.mamba_pool_idx = int(mid[0]) if rid % 2 else mid[0]
+            if self.rtp.enable_mamba_extra_buffer:
+                # the own slot, then the ping-pong track slots (SGLang's alloc order)
+                if not self.rtp.alloc_mamba(req):
+                    raise AssertionError("Not enough space for mamba cache (driver armed none)")
+            else:
+                mid = self.malloc.alloc(1)
+                if mid is None:
+                    raise AssertionError("Not enough space for mamba cache (driver armed none)")
+                req.mamba_pool_idx = int(mid[0]) if rid % 2 else mid[0]
         if self.swa or self.mamba or rid % 2:
             req.lock = self.cache.lock(node)  # a TreeLock, as SGLang's scheduler holds it
         else:  # Full-only: a lock held by node id alone (no receipt) is released too
@@ -588,6 +625,15 @@ class FlatEngine(_SameCalls):
     def req_mamba(self, rid):
         """The request's ``mamba_pool_idx`` (an int or None)."""
         return mamba_idx(self.reqs[rid])
+
+    def req_ping_pong(self, rid):
+        return ping_pong(self.reqs[rid])
+
+    def req_track(self, rid, seqlen):
+        req = self.reqs[rid]
+        if self.mut.get("track_no_flip"):  # self-test: the state lands in the entry just donated
+            req.mamba_next_track_idx = 1 - req.mamba_next_track_idx
+        track(req, seqlen)
 
     def req_release(self, rid, insert):
         """``cache_finished_req``; returns the request's ``mamba_pool_idx`` afterwards."""
@@ -1041,3 +1087,9 @@ class SglEngine(_SameCalls):
 
     def req_mamba(self, rid):
         return mamba_idx(self.reqs[rid])
+
+    def req_ping_pong(self, rid):
+        return ping_pong(self.reqs[rid])
+
+    def req_track(self, rid, seqlen):
+        track(self.reqs[rid], seqlen)
