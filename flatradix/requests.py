@@ -189,13 +189,6 @@ class RequestCachingMixin:
         if self.req_to_token_pool is None or self.token_to_kv_pool_allocator is None:
             raise ValueError(f"{what} needs req_to_token_pool and token_to_kv_pool_allocator")
         if self._mamba and self.enable_mamba_extra_buffer:
-            if self._swa:
-                # refused before anything changes: with SWA the retain floor below
-                # the tracked checkpoint (SGLang swa_retain_floor) is not built yet
-                raise NotImplementedError(f"{what}: the request path of a (FULL, SWA, MAMBA) "
-                                          "cache with enable_mamba_extra_buffer is not "
-                                          "implemented yet; drive insert (with mamba_value), "
-                                          "match_prefix and lock / unlock directly")
             pool = self.req_to_token_pool
             if not (getattr(pool, "enable_mamba_extra_buffer", False) and all(
                     callable(getattr(pool, m, None)) for m in (
@@ -414,8 +407,24 @@ class RequestCachingMixin:
             threshold = pre_len - w
         else:
             threshold = pre_len - -(-max(w, page) // page) * page
+            floor = self._swa_retain_floor(req)
+            if floor is not None:  # keep the window behind the tracked Mamba state
+                threshold = min(threshold, floor)
         new = max(start, threshold)
         return start, new - new % page
+
+    def _swa_retain_floor(self, req):
+        """SGLang ``swa_retain_floor``: on a (FULL, SWA, MAMBA) cache, a request whose
+        model runner tracked a state at ``req.mamba_last_track_seqlen`` keeps the
+        SWA window behind it (a later match may land on that checkpoint):
+        ``mamba_last_track_seqlen - W``; None otherwise. Validated (``ValueError``
+        / ``TypeError`` naming the field)."""
+        if not (self._mamba and self._swa):
+            return None
+        last = getattr(getattr(req, "kv", req), "mamba_last_track_seqlen", None)
+        if last is None:
+            return None
+        return as_count(last, "req.mamba_last_track_seqlen") - self._window
 
     def _free_out_of_window(self, req, row, pre_len, protected, interval=1, span=None):
         """Free the SWA slots of ``_slide_span`` and advance ``req.swa_evicted_seqlen``
@@ -469,8 +478,10 @@ class RequestCachingMixin:
         nothing changes then. Mamba: a running request's fork needs a free state
         slot; with the pool empty one state is evicted first, and when none is
         evictable ``RuntimeError("Can not alloc mamba cache ...")`` is raised,
-        nothing changed (SGLang asserts). ``NotImplementedError`` (nothing
-        changed) for a Mamba cache with ``enable_mamba_extra_buffer``.
+        nothing changed (SGLang asserts). With ``enable_mamba_extra_buffer`` the
+        key ends at ``req.mamba_last_track_seqlen`` (0 cached when no state was
+        tracked since the last checkpoint; see ``HybridReqToTokenPool``), and the
+        pool must have the ping-pong track buffers (``TypeError`` otherwise).
         """
         self._need_pools("checkpoint")
         self._check_req_type(req)
@@ -507,6 +518,7 @@ class RequestCachingMixin:
                 raise ValueError(f"req.cache_protected_len={protected} is not a multiple of "
                                  f"page_size={self.page_size}")
             self._swa_cursor(req)
+            self._swa_retain_floor(req)  # validated here: read after the changes begin
             # SGLang prepare_for_caching_req: a first checkpoint after a match that
             # stopped short of its Full hit inserts only up to the branching point --
             # not with Mamba, whose state belongs to the whole key (SGLang's SWA

@@ -342,20 +342,10 @@ def test_bad_mamba_construction(kwargs, exc, msg):
         UnifiedRadixCache(**args)
 
 
-def test_request_path_with_extra_buffer_needs_ping_pong_pools_and_no_swa():
+def test_request_path_with_extra_buffer_needs_ping_pong_pools():
     env = Env(page=16, extra=True)          # a pool built without the extra buffer
     with pytest.raises(TypeError, match="ping-pong track buffers"):
         env.cache.cache_finished_req(object())
-    from flatradix import SWATokenToKVPoolAllocator
-
-    cache = UnifiedRadixCache(
-        page_size=16, tree_components=(FULL, SWA, MAMBA), sliding_window_size=32,
-        token_to_kv_pool_allocator=SWATokenToKVPoolAllocator(256, 256, page_size=16),
-        req_to_token_pool=HybridReqToTokenPool(2, 64, mamba_size=8,
-                                               enable_mamba_extra_buffer=True),
-        enable_mamba_extra_buffer=True)
-    with pytest.raises(NotImplementedError, match="enable_mamba_extra_buffer"):
-        cache.cache_finished_req(object())
 
 
 # ---------------------------------------------------------------------- request path
@@ -1002,3 +992,45 @@ def test_alloc_mamba_is_all_or_nothing():
     assert pool.mamba_allocator.available_size() == 2 and req.mamba_pool_idx is None
     with pytest.raises(ValueError, match="mamba_ping_pong_track_buffer_size"):
         HybridReqToTokenPool(2, 16, mamba_size=2, mamba_ping_pong_track_buffer_size=3)
+
+
+
+def test_triple_extra_buffer_keeps_the_window_behind_the_tracked_state():
+    """SGLang ``swa_retain_floor``: with a tracked state at ``t`` the SWA slide
+    stops at ``t - W`` (a later match may land on that checkpoint and needs its
+    window); without one it goes to ``pre_len - W`` (page 1)."""
+    from flatradix import Req, SWATokenToKVPoolAllocator
+
+    alloc = SWATokenToKVPoolAllocator(size=256, size_swa=256, page_size=1)
+    pool = HybridReqToTokenPool(2, 64, mamba_size=8, enable_mamba_extra_buffer=True)
+    cache = UnifiedRadixCache(tree_components=(FULL, SWA, MAMBA), sliding_window_size=4,
+                              token_to_kv_pool_allocator=alloc, req_to_token_pool=pool,
+                              mamba_cache_chunk_size=8, enable_mamba_extra_buffer=True)
+    reqs = []
+    for tracked in (None, 8):
+        req = Req(origin_input_ids=list(range(100, 120)) if tracked else list(range(20)),
+                  output_ids=[], cache_protected_len=0, kv_committed_len=20)
+        req.req_pool_idx = pool.alloc(1)[0]
+        assert pool.alloc_mamba(req)
+        pool.write((req.req_pool_idx, slice(0, 20)), alloc.alloc(20))
+        if tracked:
+            ExtraEnv.track(req, tracked)
+        cache.evict_sliding_windows(req, 19)
+        reqs.append(req)
+    assert [r.swa_evicted_seqlen for r in reqs] == [15, 4]
+    assert alloc.swa_available_size() == 256 - 40 + 15 + 4
+    # the checkpoint caches [0, 8) with the tracked state; the window behind it is live
+    req = reqs[1]
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(100, 120)))))
+    req.lock, req.last_node = cache.lock(m.last_device_node), m.last_device_node
+    assert cache.checkpoint(req, 20) == 8
+    assert cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(100, 108))))) \
+        .device_prefix_len == 8
+    bad = reqs[0]
+    bad.mamba_last_track_seqlen = "8"
+    before = (alloc.swa_available_size(), alloc.full_available_size(), cache.total_size())
+    with pytest.raises(TypeError, match="mamba_last_track_seqlen"):
+        cache.checkpoint(bad, 20)
+    assert bad.swa_evicted_seqlen == 15
+    assert (alloc.swa_available_size(), alloc.full_available_size(), cache.total_size()) == before
+    cache.sanity_check()

@@ -168,7 +168,7 @@ MAMBA_CONFIGS = {
                                      mamba_path_cap=2),
 }
 for _c in MAMBA_CONFIGS.values():
-    _c["requests"] = not (_c.get("mamba_extra_buffer") and "swa_window" in _c)
+    _c["requests"] = True
     _c["mamba_space"] = 1 << 12
     if "swa_window" in _c:
         _c["slot_space"] = (1 << 16) * _c["page_size"]
@@ -205,6 +205,8 @@ MUTANTS = {
     # ... a checkpoint donating the other entry, a finish freeing the adopted one
     "mamba-donate-other": ("p64-mamba-priority", dict(donate_other=True)),
     "mamba-finish-keeps-none": ("p64-mamba-c16-fifo", dict(finish_keeps_none=True)),
+    # FULL+SWA+MAMBA with the extra buffer: the SWA window behind the tracked state freed
+    "swa-retain-floor-dropped": ("p16-swa32-mamba-cap2-lru", dict(drop_retain_floor=True)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.

@@ -369,6 +369,8 @@ class FlatEngine(_SameCalls):
         self.reqs = {}
         if mut.get("checkpoint_donates"):  # self-test: a running request donates its own state
             self.cache._mamba_fork = lambda own: own
+        if mut.get("drop_retain_floor"):  # self-test: SWA slides past a tracked state
+            self.cache._swa_retain_floor = lambda req: None
 
     # ------------------------------------------------------------ tree ops
     def root(self):
