@@ -204,7 +204,7 @@ def build_parser():
     g = r.add_argument_group("cache and KV memory")
     g.add_argument("--page-size", type=_positive_int, default=None, metavar="P",
                    help="cache page size (default: 16; with --mamba-states 1, the only one "
-                        "it takes)")
+                        "it takes without --mamba-extra-buffer)")
     g.add_argument("--capacity", type=_capacity, default=None, metavar="TOKENS|inf",
                    help="KV pool size in tokens (2000000, 2M, 500k) or inf (default: inf)")
     g.add_argument("--kv-memory", type=_memory, default=None, metavar="SIZE",
@@ -257,14 +257,23 @@ def build_parser():
         "when --model-config gives them). With --swa-window too: a model with both kinds of "
         "layers, the (FULL, SWA, MAMBA) cache at page 1, both modes' pools, steps and figures "
         "(the hits lost split between the window and checkpoint granularity); several windows "
-        "or several state counts, not both.")
+        "or several state counts, not both. With --mamba-extra-buffer: served with SGLang's "
+        "Mamba extra buffer instead, at any page size (default 16): each running request "
+        "holds 3 state slots, its prefill and decode track states every lcm(chunk, page) "
+        "tokens, and a checkpoint after each prefill caches the prompt up to its tracked "
+        "state (not with --swa-window).")
     g.add_argument("--mamba-states", type=_mamba_states, default=None, metavar="N[,N...]",
                    help="Mamba state pool in states (SGLang's mamba pool size); several run "
                         "once each")
+    g.add_argument("--mamba-extra-buffer", action="store_true",
+                   help="with --mamba-states (at least 4): serve with SGLang's Mamba extra "
+                        "buffer (ping-pong track slots), at any --page-size; not with "
+                        "--swa-window")
     g.add_argument("--mamba-chunk", type=_mamba_chunk, default=None, metavar="C",
                    help="SGLang's mamba_cache_chunk_size, 1 to 2**62 - 1 (default 64); without "
                         "the extra buffer it only moves MatchResult.mamba_branching_seqlen, "
-                        "which the replay does not use, so the figures do not depend on it")
+                        "which the replay does not use, so the figures do not depend on it; "
+                        "with it, states are tracked every lcm(C, page size) tokens")
     g.add_argument("--mamba-ssm-dtype", choices=("float32", "bfloat16", "float16"),
                    default=None,
                    help="with --model-config: the SSM state's dtype in the reported state "
@@ -338,16 +347,29 @@ def _check_options(args):
         if not cond:
             raise UsageError(msg)
 
-    if args.mamba_states:
+    if args.mamba_extra_buffer:
+        from .replay.sim import EXTRA_BUFFER_MIN_STATES
+
+        need(args.mamba_states, "--mamba-extra-buffer needs --mamba-states (the Mamba mode)")
+        need(not args.swa_window,
+             "--mamba-extra-buffer with --swa-window: the SWA + Mamba replay runs without the "
+             "extra buffer only (page 1); drop one of the two")
+        small = [n for n in args.mamba_states if n < EXTRA_BUFFER_MIN_STATES]
+        need(not small,
+             f"--mamba-extra-buffer needs --mamba-states of at least {EXTRA_BUFFER_MIN_STATES} "
+             f"(a running request holds 3 state slots and its checkpoint swaps a fresh one "
+             f"in), got {small[0] if small else ''}")
+    if args.mamba_states and not args.mamba_extra_buffer:
         need(args.page_size in (None, 1),
              f"--mamba-states needs --page-size 1 (SGLang serves a Mamba hybrid without the "
-             f"extra buffer at page size 1), got --page-size {args.page_size}")
+             f"extra buffer at page size 1; --mamba-extra-buffer takes any), got --page-size "
+             f"{args.page_size}")
         need(not args.swa_window or len(args.swa_window) == 1 or len(args.mamba_states) == 1,
              f"--swa-window ({len(args.swa_window or ())} windows) and --mamba-states "
              f"({len(args.mamba_states)} state counts) both list several values: an SWA + Mamba "
              f"replay varies one of them at a time; give one window or one state count")
         args.page_size = 1
-    else:
+    elif not args.mamba_states:
         need(args.mamba_chunk is None, "--mamba-chunk needs --mamba-states (the Mamba mode)")
     if args.page_size is None:
         args.page_size = 16
@@ -588,6 +610,8 @@ def _replay(args):
         kw["swa_ratio"] = ratio
     if states:
         kw["mamba_chunk"] = args.mamba_chunk
+    if args.mamba_extra_buffer:
+        kw["mamba_extra_buffer"] = True
     if windows and states:
         fixed = "mamba_states" if series[0] == "swa_window" else "swa_window"
         kw[fixed] = (states if fixed == "mamba_states" else windows)[0]
@@ -619,6 +643,8 @@ def _replay(args):
                     if states:
                         chunk = (curve.get("swa_mamba") or curve["mamba"])["chunk"]
                         title += f", Mamba chunk {chunk}"
+                        if args.mamba_extra_buffer:
+                            title += " (extra buffer)"
                 rep.plot_sweep(curve, args.plot, title=title)
             _emit(args, curve, lambda: rep.format_sweep(curve))
             return 0

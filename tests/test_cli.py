@@ -159,6 +159,16 @@ OPTION_ERRORS = {
     "empty_out_name": (["--out", ""], ["--out", "empty file name"]),
     "mamba_page_size": (["--mamba-states", "8", "--page-size", "16"],
                         ["--mamba-states needs --page-size 1", "got --page-size 16"]),
+    "mamba_extra_buffer_without_states": (["--mamba-extra-buffer"],
+                                          ["--mamba-extra-buffer needs --mamba-states (the "
+                                           "Mamba mode)"]),
+    "mamba_extra_buffer_with_swa": (["--mamba-states", "256", "--mamba-extra-buffer",
+                                     "--swa-window", "4096"],
+                                    ["--mamba-extra-buffer with --swa-window",
+                                     "without the extra buffer only (page 1)"]),
+    "mamba_extra_buffer_few_states": (["--mamba-states", "3", "--mamba-extra-buffer"],
+                                      ["--mamba-extra-buffer needs --mamba-states of at least "
+                                       "4", "got 3"]),
     "mamba_and_swa_both_several": (["--mamba-states", "64,256", "--swa-window", "512,4096"],
                                    ["--swa-window (2 windows) and --mamba-states (2 state "
                                     "counts) both list several values",

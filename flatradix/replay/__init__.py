@@ -9,7 +9,8 @@ per-operation latency.
   :func:`load_mooncake` and :func:`synthetic_workload`
 * ``sim``: :func:`replay`, the scheduler emulation (order or arrival mode:
   :class:`ArrivalModel`; a full-attention model, a hybrid sliding-window one:
-  ``swa_window``, a hybrid SSM one: ``mamba_states``, or one with both kinds of
+  ``swa_window``, a hybrid SSM one: ``mamba_states``, served with SGLang's Mamba
+  extra buffer: ``mamba_extra_buffer=True`` too, or one with both kinds of
   layers: both)
 * ``report``: text report, capacity :func:`sweep` (several policies, in
   processes), CSV files and the plot

@@ -7,8 +7,8 @@ import os
 
 from ._progress import progress_bar
 from .model import format_bytes
-from .sim import (MAMBA_MODE, OPS, SWA_FIELDS, SWA_MAMBA_MODE, SWA_MODE, SWA_OPS, hybrid_mode,
-                  replay)
+from .sim import (MAMBA_EXTRA_OPS, MAMBA_MODE, OPS, SWA_FIELDS, SWA_MAMBA_MODE, SWA_MODE,
+                  SWA_OPS, hybrid_mode, replay)
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -160,7 +160,13 @@ def format_report(r, kv=None):
     if swa:
         lines.append(f"  sliding window {_n(r.swa_window)} tokens | SWA pool {_n(r.swa_pool_slots)} "
                      f"tokens (swa ratio {r.swa_ratio:g})")
-    if mamba:
+    extra = bool(r.mamba_extra_buffer)
+    if mamba and extra:
+        grid = r.mamba_chunk * r.page_size // math.gcd(r.mamba_chunk, r.page_size)
+        lines.append(f"  Mamba state pool {_count(r.mamba_states, 'state')} | chunk "
+                     f"{_n(r.mamba_chunk)} | extra buffer (grid {_n(grid)}, 3 slots a "
+                     f"running request)")
+    elif mamba:
         lines.append(f"  Mamba state pool {_count(r.mamba_states, 'state')} | chunk "
                      f"{_n(r.mamba_chunk)} (no extra buffer)")
     lines += [f"  {s}" for s in (kv or [])]
@@ -212,7 +218,7 @@ def format_report(r, kv=None):
         "",
         f"  {'cache op':<{w}}{'calls':>10}{'p50 us':>10}{'p99 us':>10}",
     ]
-    for op in (SWA_OPS if swa else OPS):
+    for op in (SWA_OPS if swa else MAMBA_EXTRA_OPS if extra else OPS):
         s = r.latency_us.get(op, {})
         if not s or not s["count"]:
             lines.append(f"  {op:<{w}}{0:>10}{'-':>10}{'-':>10}")
@@ -358,7 +364,8 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     Mamba mode: the points have the ``ReplayResult`` Mamba fields
     (``mamba_states``, ``checkpoint_lost_hit_tokens``, ``mamba_evicted_states``...),
     ``unbounded`` is the first pool's, and ``mamba`` holds ``states``,
-    ``chunk`` and ``unbounded`` (one point per state pool). SWA + Mamba mode:
+    ``chunk``, ``extra_buffer`` (``mamba_extra_buffer=True`` in ``kwargs``: the
+    extra-buffer Mamba mode) and ``unbounded`` (one point per state pool). SWA + Mamba mode:
     the points have both modes' fields, and ``swa_mamba`` holds ``series``
     (``"swa_window"`` or ``"mamba_states"``: what the series vary),
     ``windows``, ``states``, ``ratio``, ``chunk``, ``swa_kv_bytes_per_token``
@@ -423,6 +430,7 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
                         "unbounded": [_point(r, *bpt) for r in unbs]}
     elif mode is MAMBA_MODE:
         curve["mamba"] = {"states": list(mamba_states), "chunk": unb.mamba_chunk,
+                          "extra_buffer": unb.mamba_extra_buffer,
                           "unbounded": [_point(r, *bpt) for r in unbs]}
     return curve
 
@@ -470,6 +478,9 @@ def _format_hybrid_sweep(curve):
                  f"capacity, chunk {sm['chunk']}, states = the state pool")
     elif mode is SWA_MODE:
         title = f"sliding-window replay: SWA pool = {curve['swa']['ratio']:g} x capacity"
+    elif curve["mamba"].get("extra_buffer"):
+        title = (f"Mamba replay with the extra buffer: page {curve['page_size']}, chunk "
+                 f"{curve['mamba']['chunk']}, states = the state pool")
     else:
         title = f"Mamba replay: page 1, chunk {curve['mamba']['chunk']}, states = the state pool"
     lines = [title, head + f"{'hit ratio':>11}"
@@ -695,6 +706,8 @@ def sweep_figure(curve, title=None):
                       + ("; one line per Mamba state pool" if series else ""))
     if curve.get("swa_mamba"):
         ax.set_xlabel(ax.get_xlabel() + f"; Mamba chunk {curve['swa_mamba']['chunk']}")
+    elif (curve.get("mamba") or {}).get("extra_buffer"):
+        ax.set_xlabel(ax.get_xlabel() + f" (extra buffer, chunk {curve['mamba']['chunk']})")
     ax.set_ylabel("token hit ratio (%)")
     ax.set_ylim(0, max(ub * 1.1, 1.0))
     name = os.path.basename(curve["workload"])

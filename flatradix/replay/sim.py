@@ -121,6 +121,61 @@ evicted (``EvictResult.mamba_num_evicted``, also those of leaves the Full
 eviction deleted), the completions waited for because no state slot was free,
 and the peak states in the tree.
 
+**Mamba mode with the extra buffer** (``mamba_states=N``,
+``mamba_extra_buffer=True``): the same model served as SGLang serves it with
+the Mamba extra buffer (non-lazy, overlap scheduler: 2 ping-pong track slots).
+The cache is built with ``enable_mamba_extra_buffer=True`` at any page size
+(the checkpoint grid ``G = lcm(mamba_chunk, page_size)``, the cache's
+``mamba_checkpoint_grid``) and the request pool with
+``enable_mamba_extra_buffer=True``. Per request:
+
+1. The ``prompt[:-1]`` match and ``cache.lock`` of the Mamba mode. The request
+   needs 3 free state slots (``alloc_mamba``: its own and 2 ping-pong track
+   slots), 4 when its prefill will track a state and it runs on after the
+   prefill (the checkpoint below swaps a fresh slot into the tracked entry;
+   the replay reserves it at admission, so the checkpoint never finds the
+   pool empty). Short of them: ``evict_for_alloc(EvictParams(num_tokens=0,
+   mamba_num=shortfall))``, then a running request completes first (a state
+   wait), then, with nothing running, the request gives its match up (its
+   locked state is evicted) and matches again, as the Mamba mode does for its
+   one slot.
+2. KV as in the Full-only model (rejected: its lock released; it held no state
+   slot yet). Admitted: ``HybridReqToTokenPool.alloc_mamba(req)``.
+3. The prefill, one forward over the ``e = n - hit`` uncached prompt tokens
+   (the replay prefills every prompt in one piece: no chunked prefill), tracks
+   a state as SGLang's model runner does
+   (``ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend``) when
+   ``e >= G``: at ``hit + (e // G) * G``, or at the match's
+   ``mamba_branching_seqlen`` when that lies past the hit on the grid (so a
+   prompt that leaves a cached path between two states puts a state at the
+   branching point). Tracking sets ``mamba_last_track_idx`` to the next entry,
+   flips ``mamba_next_track_idx`` and shifts the track seqlens (prev = last,
+   last = the tracked seqlen).
+4. When the request runs on after its prefill (``o >= 2``: the prefill samples
+   its first output token), ``checkpoint(req, n)`` -- SGLang's scheduler calls
+   ``cache_unfinished_req`` after every prefill that does not finish the
+   request: the key up to the tracked seqlen is cached and the tracked state
+   donated (nothing when no state was tracked). Then its decode steps (sequence
+   lengths ``n + 1 .. n + o - 1``) track a state at each multiple of ``G``
+   they reach.
+5. ``release_kv_cache(req)`` at completion: the key up to the last tracked
+   state is cached when that state lies within the committed tokens (``n``,
+   or ``n + o`` with ``cache_outputs``), else the previous tracked state when
+   that does; the request's other slots go back. Without ``cache_outputs`` a
+   state tracked in the decode lies past the prompt, so a request that decodes
+   past a grid point caches nothing more at completion: its prompt's state is
+   the one its checkpoint donated.
+
+Every state therefore lies on the grid, and a hit is a multiple of ``G``. The
+report has the Mamba mode's figures (the hit tokens lost to checkpoint
+granularity: ``full_kv_hit_length - device_prefix_len`` of the same match;
+the Full KV the tree holds ends at the tracked states, so this counts the
+Full KV past the deepest state that other requests' paths or evicted states
+left), and the text report the ``checkpoint`` calls' latency. Not modelled:
+the lazy extra buffer, ``mamba_track_interval`` (SGLang tracks decode states
+every ``mamba_track_interval`` tokens, default 256; here every ``G``) and
+the extra buffer with SWA (``ValueError``).
+
 **SWA + Mamba mode** (``swa_window=W`` and ``mamba_states=N``): a hybrid model
 with sliding-window and SSM layers besides its full-attention ones. The cache
 has the ``(FULL, SWA, MAMBA)`` components at page size 1 (no extra buffer),
@@ -155,6 +210,7 @@ KV pool never holds more slots than the workload can use
 
 import collections
 import heapq
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -169,6 +225,9 @@ from .. import (ComponentType, EvictParams, HybridReqToTokenPool, InsertParams,
 OPS = ("match_prefix", "inc_lock_ref", "evict", "cache_finished_req")
 #: The SWA mode's operations (``inc_lock_ref`` is ``cache.lock`` there).
 SWA_OPS = OPS[:3] + ("evict_sliding_windows", "cache_finished_req")
+#: The extra-buffer Mamba mode's operations (``checkpoint``: after each prefill;
+#: ``cache_finished_req`` is its new name ``release_kv_cache`` there).
+MAMBA_EXTRA_OPS = OPS[:3] + ("checkpoint", "cache_finished_req")
 
 #: ``swa_ratio`` when none is given: SGLang's ``swa_full_tokens_ratio`` default.
 DEFAULT_SWA_RATIO = 0.8
@@ -184,6 +243,13 @@ DEFAULT_MAMBA_CHUNK = 64
 #: Largest accepted chunk: the cache takes ``mamba_cache_chunk_size`` below 2**62.
 MAX_MAMBA_CHUNK = (1 << 62) - 1
 
+#: State slots each running request holds with the extra buffer: its own and a
+#: ping-pong track buffer of 2 (SGLang's with the overlap scheduler).
+EXTRA_BUFFER_REQ_STATES = 3
+#: The smallest state pool of the extra-buffer mode: a request's 3 slots and the
+#: fresh slot its checkpoint after the prefill swaps in.
+EXTRA_BUFFER_MIN_STATES = EXTRA_BUFFER_REQ_STATES + 1
+
 #: ``max_running`` of the arrival mode when none is given (a serving engine's
 #: running-request cap; SGLang derives its own, typically 2048-4096, from memory).
 ARRIVAL_MAX_RUNNING = 1024
@@ -191,7 +257,7 @@ ARRIVAL_MAX_RUNNING = 1024
 
 def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator,
                           req_to_token_pool, sliding_window_size=None,
-                          mamba_cache_chunk_size=None):
+                          mamba_cache_chunk_size=None, enable_mamba_extra_buffer=False):
     """``flatradix.UnifiedRadixCache`` wired to the replay's pools.
 
     ``sliding_window_size``: the SWA mode's window (tokens); the cache then has
@@ -200,7 +266,9 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
     ``mamba_cache_chunk_size``: the Mamba mode's chunk; the cache then has the
     ``(FULL, MAMBA)`` components and ``req_to_token_pool`` is a
     ``HybridReqToTokenPool`` (passed only in that mode). Both: the SWA + Mamba
-    mode's ``(FULL, SWA, MAMBA)`` cache.
+    mode's ``(FULL, SWA, MAMBA)`` cache. ``enable_mamba_extra_buffer``: the
+    Mamba mode with the extra buffer (passed only in that mode, with a request
+    pool built with it).
 
     The token pool starts at up to 4x the KV pool: evicted spans leave dead rows
     that the cache compacts away when the pool is full, so headroom makes those
@@ -215,6 +283,8 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
     if mamba_cache_chunk_size is not None:
         components.append(ComponentType.MAMBA)
         kw["mamba_cache_chunk_size"] = mamba_cache_chunk_size
+    if enable_mamba_extra_buffer:
+        kw["enable_mamba_extra_buffer"] = True
     if len(components) > 1:
         kw["components"] = tuple(components)
     return UnifiedRadixCache(page_size=page_size, eviction_policy=eviction_policy,
@@ -325,11 +395,13 @@ class ReplayResult:
     mamba_states: object = None           # N, the state pool asked for
     mamba_pool_slots: object = None       # state slots actually allocated (<= N)
     mamba_chunk: object = None            # mamba_cache_chunk_size
+    mamba_extra_buffer: object = None     # bool: served with the extra buffer (ping-pong)
     mamba_evicted_states: object = None   # EvictResult.mamba_num_evicted, summed
     checkpoint_lost_hit_tokens: object = None  # sum of full_kv_hit_length - device_prefix_len
                                                # (SWA + Mamba: - the deepest state on the path)
     mamba_waits: object = None            # completions waited for because no state slot was free
-    peak_mamba_tree_states: object = None  # states the tree held at most (after completions)
+    peak_mamba_tree_states: object = None  # states the tree held at most (after completions;
+                                           # extra buffer: and checkpoints)
     final_mamba_tree_states: object = None
 
     def to_dict(self):
@@ -348,7 +420,8 @@ SWA_FIELDS = ("swa_window", "swa_ratio", "swa_pool_slots", "swa_evicted_tokens",
               "window_lost_hit_tokens", "swa_slid_tokens", "peak_swa_tree_tokens",
               "final_swa_tree_tokens")
 #: ``ReplayResult`` fields of the Mamba mode.
-MAMBA_FIELDS = ("mamba_states", "mamba_pool_slots", "mamba_chunk", "mamba_evicted_states",
+MAMBA_FIELDS = ("mamba_states", "mamba_pool_slots", "mamba_chunk", "mamba_extra_buffer",
+                "mamba_evicted_states",
                 "checkpoint_lost_hit_tokens", "mamba_waits", "peak_mamba_tree_states",
                 "final_mamba_tree_states")
 
@@ -424,14 +497,16 @@ _warm = set()
 WARM_UP_NOTICE_S = 1.0
 
 
-def warm_up(swa=False, notice=False, mamba=False):
+def warm_up(swa=False, notice=False, mamba=False, extra=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
     process (and once more for the SWA mode when ``swa``, for the Mamba mode when
-    ``mamba``, for the SWA + Mamba mode when both), so the timed loop measures the
+    ``mamba``, with the extra buffer when ``extra`` too, for the SWA + Mamba mode
+    when both), so the timed loop measures the
     cache and not the JIT. ``notice``: when it runs longer than
     ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
     compiles for ~10-25 s in silence otherwise). Returns seconds."""
-    kind = "swa+mamba" if swa and mamba else "swa" if swa else "mamba" if mamba else "full"
+    kind = ("swa+mamba" if swa and mamba else "swa" if swa else
+            ("mamba+extra" if extra else "mamba") if mamba else "full")
     if kind in _warm:
         return 0.0
     from .trace import Workload
@@ -466,6 +541,10 @@ def _warm_up(kind, swa, Workload):
                swa_eviction_interval=1)
     elif kind == "mamba":
         replay(tiny, capacity=16, page_size=1, max_running=2, mamba_states=1)
+    elif kind == "mamba+extra":
+        # chunk 2: the prefills track, checkpoints donate, decodes track
+        replay(tiny, capacity=16, page_size=1, max_running=2, mamba_states=8, mamba_chunk=2,
+               mamba_extra_buffer=True)
     else:
         for driver in ("request", "core"):
             replay(tiny, capacity=16, page_size=1, max_running=2, driver=driver)
@@ -586,7 +665,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
            cache_outputs=False, cache_factory=None, driver="request", progress=False,
            record_hits=False, check=True, arrival=None, record_requests=False, swa_window=None,
            swa_ratio=None, swa_eviction_interval=SWA_EVICTION_INTERVAL, mamba_states=None,
-           mamba_chunk=None):
+           mamba_chunk=None, mamba_extra_buffer=False):
     """Replay ``workload`` through a cache; returns a :class:`ReplayResult`.
 
     Parameters
@@ -660,13 +739,23 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     mamba_chunk : int in [1, MAX_MAMBA_CHUNK] or None
         Mamba mode: the cache's ``mamba_cache_chunk_size`` (``None``:
         :data:`DEFAULT_MAMBA_CHUNK`, SGLang's 64); without the extra buffer it
-        only moves ``MatchResult.mamba_branching_seqlen``.
+        only moves ``MatchResult.mamba_branching_seqlen``; with it, the
+        checkpoint grid is ``lcm(mamba_chunk, page_size)``.
+    mamba_extra_buffer : bool
+        Mamba mode: serve with SGLang's Mamba extra buffer (module docstring):
+        any ``page_size``, 3 state slots per running request (``mamba_states``
+        at least :data:`EXTRA_BUFFER_MIN_STATES`), prefill and decode states
+        tracked on the grid, a ``checkpoint`` after each prefill, and
+        ``release_kv_cache``. The pool gets ``min(N, 4 x requests)`` slots. Not
+        with ``swa_window``.
 
     Raises ``ValueError`` for an invalid option (also: SWA options without
     ``swa_window``, Mamba options without ``mamba_states``, the ``"core"``
-    driver in a hybrid mode, a Mamba page size other than 1, an SWA pool below
-    one page), ``TypeError`` for a non-int window or state count,
-    and ``MemoryError`` when the pools cannot be allocated.
+    driver in a hybrid mode, a Mamba page size other than 1 without the extra
+    buffer, the extra buffer with ``swa_window`` or fewer than 4 states, an SWA
+    pool below one page), ``TypeError`` for a non-int window or state count
+    or a non-bool ``mamba_extra_buffer``, and ``MemoryError`` when the pools
+    cannot be allocated.
     """
     if driver not in ("request", "core"):
         raise ValueError(f"driver must be 'request' or 'core', got {driver!r}")
@@ -693,7 +782,16 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                              "path moves the SWA cursor)")
     elif swa_ratio is not None:
         raise ValueError("swa_ratio needs swa_window (the SWA mode)")
+    if not isinstance(mamba_extra_buffer, (bool, np.bool_)):
+        raise TypeError(f"mamba_extra_buffer must be a bool, got "
+                        f"{type(mamba_extra_buffer).__name__}")
+    extra = bool(mamba_extra_buffer)
     mamba = mamba_states is not None
+    if extra and not mamba:
+        raise ValueError("mamba_extra_buffer needs mamba_states (the Mamba mode)")
+    if extra and swa:
+        raise ValueError("mamba_extra_buffer with swa_window: the SWA + Mamba replay runs "
+                         "without the extra buffer only (page 1); drop one of the two")
     if mamba:
         if isinstance(mamba_states, bool) or not isinstance(mamba_states, (int, np.integer)):
             raise TypeError(f"mamba_states must be an int, got {type(mamba_states).__name__}")
@@ -706,10 +804,16 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             raise ValueError(f"mamba_chunk must be an int in [1, {MAX_MAMBA_CHUNK}], got "
                              f"{mamba_chunk!r}")
         mamba_chunk = int(mamba_chunk)
-        if int(page_size) != 1:
+        if extra and mamba_states < EXTRA_BUFFER_MIN_STATES:
+            raise ValueError(f"mamba_extra_buffer needs mamba_states >= "
+                             f"{EXTRA_BUFFER_MIN_STATES} (a running request holds "
+                             f"{EXTRA_BUFFER_REQ_STATES} state slots, its own and 2 ping-pong "
+                             f"track slots, and its checkpoint swaps a fresh one in), got "
+                             f"{mamba_states}")
+        if not extra and int(page_size) != 1:
             raise ValueError(f"the Mamba mode (mamba_states) needs page_size=1 (SGLang serves "
-                             f"Mamba hybrids without the extra buffer at page 1), got "
-                             f"{page_size}")
+                             f"Mamba hybrids without the extra buffer at page 1; "
+                             f"mamba_extra_buffer=True takes any page size), got {page_size}")
         if driver != "request":
             raise ValueError("the Mamba mode (mamba_states) needs driver='request' (the request "
                              "path donates the state)")
@@ -748,7 +852,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         swa_slots = swa_pool_slots(None if unbounded else int(capacity), swa_ratio, page_size,
                                    bound)
     m_slots = None
-    if mamba:
+    if extra:
+        # each request allocates 3 states at admission and one at its checkpoint: a
+        # pool of 4 per request never runs short
+        m_slots = max(EXTRA_BUFFER_MIN_STATES, min(mamba_states, 4 * n_req))
+        if m_slots < mamba_states:
+            notes.append(f"state pool sized to {m_slots:,} states: this workload can never "
+                         f"use more (4 a request)")
+    elif mamba:
         # each request allocates one state, so no run uses more than one per request
         m_slots = max(1, min(mamba_states, n_req))
         if m_slots < mamba_states:
@@ -756,7 +867,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                          f"this workload can never use more")
     warmup_s = warm_up(notice=bool(progress))
     if hybrid:
-        warmup_s += warm_up(swa=swa, mamba=mamba, notice=bool(progress))
+        warmup_s += warm_up(swa=swa, mamba=mamba, extra=extra, notice=bool(progress))
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     if swa:
         alloc = SWATokenToKVPoolAllocator(slots, swa_slots, page_size=page_size)
@@ -767,7 +878,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         a_avail = alloc.available_size
     rows = max(1, min(max_running, n_req))
     if mamba:
-        req_pool = HybridReqToTokenPool(rows, max(longest, 1), mamba_size=m_slots)
+        req_pool = HybridReqToTokenPool(rows, max(longest, 1), mamba_size=m_slots,
+                                        enable_mamba_extra_buffer=extra)
         m_alloc, m_free = req_pool.mamba_allocator.alloc, req_pool.mamba_allocator.free
         m_avail = req_pool.mamba_allocator.available_size
     else:
@@ -778,6 +890,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         fkw["sliding_window_size"] = swa_window
     if mamba:
         fkw["mamba_cache_chunk_size"] = mamba_chunk
+    if extra:
+        fkw["enable_mamba_extra_buffer"] = True
     cache = factory(page_size, policy, alloc, req_pool, **fkw)
     table = req_pool.req_to_token
     use_req = driver == "request"
@@ -792,7 +906,13 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     evict_for_alloc = cache.evict_for_alloc if hybrid else None
     slide = cache.evict_sliding_windows if swa else None
     insert = cache.insert
-    finished = cache.cache_finished_req if use_req else None
+    finished = (cache.release_kv_cache if extra else cache.cache_finished_req) if use_req \
+        else None
+    ckpt = cache.checkpoint if extra else None
+    alloc_mamba = req_pool.alloc_mamba if extra else None
+    other_idx = req_pool.get_mamba_ping_pong_other_idx if extra else None
+    # the extra buffer's checkpoint grid (the cache's mamba_checkpoint_grid)
+    grid = mamba_chunk * page_size // math.gcd(mamba_chunk, page_size) if extra else None
     total_size = cache.total_size
     a_alloc, a_free = alloc.alloc, alloc.free
     B = workload.block_size
@@ -803,6 +923,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     nout = workload.output_lengths.tolist()
     fresh = workload.token_base
     lat_match, lat_lock, lat_evict, lat_finish, lat_slide = [], [], [], [], []
+    lat_ckpt = []
     W, interval = swa_window, swa_eviction_interval
     # the hybrid modes' own figures: SWA tokens and Mamba states evicted, hit tokens
     # lost to the window and to checkpoint granularity, peak SWA tokens / states in the
@@ -835,7 +956,6 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     def complete(r):
         # r = (req_or_None, row, tokens, node, hit, n, o)
-        nonlocal peak, peak_aux, peak_m
         req, row, toks, node, hit, n, o = r
         t = pc()
         if use_req:
@@ -857,6 +977,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 a_free(vals[aligned:])
             req_pool.free(row)
         lat_finish.append(pc() - t)
+        note_sizes()
+
+    def note_sizes():
+        # the peak tree sizes (after each completion; extra buffer: each checkpoint too)
+        nonlocal peak, peak_aux, peak_m
         size, aux_size = total_size()
         if size > peak:
             peak = size
@@ -867,6 +992,18 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 peak_m = m_size
         if aux_size > peak_aux:
             peak_aux = aux_size
+
+    def track(req, seqlen):
+        # the model runner saved the state at seqlen into the next ping-pong entry
+        req.mamba_last_track_idx = req.mamba_next_track_idx
+        req.mamba_next_track_idx = other_idx(req.mamba_next_track_idx)
+        req.mamba_prev_track_seqlen = req.mamba_last_track_seqlen
+        req.mamba_last_track_seqlen = seqlen
+
+    def extra_want(hit, n, o):
+        # extra buffer: alloc_mamba's slots, and the checkpoint's fresh slot when the
+        # prefill tracks a state and the request runs on after it
+        return EXTRA_BUFFER_REQ_STATES + int(o >= 2 and n - hit >= grid)
 
     def match_and_lock(key):
         t0 = pc()
@@ -892,11 +1029,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             nid = info["parent"]
         return hit
 
-    def evict_state():
-        # the Mamba modes: one state (a leaf's deletes its Full and SWA KV too)
+    def evict_state(count=1):
+        # the Mamba modes: `count` states (a leaf's deletes its Full and SWA KV too)
         nonlocal evicted, swa_evicted, m_evicted, evict_calls
         t = pc()
-        res = evict_for_alloc(EvictParams(num_tokens=0, mamba_num=1))
+        res = evict_for_alloc(EvictParams(num_tokens=0, mamba_num=count))
         lat_evict.append(pc() - t)
         evict_calls += 1
         evicted += res.num_tokens_evicted
@@ -941,7 +1078,28 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         s_hit = state_hit(m) if triple else None
         ev0, sev0, mev0 = evicted, swa_evicted, m_evicted
         mslot = None
-        if mamba:
+        if extra:
+            # alloc_mamba's 3 slots (+ the checkpoint's) must be free: evict states, then
+            # wait for running requests, then give the match up, as the Mamba mode
+            want = extra_want(m.device_prefix_len, n, o)
+            while m_avail() < want:
+                evict_state(want - m_avail())
+                if m_avail() >= want:
+                    break
+                if running_l:
+                    complete_next()
+                    m_waits += 1
+                    waited += 1
+                elif m.device_prefix_len > 0:
+                    # the only state left is the one this match locked
+                    unlock(tree_lock)
+                    evict_state(want - m_avail())
+                    m, node, tree_lock = match_and_lock(key)
+                    want = extra_want(m.device_prefix_len, n, o)
+                else:
+                    raise AssertionError(f"{want} Mamba state slots neither free nor evictable "
+                                         f"with nothing running: a state leaked")
+        elif mamba:
             # a state slot of its own: evict a state when none is free, then wait for
             # running requests (as when short of KV)
             mslot = m_alloc(1)
@@ -999,7 +1157,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         r_decide[i] = clock
         if slots_i is None:
             unlock(tree_lock if hybrid else node)
-            if mamba:
+            if mslot is not None:
                 m_free(np.array([mslot], dtype=np.int64))
             rejected += 1
         else:
@@ -1025,6 +1183,31 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 r_state_hit[i] = s_hit
                 lost_w += s_hit - hit
                 lost_c += full_hit - s_hit
+            if extra:
+                # its 3 state slots (reserved above: the KV step only frees states)
+                if not alloc_mamba(req):
+                    raise AssertionError("alloc_mamba failed after the state slots were "
+                                         "reserved")
+                # the prefill over n - hit tokens tracks a state (SGLang's model runner):
+                # at hit + (e // G) * G, or at the match's branching point on the grid
+                e = n - hit
+                if e >= grid:
+                    at = hit + e // grid * grid
+                    branch = m.mamba_branching_seqlen
+                    if branch is not None and hit < branch < n and (branch - hit) % grid == 0:
+                        at = branch
+                    track(req, at)
+                if o >= 2:
+                    # it runs on: SGLang's cache_unfinished_req after the prefill
+                    t = pc()
+                    ckpt(req, n)
+                    lat_ckpt.append(pc() - t)
+                    note_sizes()
+                    # decode steps at seqlens n + 1 .. n + o - 1: a state at each grid point
+                    g = (n // grid + 1) * grid
+                    while g < n + o:
+                        track(req, g)
+                        g += grid
             if swa:
                 req.swa_branching_seqlen = m.swa_branching_seqlen
                 # decode steps: seqlen n + 1 .. n + o - 1; the scheduler slides the
@@ -1137,6 +1320,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     prompt_tokens = workload.prompt_tokens
     latency = {"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
                "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)}
+    if extra:
+        latency["checkpoint"] = _latency(lat_ckpt)
     swa_kw = {}
     if swa:
         latency["evict_sliding_windows"] = _latency(lat_slide)
@@ -1153,7 +1338,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         final_m = (cache.mamba_evictable_size() + cache.mamba_protected_size() if triple
                    else total_size()[1])
         swa_kw.update(mamba_states=mamba_states, mamba_pool_slots=m_slots,
-                      mamba_chunk=mamba_chunk, mamba_evicted_states=int(m_evicted),
+                      mamba_chunk=mamba_chunk, mamba_extra_buffer=extra,
+                      mamba_evicted_states=int(m_evicted),
                       checkpoint_lost_hit_tokens=int(lost_c), mamba_waits=int(m_waits),
                       peak_mamba_tree_states=int(peak_m if triple else peak_aux),
                       final_mamba_tree_states=int(final_m))
