@@ -278,6 +278,12 @@ class UnifiedRadixCache(RequestCachingMixin):
                                 "mamba_allocator (alloc, free, available_size): "
                                 "flatradix.HybridReqToTokenPool or SGLang's "
                                 f"HybridReqToTokenPool, got {type(req_to_token_pool).__name__}")
+            pool_extra = getattr(req_to_token_pool, "enable_mamba_extra_buffer", None)
+            if pool_extra is not None and bool(pool_extra) != extra:
+                raise ValueError(f"enable_mamba_extra_buffer={extra} but req_to_token_pool was "
+                                 f"built with enable_mamba_extra_buffer={bool(pool_extra)}: "
+                                 "the request path needs both alike (a pool with ping-pong "
+                                 "track buffers exactly when the cache caches their states)")
             if not extra and self.page_size != 1 and not disable_flag:
                 raise ValueError(f"page_size={self.page_size}: a Mamba cache without "
                                  "enable_mamba_extra_buffer caches only sequence-end states and "

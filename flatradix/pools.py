@@ -341,16 +341,20 @@ class HybridReqToTokenPool(ReqToTokenPool):
         0, ``mamba_last_track_idx`` the other entry, no tracked seqlens). Returns
         True, or False with nothing allocated when the state pool is short."""
         kv = getattr(req, "kv", req)
+        if not hasattr(kv, "mamba_pool_idx"):
+            raise TypeError(f"req must be a Req with mamba_pool_idx, got {type(req).__name__}")
         own = kv.mamba_pool_idx is None
-        ping = self.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None
+        ping = self.enable_mamba_extra_buffer and getattr(
+            kv, "mamba_ping_pong_track_buffer", None) is None
         n = self.mamba_ping_pong_track_buffer_size
-        if self.mamba_allocator.available_size() < int(own) + (n if ping else 0):
+        got = self.mamba_allocator.alloc(int(own) + (n if ping else 0))
+        if got is None:  # one call: all or nothing, even with other threads allocating
             return False
+        got = np.asarray(got, dtype=np.int64).reshape(-1)
         if own:
-            kv.mamba_pool_idx = int(self.mamba_allocator.alloc(1)[0])
+            kv.mamba_pool_idx = int(got[0])
         if ping:
-            kv.mamba_ping_pong_track_buffer = np.asarray(self.mamba_allocator.alloc(n),
-                                                         dtype=np.int64).copy()
+            kv.mamba_ping_pong_track_buffer = got[int(own):].copy()
             kv.mamba_ping_pong_empty = [False] * n
             kv.mamba_next_track_idx = 0
             kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
@@ -372,8 +376,11 @@ class HybridReqToTokenPool(ReqToTokenPool):
         int64 array)."""
         kv = getattr(req, "kv", req)
         keep = kv.mamba_last_track_idx
+        new = as_int64(new_slot, "new_slot").reshape(-1)
+        if new.size != 1:
+            raise ValueError(f"new_slot must hold one state slot, got {new.size}")
         donated = np.array([int(kv.mamba_ping_pong_track_buffer[keep])], dtype=np.int64)
-        kv.mamba_ping_pong_track_buffer[keep] = int(np.asarray(new_slot).reshape(-1)[0])
+        kv.mamba_ping_pong_track_buffer[keep] = int(new[0])
         kv.mamba_ping_pong_empty[keep] = False
         return donated
 
@@ -395,6 +402,11 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if idx is None:
             raise ValueError("req.mamba_pool_idx is None: the request holds no Mamba state "
                              "(double free?)")
+        keep = mamba_ping_pong_track_buffer_to_keep
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, np.integer))
+                                 or not 0 <= keep < self.mamba_ping_pong_track_buffer_size):
+            raise ValueError("mamba_ping_pong_track_buffer_to_keep must be None or an entry "
+                             f"0..{self.mamba_ping_pong_track_buffer_size - 1}, got {keep!r}")
         if isinstance(idx, (int, np.integer)) and not isinstance(idx, bool):
             idx = np.array([int(idx)], dtype=np.int64)
         elif getattr(idx, "ndim", None) == 0 and hasattr(idx, "reshape"):
@@ -403,7 +415,6 @@ class HybridReqToTokenPool(ReqToTokenPool):
         kv.mamba_pool_idx = None
         buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
         if self.enable_mamba_extra_buffer and buf is not None:
-            keep = mamba_ping_pong_track_buffer_to_keep
             empty = kv.mamba_ping_pong_empty
             slots = [int(buf[p]) for p in range(len(buf)) if p != keep and not empty[p]]
             if slots:

@@ -58,7 +58,9 @@ class Req:
     (its tracked state slots), ``mamba_ping_pong_empty``, ``mamba_next_track_idx``,
     ``mamba_last_track_idx``, ``mamba_last_track_seqlen``,
     ``mamba_prev_track_seqlen`` (see ``HybridReqToTokenPool``; set by
-    ``alloc_mamba`` and the model runner). ``req.kv`` is the request itself (SGLang keeps these under ``req.kv``).
+    ``alloc_mamba`` and the model runner; the buffer and its ``empty`` flags are
+    validated when the cache reads them: every entry a held slot of its own, a
+    tracked length page-aligned and not below ``cache_protected_len``). ``req.kv`` is the request itself (SGLang keeps these under ``req.kv``).
 
     Construction validates every field (``TypeError`` / ``ValueError`` naming it):
     token containers must be 1-D integer sequences (list, tuple, ``array('q')``,
@@ -208,7 +210,39 @@ class RequestCachingMixin:
         if idx is None:
             raise ValueError("req.mamba_pool_idx is None: a Mamba cache caches a request's "
                              "state, and this request holds none")
-        return self._vals.mamba_slot(idx, "req.mamba_pool_idx")
+        own = self._vals.mamba_slot(idx, "req.mamba_pool_idx")
+        if self.enable_mamba_extra_buffer:
+            self._mamba_check_ping_pong(kv, own)
+        return own
+
+    def _mamba_check_ping_pong(self, kv, own):
+        """Extra buffer, before any change: the ping-pong track buffer holds the
+        pool's number of entries; ``mamba_ping_pong_empty`` says which are empty;
+        every other entry is a state slot the pool handed out, the tree does not
+        hold, and that is neither the request's own slot nor another entry.
+        ``ValueError`` / ``TypeError`` naming the field."""
+        size = self.req_to_token_pool.mamba_ping_pong_track_buffer_size
+        buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
+        if buf is None:
+            raise ValueError(f"req.mamba_ping_pong_track_buffer is None: with the extra buffer "
+                             f"a request holds {size} track slots (HybridReqToTokenPool."
+                             "alloc_mamba)")
+        arr = as_int64(buf, "req.mamba_ping_pong_track_buffer")
+        if arr.ndim != 1 or arr.shape[0] != size:
+            raise ValueError(f"req.mamba_ping_pong_track_buffer must be 1-D with {size} "
+                             f"entries, got shape {tuple(arr.shape)}")
+        empty = getattr(kv, "mamba_ping_pong_empty", None)
+        if empty is None or isinstance(empty, (str, bytes)) or len(empty) != size:
+            raise ValueError(f"req.mamba_ping_pong_empty must be {size} bools, got {empty!r}")
+        seen = {own}
+        for p in range(size):
+            if as_flag(empty[p], f"req.mamba_ping_pong_empty[{p}]"):
+                continue
+            slot = self._vals.mamba_slot(arr[p], f"req.mamba_ping_pong_track_buffer[{p}]")
+            if slot in seen:
+                raise ValueError(f"req.mamba_ping_pong_track_buffer[{p}]: slot {slot} is "
+                                 "already the request's own state or another entry")
+            seen.add(slot)
 
     def _mamba_fork(self, own):
         """A fresh slot holding a copy of the state in ``own`` (SGLang: an unfinished
@@ -239,7 +273,7 @@ class RequestCachingMixin:
                                    "and no state is evictable")
         return self._vals.mamba_slot(dst, "mamba_allocator.alloc(1)", check_held=False)
 
-    def _mamba_tracked(self, req, up_to, finished):
+    def _mamba_tracked(self, req, up_to, finished, protected):
         """Extra buffer (SGLang ``prepare_for_caching_req`` / ``_select_finished_checkpoint``),
         validated before any change: ``(cache_len, keep)`` -- the length the tracked
         state belongs to (0: nothing to cache) and its ping-pong entry. A running
@@ -252,12 +286,8 @@ class RequestCachingMixin:
         if last is None or last == 0:
             return 0, None
         pool = self.req_to_token_pool
-        buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
         size = pool.mamba_ping_pong_track_buffer_size
-        if buf is None or len(buf) != size:
-            raise ValueError(f"req.mamba_ping_pong_track_buffer must hold {size} state slots "
-                             "(HybridReqToTokenPool.alloc_mamba), got "
-                             f"{None if buf is None else len(buf)}")
+        self._mamba_check_ping_pong(kv, self._mamba_own(req))
         keep = as_count(kv.mamba_last_track_idx, "req.mamba_last_track_idx")
         if keep >= size:
             raise ValueError(f"req.mamba_last_track_idx={keep} is not an entry of the "
@@ -273,7 +303,17 @@ class RequestCachingMixin:
         if not finished and last > up_to:
             raise ValueError(f"req.mamba_last_track_seqlen={last} exceeds the {up_to} tokens "
                              "being cached")
-        self._vals.mamba_slot(buf[keep], f"req.mamba_ping_pong_track_buffer[{keep}]")
+        name = ("req.mamba_last_track_seqlen" if cache_len == last
+                else "req.mamba_prev_track_seqlen")
+        if cache_len < protected:
+            raise ValueError(f"{name}={cache_len} lies below req.cache_protected_len="
+                             f"{protected}: a tracked state is taken past the cached prefix")
+        if cache_len % self.page_size:
+            raise ValueError(f"{name}={cache_len} is not a multiple of page_size="
+                             f"{self.page_size} (states are tracked on the checkpoint grid)")
+        if as_flag(kv.mamba_ping_pong_empty[keep], f"req.mamba_ping_pong_empty[{keep}]"):
+            raise ValueError(f"req.mamba_ping_pong_track_buffer[{keep}] is empty: no tracked "
+                             "state to cache")
         return cache_len, keep
 
     def _mamba_release_own(self, req):
@@ -533,7 +573,7 @@ class RequestCachingMixin:
         extra = self._mamba and self.enable_mamba_extra_buffer
         keep = None
         if extra:  # the key ends where the tracked state was taken
-            track_len, keep = self._mamba_tracked(req, up_to, finished)
+            track_len, keep = self._mamba_tracked(req, up_to, finished, protected)
             effective = min(effective, track_len)
         own = self._mamba_own(req) if self._mamba else -1
         key = self._request_key(req, all_ids[:effective])
@@ -675,9 +715,12 @@ class RequestCachingMixin:
                 # a disabled cache holds nothing (SGLang: the whole row goes back, and
                 # a Mamba request's state)
                 keep = 0
+                held = self._mamba and getattr(getattr(req, "kv", req), "mamba_pool_idx",
+                                               None) is not None
+                if held:
+                    self._mamba_own(req)  # (ping-pong entries validated too)
                 req.last_node = None
-                if self._mamba and getattr(getattr(req, "kv", req), "mamba_pool_idx",
-                                           None) is not None:
+                if held:
                     self._mamba_release_own(req)
             elif checkpoint:
                 self._checkpoint(req, committed, True, row)

@@ -25,7 +25,8 @@ class Env:
 
     def __init__(self, page=1, chunk=64, states=16, extra=False, policy="lru", cap=-1):
         self.alloc = TokenToKVPoolAllocator(4096)
-        self.pool = HybridReqToTokenPool(4, 256, mamba_size=states)
+        self.pool = HybridReqToTokenPool(4, 256, mamba_size=states,
+                                         enable_mamba_extra_buffer=extra)
         self.ma = self.pool.mamba_allocator
         self.cache = UnifiedRadixCache(
             page_size=page, tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=self.alloc,
@@ -342,10 +343,24 @@ def test_bad_mamba_construction(kwargs, exc, msg):
         UnifiedRadixCache(**args)
 
 
-def test_request_path_with_extra_buffer_needs_ping_pong_pools():
-    env = Env(page=16, extra=True)          # a pool built without the extra buffer
+def test_extra_buffer_cache_and_pool_must_agree():
+    for cache_extra, page in ((True, 16), (False, 1)):
+        pool = HybridReqToTokenPool(2, 64, mamba_size=8, enable_mamba_extra_buffer=not cache_extra)
+        with pytest.raises(ValueError, match="enable_mamba_extra_buffer"):
+            UnifiedRadixCache(page_size=page, tree_components=(FULL, MAMBA),
+                              token_to_kv_pool_allocator=TokenToKVPoolAllocator(64, page),
+                              req_to_token_pool=pool, enable_mamba_extra_buffer=cache_extra)
+
+    class PlainPool:                             # duck-typed, without the ping-pong API
+        def __init__(self):
+            inner = HybridReqToTokenPool(2, 64, mamba_size=8)
+            self.req_to_token, self.free = inner.req_to_token, inner.free
+            self.mamba_allocator = inner.mamba_allocator
+    cache = UnifiedRadixCache(page_size=16, tree_components=(FULL, MAMBA),
+                              token_to_kv_pool_allocator=TokenToKVPoolAllocator(64, 16),
+                              req_to_token_pool=PlainPool(), enable_mamba_extra_buffer=True)
     with pytest.raises(TypeError, match="ping-pong track buffers"):
-        env.cache.cache_finished_req(object())
+        cache.cache_finished_req(object())
 
 
 # ---------------------------------------------------------------------- request path
@@ -968,7 +983,10 @@ def test_extra_buffer_bad_track_fields_change_nothing():
             ("mamba_last_track_seqlen", 128, ValueError, "exceeds the 100 tokens"),
             ("mamba_last_track_seqlen", -1, ValueError, "mamba_last_track_seqlen"),
             ("mamba_last_track_idx", 2, ValueError, "not an entry"),
-            ("mamba_ping_pong_track_buffer", None, ValueError, "must hold 2 state slots")):
+            ("mamba_ping_pong_track_buffer", None, ValueError, "holds 2 track slots"),
+            ("mamba_ping_pong_track_buffer", np.array([[1, 2]]), ValueError, "must be 1-D"),
+            ("mamba_ping_pong_empty", None, ValueError, "mamba_ping_pong_empty"),
+            ("mamba_ping_pong_empty", [False], ValueError, "mamba_ping_pong_empty")):
         saved = getattr(req, field)
         setattr(req, field, value)
         with pytest.raises(exc, match=msg):
@@ -1034,3 +1052,71 @@ def test_triple_extra_buffer_keeps_the_window_behind_the_tracked_state():
     assert bad.swa_evicted_seqlen == 15
     assert (alloc.swa_available_size(), alloc.full_available_size(), cache.total_size()) == before
     cache.sanity_check()
+
+
+
+def test_extra_buffer_entries_and_tracked_lengths_validated_before_any_change():
+    """A fresh user's findings: every ping-pong entry is checked (not only the
+    donated one), a tracked length below the cached prefix or off the page grid
+    is refused, and an abort validates before it frees anything."""
+    env = ExtraEnv()
+    a = env.admit(range(140))
+    env.grow(a, 140)
+    env.track(a, 128)
+    env.cache.release_kv_cache(a)                        # the tree: [0..128) with a state
+    tree_slot = env.cache.all_mamba_values_flatten().tolist()[0]
+    b = env.admit(range(140))
+    assert b.cache_protected_len == 128
+    env.grow(b, 140)
+
+    def snapshot():
+        return (env.ma.available_size(), env.alloc.available_size(), env.cache.total_size(),
+                b.mamba_ping_pong_track_buffer.tolist(), b.mamba_pool_idx, b.cache_protected_len)
+    before = snapshot()
+    e0, e1 = b.mamba_ping_pong_track_buffer.tolist()
+    cases = [  # (fields, message, also refused by an abort, which caches nothing)
+        (dict(mamba_last_track_seqlen=64, mamba_last_track_idx=0), "below req.cache_protected_len",
+         False),
+        (dict(mamba_last_track_seqlen=136, mamba_last_track_idx=0), "not a multiple of page_size",
+         False),
+        (dict(mamba_ping_pong_track_buffer=np.array([e0, tree_slot])), "already cached by the tree",
+         True),
+        (dict(mamba_ping_pong_track_buffer=np.array([e0, e0])), "another entry", True),
+        (dict(mamba_ping_pong_track_buffer=np.array([b.mamba_pool_idx, e1])), "own state", True),
+    ]
+    for fields, msg, abort in cases:
+        saved = {k: getattr(b, k) for k in fields}
+        for k, v in fields.items():
+            setattr(b, k, v)
+        calls = [lambda: env.cache.checkpoint(b, 140), lambda: env.cache.release_kv_cache(b)]
+        if abort:
+            calls.append(lambda: env.cache.release_kv_cache(b, checkpoint=False))
+        for call in calls:
+            with pytest.raises(ValueError, match=msg):
+                call()
+            assert snapshot()[:3] == before[:3] and b.mamba_pool_idx == before[4]
+        for k, v in saved.items():
+            setattr(b, k, v)
+        assert snapshot() == before
+    env.track(b, 128)
+    env.cache.release_kv_cache(b)                        # valid again: cached, all freed
+    assert env.ma.available_size() == 16 - 1
+    env.cache.sanity_check()
+
+
+def test_ping_pong_pool_api_refusals():
+    from flatradix import Req
+
+    pool = HybridReqToTokenPool(2, 16, mamba_size=8, enable_mamba_extra_buffer=True)
+    with pytest.raises(TypeError, match="req must be a Req"):
+        pool.alloc_mamba(None)
+    req = Req(origin_input_ids=[1, 2])
+    assert pool.alloc_mamba(req) and pool.mamba_allocator.available_size() == 5
+    for bad in ("0", 5, -1, True):
+        with pytest.raises(ValueError, match="mamba_ping_pong_track_buffer_to_keep"):
+            pool.free_mamba_cache(req, bad)
+    assert pool.mamba_allocator.available_size() == 5 and req.mamba_pool_idx is not None
+    with pytest.raises(ValueError, match="one state slot"):
+        pool.donate_mamba_ping_pong_slot(req, np.array([], dtype=np.int64))
+    pool.free_mamba_cache(req, 1)
+    assert pool.mamba_allocator.available_size() == 7    # entry 1 kept (the tree's now)
