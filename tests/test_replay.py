@@ -861,6 +861,13 @@ def test_swa_replay_by_hand():
 def _assert_slot_partition(cache, alloc):
     """Every Full slot is free or in the tree (once); every SWA slot is free or the
     peer of exactly one tree Full slot; nothing is held by a request or locked."""
+    tree_full, tree_swa = swa_pool_partition(cache, alloc)
+    assert cache.total_size() == (tree_full.size, tree_swa.size)
+
+
+def swa_pool_partition(cache, alloc):
+    """The Full and SWA halves of ``_assert_slot_partition`` (shared with the SWA +
+    Mamba replay tests): returns the tree's Full slots and their SWA peers."""
     tree_full = np.asarray(cache.all_values_flatten(), dtype=np.int64)
     full_free = np.flatnonzero(alloc.full_attn_allocator.is_free(
         np.arange(alloc.size_full + 1)))
@@ -873,7 +880,7 @@ def _assert_slot_partition(cache, alloc):
     assert np.unique(tree_swa).size == tree_swa.size
     assert np.intersect1d(tree_swa, swa_free).size == 0
     assert tree_swa.size + swa_free.size == alloc.size_swa
-    assert cache.total_size() == (tree_full.size, tree_swa.size)
+    return tree_full, tree_swa
     assert cache.protected_size() == 0 and cache.swa_protected_size() == 0
     cache.sanity_check()
 

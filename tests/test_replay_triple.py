@@ -16,53 +16,26 @@ gives the Mamba-only run request by request; every Full, SWA and state slot ends
 free or cached once, and a leaked SWA or state slot fails the conservation check.
 """
 
-import contextlib
 import csv
-import io
 import json
 
 import numpy as np
 import pytest
 
-from flatradix.cli import main
 from flatradix.replay import (ArrivalModel, Workload, default_cache_factory, format_report,
                               format_sweep, load_mooncake, replay, sweep, synthetic_workload,
                               write_per_request_csv, write_runs_csv, write_sweep_csv)
 
 from .test_cli import EXAMPLES
-from .test_replay import TRACE, needs_trace
-
-
-def _workload(blocks, lengths, outputs, block_size=4):
-    ptr = np.cumsum([0] + [len(b) for b in blocks])
-    return Workload("hand", block_size, np.zeros(len(blocks)), np.array(lengths),
-                    np.array(outputs), ptr, np.array(sum(blocks, [])))
-
-
-def _capturing_factory(box):
-    def factory(*args, **kw):
-        box["cache"] = default_cache_factory(*args, **kw)
-        box["alloc"], box["pool"] = args[2], args[3]
-        return box["cache"]
-    return factory
+from .test_replay import TRACE, needs_trace, swa_pool_partition
+from .test_replay_mamba import _capturing_factory, _cli, _workload
 
 
 def _assert_three_pool_partition(cache, alloc, pool):
     """Every Full slot is free or in the tree once; every SWA slot is free or the peer
     of exactly one tree Full slot; every state slot is free or held by exactly one
     node; the ledgers agree with those counts; nothing is locked."""
-    tree_full = np.asarray(cache.all_values_flatten(), dtype=np.int64)
-    full_free = np.flatnonzero(alloc.full_attn_allocator.is_free(
-        np.arange(alloc.size_full + 1)))
-    assert np.unique(tree_full).size == tree_full.size
-    assert np.intersect1d(tree_full, full_free).size == 0
-    assert tree_full.size + full_free.size == alloc.size_full
-    peers = np.asarray(alloc.translate_swa_indices_for_transfer(tree_full), dtype=np.int64)
-    tree_swa = peers[peers > 0]
-    swa_free = np.flatnonzero(alloc.swa_attn_allocator.is_free(np.arange(alloc.size_swa + 1)))
-    assert np.unique(tree_swa).size == tree_swa.size
-    assert np.intersect1d(tree_swa, swa_free).size == 0
-    assert tree_swa.size + swa_free.size == alloc.size_swa
+    tree_full, tree_swa = swa_pool_partition(cache, alloc)
     states = np.asarray(cache.all_mamba_values_flatten(), dtype=np.int64)
     ma = pool.mamba_allocator
     assert np.unique(states).size == states.size and ma.is_held(states).all()
@@ -423,15 +396,7 @@ def test_triple_parallel_sweep_equals_sequential():
     assert strip(sweep(w, [400], jobs=2, **kw)) == strip(sweep(w, [400], **kw))
 
 
-# ---------------------------------------------------------------- CLI
-def _cli(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(["replay", "--no-progress", *map(str, args)])
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
+# ---------------------------------------------------------------- CLI (_cli: test_replay_mamba's)
 
 
 def test_cli_triple_json_and_text():
