@@ -278,7 +278,8 @@ class RequestCachingMixin:
         validated before any change: ``(cache_len, keep)`` -- the length the tracked
         state belongs to (0: nothing to cache) and its ping-pong entry. A running
         request caches its latest tracked state; a finished one too when it lies
-        within ``up_to``, else (2-entry buffer) the previous one when that does."""
+        within ``up_to``, else (2-entry buffer) the previous one when that does.
+        The caller validated the buffer first (``_mamba_own``)."""
         kv = getattr(req, "kv", req)
         last = getattr(kv, "mamba_last_track_seqlen", None)
         if last is not None:
@@ -287,7 +288,6 @@ class RequestCachingMixin:
             return 0, None
         pool = self.req_to_token_pool
         size = pool.mamba_ping_pong_track_buffer_size
-        self._mamba_check_ping_pong(kv, self._mamba_own(req))
         keep = as_count(kv.mamba_last_track_idx, "req.mamba_last_track_idx")
         if keep >= size:
             raise ValueError(f"req.mamba_last_track_idx={keep} is not an entry of the "
@@ -572,10 +572,10 @@ class RequestCachingMixin:
                     effective = branching + eagle
         extra = self._mamba and self.enable_mamba_extra_buffer
         keep = None
+        own = self._mamba_own(req) if self._mamba else -1  # (extra: and the ping-pong buffer)
         if extra:  # the key ends where the tracked state was taken
             track_len, keep = self._mamba_tracked(req, up_to, finished, protected)
             effective = min(effective, track_len)
-        own = self._mamba_own(req) if self._mamba else -1
         key = self._request_key(req, all_ids[:effective])
         units, aligned, nk, _ = self._key(key, "req")
         with self._mutex:  # the row's slots and the lock are checked where they can't change
