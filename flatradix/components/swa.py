@@ -143,8 +143,8 @@ def redistribute_on_node_split(nodes, u, child):
     was inherited with the flags; the ledger is unchanged (the span is divided)."""
     for t in range(N_TIERS):
         nodes[u, LOCK_REF + SWA * N_TIERS + t] = nodes[child, LOCK_REF + SWA * N_TIERS + t]
-        nodes[u, SWA_UUID + t] = nodes[child, SWA_UUID + t]
-        nodes[child, SWA_UUID + t] = 0
+    nodes[u, SWA_UUID] = nodes[child, SWA_UUID]
+    nodes[child, SWA_UUID] = 0
     if has_data(nodes, u):
         lru_insert_after(nodes, LRU_SWA, child, u)
 

@@ -84,24 +84,29 @@ HOST = 1
 N_TIERS = 2
 
 # ---------------------------------------------------------------- aux LRU lists
-#: One intrusive LRU list per (auxiliary component, tier): Full has none (its
-#: eviction order is the leaf heap). List id of (c, t) for c in SWA, MAMBA.
-N_LRU = (N_COMPONENTS - 1) * N_TIERS
+#: One intrusive LRU list per auxiliary component on the device: Full has none
+#: (its eviction order is the leaf heap). List id of (c, DEVICE) for c in SWA,
+#: MAMBA. The host-tier lists of SWA and Mamba (and their link columns) land
+#: with those components' host tier; their sentinel rows are reserved already,
+#: so slot numbers will not move.
+N_LRU = N_COMPONENTS - 1
 
 
 def LRU_ID(c, t=DEVICE):
-    """List id of the LRU of auxiliary component ``c`` on tier ``t``."""
-    return (c - 1) * N_TIERS + t
+    """List id of the LRU of auxiliary component ``c`` on tier ``t`` (device only)."""
+    assert t == DEVICE, "host-tier LRU lists are not built yet"
+    return c - 1
 
 
-LRU_SWA = (SWA - 1) * N_TIERS + DEVICE
-LRU_MAMBA = (MAMBA - 1) * N_TIERS + DEVICE
+LRU_SWA = SWA - 1
+LRU_MAMBA = MAMBA - 1
 
 #: Sentinel slots: list ``l`` has head ``SENTINEL0 + 2l`` (its next is the most
 #: recently used entry) and tail ``SENTINEL0 + 2l + 1`` (its prev is the least
-#: recently used). Never alive, never freed, never popped.
+#: recently used). Never alive, never freed, never popped. Rows for the host
+#: tier's lists are reserved (2 per auxiliary component and tier in all).
 SENTINEL0 = 1
-N_SENTINELS = 2 * N_LRU
+N_SENTINELS = 2 * (N_COMPONENTS - 1) * N_TIERS
 #: First slot a node can take.
 FIRST_SLOT = SENTINEL0 + N_SENTINELS
 
@@ -159,10 +164,10 @@ NODE_COLUMNS = (
     ("CREATION", 1),     # logical clock tick of creation (inherited by a split's upper part) (tree)
     ("HIT_COUNT", 1),    # insert-driven hit counter (LFU / SLRU) (insert, tree)
     ("PRIORITY", 1),     # request priority, max'ed along insert paths (insert, tree)
-    ("LRU_PREV", N_LRU),  # aux LRU links at LRU_PREV + LRU_ID(c, t) (lru only)
+    ("LRU_PREV", N_LRU),  # aux LRU links at LRU_PREV + LRU_ID(c) (lru only)
     ("LRU_NEXT", N_LRU),  # (lru only)
-    ("MAMBA_SLOT", N_TIERS),  # Mamba state slot per tier (+ t); NIL when absent (reserved: Mamba)
-    ("SWA_UUID", N_TIERS),    # SWA window-lock boundary stamp per tier (0 = none) (components.swa)
+    ("MAMBA_SLOT", 1),   # Mamba device state slot; NIL when absent (components.mamba)
+    ("SWA_UUID", 1),     # SWA window-lock boundary stamp (0 = none) (components.swa)
     ("TLRU_CACHED", 1),  # T-LRU: root-path depth in units (maintained only under tlru) (tree)
     ("TLRU_HIST", 1),    # T-LRU: high-water depth of the branch (tree)
 )

@@ -1,7 +1,7 @@
 """Intrusive LRU lists of the auxiliary components (SWA, Mamba), one per (component, tier).
 
 Only this module writes ``nodes[:, LRU_PREV + l]`` and ``nodes[:, LRU_NEXT + l]``
-(``l = LRU_ID(c, t)``). Each list is doubly linked through those columns between
+(``l = LRU_ID(c)``). Each list is doubly linked through those columns between
 two sentinel slots that are never alive and never popped (vLLM's
 ``FreeKVCacheBlockQueue`` style): ``lru_head(l)`` (its next is the most recently
 used entry) and ``lru_tail(l)`` (its prev is the least recently used one), so
@@ -33,8 +33,8 @@ def lru_tail(lst):
 
 @helper
 def lru_lock_col(lst):
-    """Lock column of the (component, tier) that list ``lst`` orders."""
-    return LOCK_REF + (lst // N_TIERS + 1) * N_TIERS + lst % N_TIERS
+    """Device lock column of the component that list ``lst`` orders."""
+    return LOCK_REF + (lst + 1) * N_TIERS
 
 
 @helper

@@ -93,8 +93,7 @@ def _clear_row(nodes, s):
     for i in range(N_LRU):
         nodes[s, LRU_PREV + i] = NIL
         nodes[s, LRU_NEXT + i] = NIL
-    for t in range(N_TIERS):
-        nodes[s, MAMBA_SLOT + t] = NIL
+    nodes[s, MAMBA_SLOT] = NIL
 
 
 @helper

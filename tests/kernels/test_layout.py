@@ -45,8 +45,10 @@ def test_per_component_and_tier_indices_are_distinct():
     bits = [L.F_HAS(c, t) for c in range(L.N_COMPONENTS) for t in range(L.N_TIERS)]
     assert len(set(bits)) == len(bits) and L.F_ALIVE not in bits
     assert L.F_HAS_FULL_DEV == L.F_HAS(L.FULL) and L.F_HAS_SWA_DEV == L.F_HAS(L.SWA)
-    lists = {L.LRU_ID(c, t) for c in (L.SWA, L.MAMBA) for t in range(L.N_TIERS)}
+    lists = {L.LRU_ID(c) for c in (L.SWA, L.MAMBA)}
     assert lists == set(range(L.N_LRU))
+    # host-tier lists are not built: their sentinel rows are reserved, no link columns
+    assert L.N_SENTINELS == 2 * (L.N_COMPONENTS - 1) * L.N_TIERS >= 2 * L.N_LRU
     assert L.FULL_LOCK == L.LOCK_COL(L.FULL) and L.SWA_LOCK == L.LOCK_COL(L.SWA)
 
 
