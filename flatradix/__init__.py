@@ -9,21 +9,23 @@ __version__ = "0.1.0"
 
 from .cache import UnifiedRadixCache
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
+from .hicache import HostKVPool
 from .pools import (
     HybridReqToTokenPool, MambaSlotAllocator, ReqToTokenPool, SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
 )
 from .requests import Req
 from .types import (
-    ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult,
+    ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult, InitLoadBackParams,
     EvictStep, IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams,
     MatchResult, RadixKey, TreeLock,
 )
 
 __all__ = [
     "UnifiedRadixCache", "RadixKey", "MatchPrefixParams", "MatchResult", "InsertParams",
-    "InsertResult", "EvictParams", "EvictResult", "EvictStep", "IncLockRefResult",
+    "InsertResult", "EvictParams", "EvictResult", "InitLoadBackParams", "EvictStep", "IncLockRefResult",
     "DecLockRefParams", "DecLockRefResult", "ComponentType", "NodeAccessError",
     "LockRefError", "CacheInvariantError", "TokenToKVPoolAllocator", "ReqToTokenPool", "Req",
     "SWATokenToKVPoolAllocator", "TreeLock", "HybridReqToTokenPool", "MambaSlotAllocator",
+    "HostKVPool",
 ]

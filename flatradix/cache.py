@@ -38,6 +38,7 @@ from .kernels.match import match_prefix as _k_match
 from .kernels.match import match_prefix_batch as _k_match_batch
 from .kernels.query import path_device_indices as _k_path
 from .kernels.query import resolve_slot as _k_resolve
+from .hicache import HiCacheMixin
 from .requests import RequestCachingMixin
 from .values import ValueBridge, is_swa_allocator
 from .types import (
@@ -116,7 +117,7 @@ def _component(component, name="component"):
         raise ValueError(f"{name} must be a ComponentType, got {component!r}") from None
 
 
-class UnifiedRadixCache(RequestCachingMixin):
+class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     """Prefix cache of KV indices keyed by token ids (SGLang 0.5.23 ``UnifiedRadixCache``).
 
     Parameters
@@ -462,9 +463,14 @@ class UnifiedRadixCache(RequestCachingMixin):
             if new_ns and len(eng.ns.ids) > eng.ns.gc_at:
                 # after the insert: a refused call changes nothing
                 eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
+            backups = [] if self._host is not None else None
             freed = execute(eng.actions(), eng.out, value, self._vals, self._sink,
-                            keep_own=keep_own, adopted=adopted)
+                            keep_own=keep_own, adopted=adopted, backups=backups)
             path = eng.out[:n] if want_path else None
+            if backups:  # write-through: back the nodes up now (engine calls: copy the path)
+                if path is not None:
+                    path = path.copy()
+                self._run_backups(backups)
         return plen, target, freed, path, adopted, bool(exist)
 
     def _check_anchored(self, node, name):
@@ -551,7 +557,8 @@ class UnifiedRadixCache(RequestCachingMixin):
         # writes the matched indices straight into it (no scratch + copy).
         idx = np.empty(n, dtype=np.int64)
         with self._mutex:
-            st, plen, best, visited, full_hit = eng.call_tree(_k_match, units, n, ns, idx)
+            st, plen, best, visited, full_hit, host_hit, hbest = eng.call_tree(
+                _k_match, units, n, ns, idx)
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
@@ -566,7 +573,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             if cow:
                 self._cow_mamba(params.req, best)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
-        return _tuple_new(MatchResult, (idx, best, best, best, 0, plen, full_hit, vis,
+        return _tuple_new(MatchResult, (idx, best, hbest, hbest, host_hit, plen, full_hit, vis,
                                         0, branch, 0, mbranch, None, None))
 
     def _mamba_branch(self, full_hit, plen):
@@ -716,14 +723,14 @@ class UnifiedRadixCache(RequestCachingMixin):
         track = bool(params.track_adopted_ranges)
         plen, target, dup, _, adopted, exist = self._insert_units(
             units, value, n, nk, prev, inserted_len, priority, limit, name, cursor=cursor,
-            track=track and self._swa, mamba_slot=mamba_slot)
+            track=track and (self._swa or self._host is not None), mamba_slot=mamba_slot)
         if params.value is not None:
             self._vals.note_kind(params.value)
         if mamba_slot >= 0 and not exist:
             self._vals.mamba_owned.add(mamba_slot)
         dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
         if track:
-            if self._swa:
+            if self._swa or self._host is not None:
                 adopted = {ComponentType(c): r for c, r in adopted.items()}
             else:  # only components that adopted something appear (SGLang: {} when none)
                 adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
@@ -1163,7 +1170,7 @@ class UnifiedRadixCache(RequestCachingMixin):
         offs = np.zeros(k, dtype=np.int64)
         np.cumsum(lens[:-1], out=offs[1:])
         total = int(offs[-1] + lens[-1])
-        res = np.empty((k, 4), dtype=np.int64)
+        res = np.empty((k, 6), dtype=np.int64)
         with self._mutex:  # the scratch rows are the engine's: filled and read under the lock
             buf = eng.batch_buffers(total)
             keys, out = buf[0, :total], buf[1, :total]
@@ -1175,14 +1182,15 @@ class UnifiedRadixCache(RequestCachingMixin):
         idx = self._vals.out(idx)
         swa = self._swa
         results = []
-        for (plen, best, vis, full_hit), p0 in zip(res.tolist(), pos[:-1].tolist()):
+        for (plen, best, vis, full_hit, host_hit, hbest), p0 in zip(res.tolist(),
+                                                                    pos[:-1].tolist()):
             if full_hit == 0 and plen == 0 and vis < 0:
                 results.append(_tuple_new(MatchResult, (
                     idx[p0:p0], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
                 continue
             branch = full_hit if swa and full_hit > plen else None
             results.append(_tuple_new(MatchResult, (
-                idx[p0:p0 + plen], best, best, best, 0, plen, full_hit,
+                idx[p0:p0 + plen], best, hbest, hbest, host_hit, plen, full_hit,
                 None if vis < 0 else vis, 0, branch, 0, None, None, None)))
         return results
 
@@ -1456,10 +1464,19 @@ class UnifiedRadixCache(RequestCachingMixin):
 
         As SGLang's ``reset``: the tree's KV slots are not given back to the
         allocator (clear it too, as SGLang's ``flush_cache`` does), and locks held
-        by running requests go stale (releasing them raises ``NodeAccessError``)."""
+        by running requests go stale (releasing them raises ``NodeAccessError``).
+        With a host tier the host pool is cleared and pending backups / loads are
+        dropped (their acks never come)."""
         with self._mutex:
             self._root = self._engine.reset()
             self._vals.mamba_owned.clear()
+            if self._host is not None:
+                self._host.clear()
+                self.ongoing_write_through.clear()
+                self.ongoing_load_back.clear()
+                self._write_queue, self._load_queue = [], []
+                self._write_acks.clear()
+                self._load_acks.clear()
             if self._sink is not None:
                 self._sink.cleared()
 

@@ -177,6 +177,19 @@ class Engine:
     def meta(self):
         return self.st.meta
 
+    def enable_host(self, policy, threshold):
+        """Turn the host tier on (HiCache): the pool gains its last column, the
+        Full host values (``kernels/layout.py``), and ``meta`` the write policy
+        and the write-through hit threshold. Existing nodes stay device-only."""
+        st = self.st
+        if st.meta[L.M_HOST] == L.HOST_OFF:
+            pool = np.zeros((st.pool.shape[0], self.pool_ncol + 1), dtype=np.int64)
+            pool[:, :self.pool_ncol] = st.pool
+            self.pool_ncol += 1
+            self.st = st = TreeArrays(st.nodes, st.ctab, pool, st.heap, st.meta)
+        st.meta[L.M_HOST] = policy
+        st.meta[L.M_WT_THRESHOLD] = threshold
+
     def reset(self):
         """Drop the tree (every id goes stale); returns the new root's NodeId."""
         st = self.st

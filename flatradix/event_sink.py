@@ -17,6 +17,10 @@ from .kernels import layout as L
 from .kernels.hashing import hash_node as _k_hash_node
 
 
+#: Event medium per action ``aux`` (``kernels/actions.py``: MEDIUM_GPU, MEDIUM_CPU).
+_MEDIA = ("GPU", "CPU_PINNED")
+
+
 class EventSink:
     """Event queue of one cache (``enable_kv_cache_events=True``)."""
 
@@ -58,8 +62,9 @@ class EventSink:
         """Event block hashes of the pages in pool rows ``[off, off + n)``."""
         return self._engine.st.pool[off:off + n:self.page_size, L.HASH0].tolist()
 
-    def stored(self, slot):
-        """Hash the new node in ``slot`` and queue its ``BlockStored`` (medium GPU)."""
+    def stored(self, slot, medium=0):
+        """Hash the node in ``slot`` and queue its ``BlockStored`` (``medium`` 0: GPU,
+        1: CPU_PINNED, the host tier)."""
         eng = self._engine
         nodes, pool = eng.st.nodes, eng.st.pool
         nk = eng.ns.key_of(int(nodes[slot, L.NS]))
@@ -80,13 +85,15 @@ class EventSink:
         lora_name, lora_id = self._ev.lora_fields(self.lora_names, nk[0])
         self._ev.enqueue(self.queue, self._ev.BlockStored(
             block_hashes=self.page_hashes(off, n), parent_block_hash=parent_hash,
-            token_ids=token_ids, block_size=self.page_size, lora_id=lora_id, medium="GPU",
+            token_ids=token_ids, block_size=self.page_size, lora_id=lora_id,
+            medium=_MEDIA[medium],
             cache_salt=nk[1], lora_name=lora_name))
 
-    def removed(self, off, n):
-        """Queue the ``BlockRemoved`` (medium GPU) of pool rows ``[off, off + n)``."""
+    def removed(self, off, n, medium=0):
+        """Queue the ``BlockRemoved`` of pool rows ``[off, off + n)`` (``medium`` as
+        ``stored``)."""
         self._ev.enqueue(self.queue, self._ev.BlockRemoved(
-            block_hashes=self.page_hashes(off, n), medium="GPU"))
+            block_hashes=self.page_hashes(off, n), medium=_MEDIA[medium]))
 
     def block_hashes(self):
         """Event block hashes of every page cached on device: what a router that
@@ -95,6 +102,6 @@ class EventSink:
         nodes = eng.st.nodes
         out = set()
         for s in eng.live_slots():
-            if s != L.ROOT:
+            if s != L.ROOT and nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV:
                 out.update(self.page_hashes(int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])))
         return out

@@ -29,7 +29,8 @@ assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
         A.ACT_NCOL) == (0, 1, 2, 3, 4, 5, 6), "execute unpacks the action columns in this order"
 
 
-def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None):
+def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None,
+            host=None, backups=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -44,6 +45,11 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     round: the controller frees them); with ``vals`` they go to its Mamba
     allocator.
 
+    ``host``: the host pool (``flatradix.hicache.HostKVPool``) ``A_FREE_HOST``
+    rows are freed to (host eviction); ``backups``: a list the node slots of
+    ``A_BACKUP`` rows are appended to (the façade runs the backups after the
+    call). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
+
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.
     """
@@ -56,11 +62,15 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     for kind, comp, src, off, n, aux in rows.tolist():
         if kind == A.A_STORED:
             if sink is not None:
-                sink.stored(off)
+                sink.stored(off, aux)
             continue
         if kind == A.A_REMOVED:
             if sink is not None:
-                sink.removed(off, n)
+                sink.removed(off, n, aux)
+            continue
+        if kind == A.A_BACKUP:
+            if backups is not None:
+                backups.append(off)
             continue
         if kind == A.A_ADOPTED:
             if adopted is not None:
@@ -83,6 +93,9 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
             full.append(v)
         elif kind == A.A_FREE_KV_FULL_ONLY:
             full.append(v)
+        elif kind == A.A_FREE_HOST:
+            if host is not None:
+                host.free(v.copy())
         elif kind == A.A_FREE_SLOT:
             if comp == MAMBA:  # state slots: their own pool
                 if mamba is None:

@@ -47,7 +47,8 @@ def node_info(engine, slot, nid):
         "node_id": nid,
         "parent": None if parent < 0 else node_id(nodes, parent),
         "key": pool[off:off + n, L.TOK].copy(),
-        "value": pool[off:off + n, L.FULL_DEV].copy(),
+        "value": (pool[off:off + n, L.FULL_DEV].copy() if row[L.FLAGS] & L.F_HAS_FULL_DEV
+                  else pool[off:off, L.FULL_DEV].copy()),
         "lock_ref": int(row[L.FULL_LOCK]),
         "num_children": int(row[L.NCHILD]),
         "last_access": int(row[L.LAST_ACCESS]),
@@ -56,6 +57,14 @@ def node_info(engine, slot, nid):
         "priority": int(row[L.PRIORITY]),
         "evictable_leaf": bool(row[L.HEAP_POS + L.HEAP_DEVICE] >= 0),
     }
+    if meta[L.M_HOST]:
+        backed = bool(row[L.FLAGS] & L.F_HAS_FULL_HOST)
+        info["host_value"] = (pool[off:off + n, pool.shape[1] - 1].copy() if backed
+                              else pool[off:off, L.FULL_DEV].copy())
+        info["backuped"] = backed
+        info["evicted"] = not (row[L.FLAGS] & L.F_HAS_FULL_DEV)
+        info["write_through_pending"] = bool(row[L.WT_PENDING])
+        info["evictable_host_leaf"] = bool(row[L.HOST_HEAP_POS] >= 0)
     for c in components_of(meta):
         if c != L.FULL:
             name = _NAMES[c]
@@ -72,7 +81,18 @@ def all_values_flatten(engine):
     nodes, pool = engine.st.nodes, engine.st.pool
     parts = [pool[int(nodes[s, L.KEY_OFF]):int(nodes[s, L.KEY_OFF] + nodes[s, L.KEY_LEN]),
                   L.FULL_DEV]
-             for s, _ in dfs(nodes) if s != L.ROOT]
+             for s, _ in dfs(nodes) if s != L.ROOT and nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV]
+    return np.concatenate(parts) if parts else _EMPTY.copy()
+
+
+def all_host_values_flatten(engine):
+    """Every node's Full host value (host pool slots), concatenated in DFS order (owned)."""
+    nodes, pool = engine.st.nodes, engine.st.pool
+    if not engine.st.meta[L.M_HOST]:
+        return _EMPTY.copy()
+    hc = pool.shape[1] - 1
+    parts = [pool[int(nodes[s, L.KEY_OFF]):int(nodes[s, L.KEY_OFF] + nodes[s, L.KEY_LEN]), hc]
+             for s, _ in dfs(nodes) if s != L.ROOT and nodes[s, L.FLAGS] & L.F_HAS_FULL_HOST]
     return np.concatenate(parts) if parts else _EMPTY.copy()
 
 
@@ -96,6 +116,9 @@ def pretty_lines(engine):
         head = pool[off:off + min(n, 8), L.TOK].tolist()
         has = " ".join(f"{_NAMES[c]}={'yes' if row[L.FLAGS] & L.F_HAS(c) else 'no'}"
                        for c in comps)
+        if meta[L.M_HOST] and s != L.ROOT:
+            has += (" tier=" + ("D+H" if row[L.FLAGS] & L.F_HAS_FULL_HOST else "D")
+                    if row[L.FLAGS] & L.F_HAS_FULL_DEV else " tier=H")
         lines.append(f"{'  ' * depth}[{node_id(nodes, s)}] len={n} key={head}"
                      f"{'...' if n > 8 else ''} full_lock={int(row[L.FULL_LOCK])} {has}")
     return lines

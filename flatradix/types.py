@@ -180,6 +180,20 @@ class EvictParams:
     mamba_num: int = 0
 
 
+@dataclass
+class InitLoadBackParams:
+    """Parameters of ``init_load_back`` (SGLang's names): the match's
+    ``best_match_node`` and ``host_hit_length``; ``mem_quota`` (tokens, None: no
+    quota) declines a load whose tokens plus the tokens its own lock newly
+    protects exceed it; ``req`` (optional here): its ``last_node`` is returned
+    when the load is declined."""
+
+    best_match_node: Any = None
+    host_hit_length: int = 0
+    mem_quota: Optional[int] = None
+    req: Any = None
+
+
 class EvictResult(NamedTuple):
     """Result of ``evict``: device units freed per component (node-granular, so
     possibly more than asked). ``evicted_indices``: the freed KV indices in

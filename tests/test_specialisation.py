@@ -5,7 +5,8 @@ writable int64 arrays; Python ints), so a kernel never silently compiles a
 second specialisation -- which would cost cold-start time on first use and
 disk in the cache. A fresh process runs every public operation (Full-only and
 SWA caches, page sizes 1 and 16, EAGLE, KV events, numpy / torch / list /
-``array('q')`` values, the request path, step-wise eviction, reset) and then
+``array('q')`` values, the request path, step-wise eviction, reset, the host
+tier) and then
 reads each kernel's compiled signatures.
 """
 
@@ -81,6 +82,24 @@ WORKLOAD = textwrap.dedent("""
         c.evict_device_next_node(CT.SWA)
         c.evict_device_end(CT.SWA)
         c.evict(F.EvictParams(num_tokens=8, swa_num_tokens=1 << 20))
+        c.sanity_check()
+    # HiCache (host tier): backup, ack, demote, host hit, load-back, host eviction
+    for page in (1, 16):
+        alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
+        c = F.UnifiedRadixCache(page_size=page, token_to_kv_pool_allocator=alloc,
+                                enable_kv_cache_events=True)
+        c.init_hicache(host_size=4096, load_back_threshold=1)
+        toks = list(range(1, 4 * page + 1))
+        c.insert(F.InsertParams(key=F.RadixKey(toks), value=alloc.alloc(len(toks))))
+        c.check_hicache_events()
+        c.evict(F.EvictParams(num_tokens=1 << 20))
+        m = c.match_prefix(F.MatchPrefixParams(key=F.RadixKey(toks)))
+        c.match_prefix_batch([F.RadixKey(toks)])
+        c.init_load_back(F.InitLoadBackParams(m.best_match_node, m.host_hit_length))
+        c.ready_to_load_host_cache()
+        c.loading_check()
+        c.evict(F.EvictParams(num_tokens=1 << 20))
+        c.evict_host(1 << 20)
         c.sanity_check()
     print(json.dumps({k.py_func.__module__ + "." + k.__name__: len(k.signatures) for k in KERNELS}))
 """)

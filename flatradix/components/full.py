@@ -4,8 +4,9 @@ Value: one KV index per logical unit, the node's pool span (column ``FULL_DEV``)
 so a split divides it by moving span bounds. Validator: a device value is
 present. Lock: the *path* lock -- every node from the anchor up to (not
 including) the root. Eviction: whole device leaves, least priority first
-(``kernels/order.py`` heap; ``kernels/evict.py``); an internal node is never
-evicted while Full is the backbone (no host tier yet).
+(``kernels/order.py`` heap; ``kernels/evict.py``), or demoted to the host when
+backed up (host tier, ``kernels/host.py``); an internal node is never evicted
+while Full is the backbone.
 
 Writes ``nodes[:, LOCK_COL(FULL, t)]``, ``CHILD_LOCK`` and the Full ledgers.
 """

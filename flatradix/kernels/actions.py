@@ -30,6 +30,10 @@ A_REMOVED              KV event ``BlockRemoved`` for pool rows ``[off, off + len
 A_ADOPTED              a report, nothing to execute: the insert took ownership of the
                        caller's slots at key positions ``[off, off + len)`` for ``comp``
                        (``InsertResult.adopted_ranges``; emitted only when tracked)
+A_FREE_HOST            free host pool slots of ``comp`` (``FreeComponentHostSlot``)
+A_BACKUP               HiCache write-through: back up the node in slot ``off`` and its
+                       unbacked ancestors, ancestors first (``BackupKV``); run after the
+                       call, in row order
 =====================  ===================================================================
 
 Consecutive rows of the same free kind, component and source over adjacent
@@ -61,9 +65,15 @@ A_SWA_RECOVER_LOCKED = 4
 A_STORED = 5
 A_REMOVED = 6
 A_ADOPTED = 7
+A_FREE_HOST = 8
+A_BACKUP = 9
 ACTION_NAMES = {A_FREE_KV: "FreeDeviceKV", A_FREE_KV_FULL_ONLY: "FreeDeviceKVFullOnly",
                 A_FREE_SLOT: "FreeComponentDeviceSlot", A_SWA_RECOVER_LOCKED: "RecoverSWAWithLockedFull",
-                A_STORED: "BlockStored", A_REMOVED: "BlockRemoved", A_ADOPTED: "adopted range"}
+                A_STORED: "BlockStored", A_REMOVED: "BlockRemoved", A_ADOPTED: "adopted range",
+                A_FREE_HOST: "FreeComponentHostSlot", A_BACKUP: "BackupKV"}
+
+MEDIUM_GPU = 0
+MEDIUM_CPU = 1
 
 SRC_OUT = 0
 SRC_IN = 1
@@ -89,7 +99,7 @@ def emit(acts, meta, kind, comp, src, off, n, aux):
     """Append a row (merged into the previous one when it is the same free kind,
     component and source over the adjacent range). The caller checked room."""
     i = meta[M_NACTS]
-    if (i > 0 and kind <= A_FREE_SLOT and acts[i - 1, 0] == kind and acts[i - 1, 1] == comp
+    if (i > 0 and (kind <= A_FREE_SLOT or kind == A_FREE_HOST) and acts[i - 1, 0] == kind and acts[i - 1, 1] == comp
             and acts[i - 1, 2] == src and acts[i - 1, 3] + acts[i - 1, 4] == off):
         acts[i - 1, 4] += n
         return
@@ -100,6 +110,19 @@ def emit(acts, meta, kind, comp, src, off, n, aux):
     acts[i, 4] = n
     acts[i, 5] = aux
     meta[M_NACTS] = i + 1
+
+
+@helper
+def out_put_col(out, meta, pool, off, n, col):
+    """Copy column ``col`` of pool rows ``[off, off + n)`` to ``out``; returns their
+    offset in ``out``. The caller checked room."""
+    at = meta[M_NOUT]
+    src = pool[off:off + n, col]
+    dst = out[at:at + n]
+    for j in range(n):
+        dst[j] = src[j]
+    meta[M_NOUT] = at + n
+    return at
 
 
 @helper

@@ -11,7 +11,9 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 106  device-child count (NDEVCHILD) disagrees
 107  a child's namespace differs from its (non-root) parent's
 108  the child table does not map (parent, ns, first page) to this node
-109  a non-root node holds no Full device value (no host tier yet)
+109  a non-root node holds no Full device value and (host tier) no host value, a
+     device node below a host-only node, or a host value / pending mark without
+     a host tier
 110  negative lock_ref, CHILD_LOCK != sum of the children's lock_ref, or
      fewer locks than the children's (a lock was released on an ancestor)
 111  heap membership disagrees with the device-leaf predicate
@@ -28,6 +30,9 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
      Mamba states / locks on a cache without Mamba
 120  Mamba LRU: membership disagrees with the state bit, or broken links
 121  Mamba evictable / protected / total ledgers disagree with a recount
+122  host tier: host-leaf heap membership disagrees with the H-leaf predicate,
+     its order or HOST_HEAP_POS is broken, or the host ledgers (total,
+     evictable) disagree with a recount
 ===  =====================================================================
 """
 
@@ -36,14 +41,15 @@ from .children import find_child
 from .layout import (
     C_MAMBA, C_SWA, CHILD_LOCK, F_HAS, LRU_MAMBA, MAMBA, MAMBA_SLOT, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
     FULL, FULL_LOCK, LRU_NEXT, LRU_PREV, LRU_SWA, M_COMPONENTS, SWA, SWA_LOCK,
-    HEAP_DEVICE, HEAP_POS, N_SENTINELS, SENTINEL0,
+    HEAP_DEVICE, HEAP_HOST, HEAP_POS, HOST_HEAP_POS, N_SENTINELS, SENTINEL0, F_HAS_FULL_HOST,
+    LOAD_PENDING, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, WT_PENDING,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
     LOCK_REF, TOK,
 )
 from .lru import lru_head, lru_in_list, lru_tail
-from .order import _less, is_device_leaf
+from .order import _less, is_device_leaf, is_host_leaf
 
 
 @helper
@@ -104,6 +110,10 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             return 101, ROOT
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
     mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    host_on = meta[M_HOST] != 0
+    h_leaves = 0
+    h_evictable = 0
+    h_total = 0
     mamba_lock = _MAMBA_LOCK
     mamba_bit = _F_HAS_MAMBA
     m_nodes = 0
@@ -151,6 +161,17 @@ def sanity_check(nodes, ctab, pool, heap, meta):
                 return 112, s
             if i > 0 and _less(nodes, meta, s, heap[HEAP_DEVICE, (i - 1) >> 1]):
                 return 112, s
+        hleaf = is_host_leaf(nodes, s) and host_on
+        if hleaf != (nodes[s, HOST_HEAP_POS] >= 0):
+            return 122, s
+        if hleaf:
+            h_leaves += 1
+            h_evictable += nodes[s, KEY_LEN]
+            i = nodes[s, HOST_HEAP_POS]
+            if i >= meta[M_HEAP_N + HEAP_HOST] or heap[HEAP_HOST, i] != s:
+                return 122, s
+            if i > 0 and _less(nodes, meta, s, heap[HEAP_HOST, (i - 1) >> 1]):
+                return 122, s
         lk = nodes[s, FULL_LOCK]
         if lk < 0:
             return 110, s
@@ -169,14 +190,25 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             return 107, s
         if find_child(nodes, ctab, pool, p, nodes[s, NS], pool[:, TOK], nodes[s, KEY_OFF], page) != s:
             return 108, s
-        if not (nodes[s, FLAGS] & F_HAS_FULL_DEV):
+        f = nodes[s, FLAGS]
+        if f & F_HAS_FULL_HOST:
+            if not host_on:
+                return 109, s
+            h_total += n
+        elif nodes[s, WT_PENDING] != 0 or nodes[s, LOAD_PENDING] != 0:
             return 109, s
+        if not (f & F_HAS_FULL_DEV):
+            if not (f & F_HAS_FULL_HOST):
+                return 109, s
+        elif p != ROOT and not (nodes[p, FLAGS] & F_HAS_FULL_DEV):
+            return 109, s  # device data is root-closed: load-back restores whole paths
         if p != ROOT and nodes[p, FULL_LOCK] < lk:
             return 110, s
-        if lk == 0:
-            evictable += n
-        else:
-            protected += n
+        if f & F_HAS_FULL_DEV:
+            if lk == 0:
+                evictable += n
+            else:
+                protected += n
         if (nodes[s, FLAGS] & mamba_bit) != 0 and nodes[s, MAMBA_SLOT] < 0:
             return 119, s
         if (nodes[s, FLAGS] & mamba_bit) == 0 and nodes[s, MAMBA_SLOT] != NIL:
@@ -201,6 +233,9 @@ def sanity_check(nodes, ctab, pool, heap, meta):
                 swa_evictable += n
     if leaves != meta[M_HEAP_N + HEAP_DEVICE]:
         return 111, NIL
+    if (h_leaves != meta[M_HEAP_N + HEAP_HOST] or h_evictable != meta[M_HOST_EVICTABLE]
+            or h_total != meta[M_HOST_TOTAL]):
+        return 122, NIL
     if evictable != meta[M_EVICTABLE + FULL] or protected != meta[M_PROTECTED + FULL]:
         return 113, NIL
     if evictable + protected != meta[M_TOTAL + FULL]:

@@ -38,7 +38,7 @@ from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    C_MAMBA, C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, FULL, HEAP_DEVICE, HEAP_POS, KEY_LEN,
+    C_MAMBA, C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, F_HAS_FULL_HOST, FLAGS, FULL, HEAP_DEVICE, HEAP_POS, KEY_LEN,
     LRU_MAMBA, LRU_SWA, MAMBA,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
     M_NOUT, M_WALK_N, M_WALK_PARENT, NIL, OK, PARENT, SWA, WALK_K0, WALK_K1,
@@ -47,7 +47,17 @@ from .layout import (
 from .lru import lru_in_list, lru_lock_col, lru_prev_unlocked, lru_tail_unlocked
 from .order import heap_pop, is_device_leaf, priority_key
 from .state import SLOT_MASK, need, node_id, resolve
-from .tree import delete_leaf
+from .tree import delete_leaf, demote
+
+
+@helper
+def evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
+    """SGLang ``evict_device_leaf`` for an evictable device leaf ``s`` taken off the
+    heap: demote it when it has a host backup (host tier), else delete it.
+    Returns the Full units freed on the device."""
+    if nodes[s, FLAGS] & F_HAS_FULL_HOST:
+        return demote(nodes, pool, heap, meta, s, out, acts)
+    return delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
 
 #: ``evict``'s phases: the Full walk, then the SWA walk, then the Mamba walk
 #: (an auxiliary walk's phase is its component id).
@@ -153,7 +163,7 @@ def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, num_mamba, phase, ou
                 swa_freed += nodes[s, KEY_LEN]
             if mamba.has_data(nodes, s):
                 mamba_freed += 1
-            full_freed += delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+            full_freed += evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         phase = PHASE_SWA
     for c in (SWA, MAMBA):  # the auxiliary walks; phase c is component c's walk
         if phase > c or not meta[M_COMPONENTS] & (1 << c):
@@ -287,12 +297,12 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     if component == FULL:
         p = resolve(nodes, meta, meta[M_WALK_PARENT])
         meta[M_WALK_PARENT] = NIL
-        if p >= 0 and nodes[p, HEAP_POS + HEAP_DEVICE] >= 0:
+        if p >= 0 and nodes[p, HEAP_POS] >= 0:
             _walk_push(nodes, heap, meta, p)
         s = NIL
         while meta[M_WALK_N] > 0:  # skip stale entries (deleted, locked, not a leaf)
             s = resolve(nodes, meta, heap[WALK_NID, 0])
-            if s >= 0 and nodes[s, HEAP_POS + HEAP_DEVICE] >= 0:
+            if s >= 0 and nodes[s, HEAP_POS] >= 0:
                 break
             s = NIL
             _walk_pop(heap, meta)
@@ -305,7 +315,7 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
         meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
         w = nodes[s, KEY_LEN] if swa.has_data(nodes, s) else 0
         m = 1 if mamba.has_data(nodes, s) else 0
-        n = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+        n = evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
         meta[M_EVICT_DONE + FULL] += n
         return OK, nid, n, w, m
     lst = LRU_SWA if component == SWA else LRU_MAMBA

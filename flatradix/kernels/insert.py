@@ -1,21 +1,54 @@
 """``insert``: add a page-aligned key and its KV indices, reusing the cached prefix."""
 
 from ..components import mamba, swa
-from ._jit import kernel
-from .actions import A_ADOPTED, A_FREE_KV, A_STORED, SRC_IN, SRC_POOL, acts_begin, emit
+from ._jit import helper, kernel
+from .actions import (
+    A_ADOPTED, A_BACKUP, A_FREE_KV, A_STORED, MEDIUM_GPU, SRC_IN, SRC_POOL, acts_begin, emit,
+)
 from .children import find_child
 from .layout import (
-    C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FULL, HIT_COUNT, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    M_COMPONENTS, M_EVENTS, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, OK, PRIORITY, ROOT,
+    C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FIRST_CHILD, FLAGS,
+    FULL, FULL_LOCK, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, M_HOST, M_PROTECTED,
+    M_TOTAL, M_WT_THRESHOLD, NDEVCHILD, OK, PARENT, PRIORITY, ROOT, FULL_DEV,
     VALUES_UNCHECKED,
 )
-from .order import fix
+from .order import fix, refresh_leaf
 from .state import has_room, need, node_id, tick
 from .tree import add_leaf, copy_values, edge_match_len, split_node
 
 
 #: ``insert``'s ``flags`` bits.
 TRACK_ADOPTED = 1
+
+
+@helper
+def _wants_backup(nodes, meta, s):
+    """Write-through: a node with no host copy whose hit count reached the
+    threshold is backed up (SGLang ``_inc_hit_count_and_check``)."""
+    return (not (nodes[s, FLAGS] & F_HAS_FULL_HOST)
+            and nodes[s, HIT_COUNT] >= meta[M_WT_THRESHOLD])
+
+
+@helper
+def unevict(nodes, pool, heap, meta, s, value, start, m):
+    """The host-only node ``s`` (``m`` units, at key position ``start``) takes
+    ``value[start:start + m]`` as its Full device value: device ledgers credited
+    (protected when it is locked), the parent counts a device child again."""
+    dst = pool[nodes[s, KEY_OFF]:nodes[s, KEY_OFF] + m, FULL_DEV]
+    v = value[start:start + m]
+    for j in range(m):
+        dst[j] = v[j]
+    nodes[s, FLAGS] |= F_HAS_FULL_DEV
+    if nodes[s, FULL_LOCK] > 0:
+        meta[M_PROTECTED + FULL] += m
+    else:
+        meta[M_EVICTABLE + FULL] += m
+    meta[M_TOTAL + FULL] += m
+    p = nodes[s, PARENT]
+    nodes[p, NDEVCHILD] += 1
+    refresh_leaf(nodes, heap, meta, p)
+    refresh_leaf(nodes, heap, meta, s)
 
 
 @kernel
@@ -43,7 +76,8 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     ``mamba_slot`` unless it had a state, and then the per-path cap
     (``mamba.evict_excess_path_states``) may drop shallower states
     (``A_FREE_SLOT``). ``flags & TRACK_ADOPTED``: the
-    adopted ranges of the auxiliary components are reported (``A_ADOPTED``).
+    adopted ranges are reported (``A_ADOPTED``; SWA caches, and with the host
+    tier the host-only nodes that took the caller's slots).
 
     ``out_base``: when ``>= n``, the cached prefix's KV indices (the tree's,
     not the caller's duplicates) are written to ``out[:prefix_len]``, so
@@ -83,6 +117,12 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         need_out += n
         slots = 4
     mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    host_on = meta[M_HOST] != HOST_OFF
+    # SGLang counts no hits under write-back (backups happen at eviction there)
+    count_hits = meta[M_HOST] != HOST_WRITE_BACK
+    backup_on = host_on and count_hits
+    if host_on:  # per walked node and the leaf: a GPU store, an adopted range, a backup
+        need_acts += 3 * min(n // page + 1, meta[M_NLIVE]) + 3
     if mamba_on and meta[M_MAMBA_PATH_CAP] >= 0:
         # the per-path cap drops at most one state per node on the target's path
         # (every node holds at least a page; a split adds one)
@@ -111,7 +151,15 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         off = nodes[child, KEY_OFF]
         if priority > nodes[child, PRIORITY]:
             nodes[child, PRIORITY] = priority
-        if swa_on:
+        if host_on and not (nodes[child, FLAGS] & F_HAS_FULL_DEV):
+            # a host-only node takes the caller's slots as its device value
+            # (SGLang ``_unevict_node_on_insert``): adopted, not duplicates
+            unevict(nodes, pool, heap, meta, child, value, length, m)
+            if track:
+                emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, m, 0)
+            if meta[M_EVENTS]:
+                emit(acts, meta, A_STORED, FULL, SRC_POOL, child, m, MEDIUM_GPU)
+        elif swa_on:
             child, consumed = swa.update_component_on_insert_overlap(
                 nodes, ctab, pool, heap, meta, child, length, m, value, prev, cursor, track,
                 out, acts)
@@ -122,8 +170,10 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                 emit(acts, meta, A_FREE_KV, FULL, SRC_IN, dup, length + m - dup, 0)
         if want_path:
             copy_values(pool, off, m, out, length)
-        if length + m > inserted_len:
+        if length + m > inserted_len and count_hits:
             nodes[child, HIT_COUNT] += 1
+            if backup_on and _wants_backup(nodes, meta, child):
+                emit(acts, meta, A_BACKUP, FULL, SRC_POOL, child, 0, 0)
         fix(nodes, heap, meta, child)
         length += m
         node = child
@@ -132,9 +182,9 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     if length < n:
         target = add_leaf(nodes, ctab, pool, heap, meta, node, ns, key, value, length, n, priority)
         top = target
+        if track and (swa_on or host_on):
+            emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, n - length, 0)
         if swa_on:
-            if track:
-                emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, n - length, 0)
             top = swa.commit_insert_component_data(nodes, ctab, pool, heap, meta, target, length,
                                                    n, cursor, track, acts)
         if meta[M_EVENTS]:
@@ -144,9 +194,11 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                 if s == target:
                     break
                 s = nodes[s, FIRST_CHILD]
-        if n > inserted_len:
+        if n > inserted_len and count_hits:
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
+            if backup_on and _wants_backup(nodes, meta, target):
+                emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
     exist = 0
     if mamba_on:
         exist = 1 if mamba.commit_insert_component_data(nodes, heap, meta, target,

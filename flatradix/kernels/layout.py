@@ -18,7 +18,8 @@ array argument, so there are few):
 ``pool``   Pool = int64 ``(pool_capacity, POOL_NCOL or POOL_NCOL_EVENTS)``
     Token and value pool. A node's edge key is the span
     ``pool[KEY_OFF : KEY_OFF + KEY_LEN, TOK]``; its Full device value (KV
-    indices, one per logical unit) is the *same* span of column ``FULL_DEV``.
+    indices, one per logical unit) is the *same* span of column ``FULL_DEV``,
+    and with the host tier its Full host value the same span of the last column.
     Value spans coincide with key spans because a Full value always has one
     entry per logical unit, so a split is two span updates and copies nothing.
     An SWA value is not stored: it is the SWA allocator's mapping of the Full
@@ -28,7 +29,8 @@ array argument, so there are few):
     compact_pool``).
 ``heap``   Heaps = int64 ``(HEAP_ROWS, node_capacity)``
     Binary min-heaps of node slots, one per heap id (``HEAP_DEVICE``: every
-    *evictable device leaf*), then the three rows of a step-wise Full round's
+    *evictable device leaf*; ``HEAP_HOST``: every *evictable host leaf*, host
+    tier), then the three rows of a step-wise Full round's
     snapshot heap (``WALK_K0/K1/NID``), ordered by the eviction policy
     (``kernels/order.py``). Kept incrementally, so an eviction round costs
     O(evicted * log leaves), never O(tree).
@@ -112,9 +114,12 @@ FIRST_SLOT = SENTINEL0 + N_SENTINELS
 
 
 # ---------------------------------------------------------------- heaps
-#: Heap ids (rows of ``heap``): the device-leaf heap; the host-leaf heap lands here.
+#: Heap ids (rows of ``heap``): the device-leaf heap and the host-leaf heap (HiCache:
+#: host-only leaves, for ``evict_host``). A node's position in heap ``h`` is in column
+#: ``HEAP_POS`` (device, a hot column) or ``HOST_HEAP_POS`` (host); ``order.pos_col(h)``.
 HEAP_DEVICE = 0
-N_HEAPS = 1
+HEAP_HOST = 1
+N_HEAPS = 2
 #: Rows of ``heap`` after the heaps: a step-wise Full round's own heap of
 #: ``(key0, key1, node id)`` entries, snapshotted at the round's start (SGLang
 #: heapifies the evictable leaves with their keys then; ``kernels/evict.py``).
@@ -151,8 +156,8 @@ NODE_COLUMNS = (
     ("CHILD_LOCK", 1),   # sum of the children's Full lock_ref: lock_ref - CHILD_LOCK = locks
                          # anchored at this node, so a release without one is refused in O(1) (lock)
     ("NDEVCHILD", 1),    # children holding a Full device value (O(1) D-leaf test) (tree)
-    ("HEAP_POS", N_HEAPS),  # + h: position in heap h (HEAP_DEVICE: while an evictable device
-                         # leaf), else NIL (order)
+    ("HEAP_POS", 1),     # position in the device-leaf heap while an evictable device leaf,
+                         # else NIL (order)
     ("LAST_ACCESS", 1),  # logical clock tick of last access (see TICK) (match, insert, tree)
     ("NS", 1),           # namespace id (interned (extra_key, cache_salt) by the façade) (tree)
     ("GEN", 1),          # generation of this slot; NodeId = GEN << 32 | slot (< GEN_LIMIT) (state)
@@ -170,6 +175,13 @@ NODE_COLUMNS = (
     ("SWA_UUID", 1),     # SWA window-lock boundary stamp (0 = none) (components.swa)
     ("TLRU_CACHED", 1),  # T-LRU: root-path depth in units (maintained only under tlru) (tree)
     ("TLRU_HIST", 1),    # T-LRU: high-water depth of the branch (tree)
+    ("HOST_HEAP_POS", 1),  # position in the host-leaf heap while an evictable host leaf, else
+                         # NIL (order)
+    ("WT_PENDING", 1),   # HiCache: ack id of the node's backup while in flight, else 0 (host)
+    ("LOAD_PENDING", 1), # HiCache: load id of a load-back restoring the node while in flight,
+                         # else 0 (host)
+    ("HOST_UUID", 1),    # HiCache: boundary stamp of the Full host-lock segments ending here
+                         # (0 = none; a split moves it up) (host)
 )
 _COL, NCOL = _number(NODE_COLUMNS, align=8)
 PARENT = _COL["PARENT"]
@@ -196,6 +208,10 @@ MAMBA_SLOT = _COL["MAMBA_SLOT"]
 SWA_UUID = _COL["SWA_UUID"]
 TLRU_CACHED = _COL["TLRU_CACHED"]
 TLRU_HIST = _COL["TLRU_HIST"]
+HOST_HEAP_POS = _COL["HOST_HEAP_POS"]
+WT_PENDING = _COL["WT_PENDING"]
+LOAD_PENDING = _COL["LOAD_PENDING"]
+HOST_UUID = _COL["HOST_UUID"]
 #: Columns a match or lock walk reads per node: they must stay in lines 0-1.
 HOT_COLUMNS = ("PARENT", "KEY_OFF", "KEY_LEN", "FLAGS", "LOCK_REF", "CHILD_LOCK", "NDEVCHILD",
                "HEAP_POS", "LAST_ACCESS", "NS", "GEN")
@@ -221,6 +237,9 @@ def F_HAS(c, t=DEVICE):
 
 F_HAS_FULL_DEV = 1 << (1 + FULL * N_TIERS + DEVICE)
 F_HAS_SWA_DEV = 1 << (1 + SWA * N_TIERS + DEVICE)
+F_HAS_FULL_HOST = 1 << (1 + FULL * N_TIERS + HOST)
+#: Column of the Full host lock_ref (a load-back's anchor, SGLang's host lock).
+FULL_HOST_LOCK = LOCK_REF + FULL * N_TIERS + HOST
 
 # ---------------------------------------------------------------- pool columns
 TOK = 0           # key units
@@ -230,6 +249,9 @@ POOL_NCOL = 2
 #: first row (kernels/hashing.py); ``pool[row, HASH0]`` is the event block hash.
 HASH0 = 2
 POOL_NCOL_EVENTS = 6
+#: With the host tier on (HiCache), one more column, the *last* one
+#: (``pool.shape[1] - 1``), holds each unit's Full host value (host pool slot):
+#: the same span as the key, so a split moves it for free too.
 
 # ---------------------------------------------------------------- child table
 CT_PARENT = 0
@@ -286,6 +308,11 @@ META_FIELDS = (
     ("NEED_UNITS", 1),    # after E_CAPACITY: free pool rows the call needs
     ("NEED_OUT", 1),      # after E_CAPACITY: entries of ``out`` the call needs
     ("NEED_ACTS", 1),     # after E_CAPACITY: rows of ``acts`` the call needs
+    ("HOST", 1),          # HiCache write policy (HOST_*; HOST_OFF: no host tier)
+    ("WT_THRESHOLD", 1),  # hit count at which an insert backs a node up (write-through)
+    ("HOST_TOTAL", 1),    # units holding a Full host value
+    ("HOST_EVICTABLE", 1),  # units of the evictable host leaves (host-leaf heap)
+    ("HOST_UUID_NEXT", 1),  # next Full host-lock boundary stamp (never reused, > 0)
 )
 _META, META_LEN = _number(META_FIELDS, align=8)
 M_CLOCK = _META["CLOCK"]
@@ -324,6 +351,18 @@ M_NEED_SLOTS = _META["NEED_SLOTS"]
 M_NEED_UNITS = _META["NEED_UNITS"]
 M_NEED_OUT = _META["NEED_OUT"]
 M_NEED_ACTS = _META["NEED_ACTS"]
+M_HOST = _META["HOST"]
+M_WT_THRESHOLD = _META["WT_THRESHOLD"]
+M_HOST_TOTAL = _META["HOST_TOTAL"]
+M_HOST_EVICTABLE = _META["HOST_EVICTABLE"]
+M_HOST_UUID_NEXT = _META["HOST_UUID_NEXT"]
+
+#: ``meta[M_HOST]``: the HiCache write policy (SGLang ``hicache_write_policy``).
+HOST_OFF = 0
+HOST_WRITE_THROUGH = 1
+HOST_WRITE_THROUGH_SELECTIVE = 2
+HOST_WRITE_BACK = 3
+HOST_POLICY_NAMES = ("", "write_through", "write_through_selective", "write_back")
 
 #: A slot whose generation reaches GEN_LIMIT is retired (never reused): one more id
 #: ``GEN << 32 | slot`` would overflow int64. Under churn the free list is LIFO, so a

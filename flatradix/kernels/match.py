@@ -4,7 +4,8 @@ from ..components import full, mamba, swa
 from ._jit import helper, kernel
 from .children import find_child
 from .layout import (
-    C_MAMBA, C_SWA, E_CAPACITY, KEY_LEN, KEY_OFF, LAST_ACCESS, M_COMPONENTS, M_PAGE, PARENT, ROOT,
+    C_MAMBA, C_SWA, E_CAPACITY, F_HAS_FULL_HOST, FLAGS, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    M_COMPONENTS, M_HOST, M_PAGE, PARENT, ROOT,
 )
 from .order import fix
 from .state import has_room, node_id, tick
@@ -14,27 +15,37 @@ from .tree import copy_values, edge_match_len, split_node
 @helper
 def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     """One match (the body of ``match_prefix``); the caller checked room for a split.
-    Returns ``(prefix_len, best_slot, last_visited_slot, full_kv_hit_length)``."""
+    Returns ``(prefix_len, best_slot, last_visited_slot, full_kv_hit_length,
+    host_best_len, host_best_slot)``: the device match, then (host tier on) the
+    deepest node with Full data on either tier and its depth (without a host
+    tier: the device match again)."""
     page = meta[M_PAGE]
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
     mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    host_on = meta[M_HOST] != 0
     acc = swa.NO_HOLE
     node = ROOT
     best = ROOT
     best_len = 0
+    hbest = ROOT
+    hbest_len = 0
     visited = -1
     length = 0
     while length < n:
         child = find_child(nodes, ctab, pool, node, ns, key, length, page)
-        if child < 0 or not full.validate(nodes, child):
+        if child < 0:
             break
+        dev = full.validate(nodes, child)
+        if not dev and not (host_on and nodes[child, FLAGS] & F_HAS_FULL_HOST):
+            break  # no Full data on either tier (SGLang: a dead node stops the walk)
         visited = child
         m = edge_match_len(nodes, pool, child, key, length, n, page)
         partial = m < nodes[child, KEY_LEN]
         if partial:
             child = split_node(nodes, ctab, pool, heap, meta, child, m)
             visited = child
-        copy_values(pool, nodes[child, KEY_OFF], m, out, length)
+        if dev:  # device nodes form a root-closed prefix: out[:length] is the device path
+            copy_values(pool, nodes[child, KEY_OFF], m, out, length)
         length += m
         node = child
         ok = True
@@ -43,8 +54,11 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
         if mamba_on and ok:
             ok = mamba.validate(nodes, child)
         if ok:
-            best = child
-            best_len = length
+            hbest = child
+            hbest_len = length
+            if dev:
+                best = child
+                best_len = length
         if partial:
             break
     if swa_on:
@@ -52,7 +66,7 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     if mamba_on:
         mamba.refresh_lru(nodes, best)
     t = tick(meta)
-    a = best
+    a = hbest  # SGLang stamps from the best match on either tier
     k = 0
     while True:
         nodes[a, LAST_ACCESS] = t - k
@@ -61,7 +75,7 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
             break
         a = nodes[a, PARENT]
         k += 1
-    return best_len, best, visited, length
+    return best_len, best, visited, length, hbest_len, hbest
 
 
 @kernel
@@ -79,17 +93,27 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     to the Mamba LRU's; the best node is stamped with a fresh tick ``t`` and each ancestor
     ``k`` levels up, root included, with ``t - k`` (SGLang §2.4).
 
+    Host tier on (HiCache, SGLang §8): host-only nodes (a Full host value, no
+    device value) are walked too; ``prefix_len`` and ``best_node_id`` are the
+    device match (its indices in ``out``), ``host_hit_length`` the units of
+    host-only nodes between it and ``host_node_id``, the deepest node with Full
+    data on either tier (SGLang's ``best_match_node`` / ``last_host_node``),
+    from which the path is stamped. Without a host tier they are 0 and the
+    device best node.
+
     Returns ``(status, prefix_len, best_node_id, last_visited_node_id,
-    full_kv_hit_length)``; ``last_visited_node_id`` is -1 when no child was
-    walked; ``full_kv_hit_length`` counts every walked unit (valid or not).
+    full_kv_hit_length, host_hit_length, host_node_id)``;
+    ``last_visited_node_id`` is -1 when no child was walked;
+    ``full_kv_hit_length`` counts every walked unit (valid or not).
     Requires room for one split (a slot and a child-table entry); E_CAPACITY
     otherwise, nothing changed.
     """
     if not has_room(nodes, ctab, pool, meta, 1, 0):
-        return E_CAPACITY, 0, -1, -1, 0
-    plen, best, visited, full_hit = match_one(nodes, ctab, pool, heap, meta, key, n, ns, out)
+        return E_CAPACITY, 0, -1, -1, 0, 0, -1
+    plen, best, visited, full_hit, hlen, hbest = match_one(nodes, ctab, pool, heap, meta, key,
+                                                           n, ns, out)
     vid = node_id(nodes, visited) if visited >= 0 else -1
-    return 0, plen, node_id(nodes, best), vid, full_hit
+    return 0, plen, node_id(nodes, best), vid, full_hit, hlen - plen, node_id(nodes, hbest)
 
 
 @kernel
@@ -102,7 +126,7 @@ def match_prefix_batch(nodes, ctab, pool, heap, meta, keys, offs, lens, nss, out
     key ``i - 1``'s in ``out`` (``out`` as long as ``keys``; a walk writes at
     most its key's length past the packed end, which never passes ``offs[i]``).
     ``res[i] = (prefix_len, best_node_id, last_visited_node_id,
-    full_kv_hit_length)``. Requires room for ``k`` splits; E_CAPACITY
+    full_kv_hit_length, host_hit_length, host_node_id)``. Requires room for ``k`` splits; E_CAPACITY
     otherwise, nothing changed. Returns ``(status, packed length)``.
     """
     k = lens.shape[0]
@@ -116,13 +140,17 @@ def match_prefix_batch(nodes, ctab, pool, heap, meta, keys, offs, lens, nss, out
             res[i, 1] = node_id(nodes, ROOT)
             res[i, 2] = -1
             res[i, 3] = 0
+            res[i, 4] = 0
+            res[i, 5] = res[i, 1]
             continue
         o = offs[i]
-        plen, best, visited, full_hit = match_one(nodes, ctab, pool, heap, meta, keys[o:o + n],
-                                                  n, nss[i], out[w:w + n])
+        plen, best, visited, full_hit, hlen, hbest = match_one(
+            nodes, ctab, pool, heap, meta, keys[o:o + n], n, nss[i], out[w:w + n])
         w += plen
         res[i, 0] = plen
         res[i, 1] = node_id(nodes, best)
         res[i, 2] = node_id(nodes, visited) if visited >= 0 else -1
         res[i, 3] = full_hit
+        res[i, 4] = hlen - plen
+        res[i, 5] = node_id(nodes, hbest)
     return 0, w

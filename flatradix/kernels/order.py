@@ -1,7 +1,12 @@
 """Eviction order of the evictable device leaves: an indexed binary min-heap.
 
-Owns ``heap``, ``nodes[:, HEAP_POS]`` and ``meta[M_HEAP_N + h]``. Every heap
-helper takes a heap id ``h`` (a row of ``heap``); heap ``HEAP_DEVICE`` holds
+Owns ``heap``, ``nodes[:, HEAP_POS]``, ``nodes[:, HOST_HEAP_POS]`` and
+``meta[M_HEAP_N + h]``. Every heap helper takes a heap id ``h`` (a row of
+``heap``; the node's position is in column ``pos_col(h)``); heap ``HEAP_HOST``
+holds exactly the *evictable host leaves* with the host tier on (SGLang's
+``evictable_host_leaves``: non-root, Full host value but no device value, no
+lock on either tier, no load-back restoring it, no child), in the same policy
+order, and ``meta[M_HOST_EVICTABLE]`` counts their units; heap ``HEAP_DEVICE`` holds
 exactly the *evictable device leaves* (SGLang's ``evictable_device_leaves``:
 non-root, Full device value present, every component's lock_ref == 0, no child
 holding a Full device value). Membership is refreshed by ``refresh_leaf`` after
@@ -30,8 +35,9 @@ tlru      (-1 if (cached - key_len) >= max(hist + B - A, 0) else 0, last_access)
 
 from ._jit import helper
 from .layout import (
-    CREATION, F_ALIVE, F_HAS_FULL_DEV, FLAGS, HEAP_DEVICE, HEAP_POS, HIT_COUNT, KEY_LEN,
-    LAST_ACCESS, LOCK_REF, M_HEAP_N, M_POLICY, M_POLICY_A, M_POLICY_B,
+    CREATION, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS, HEAP_DEVICE, HEAP_HOST, HEAP_POS,
+    HIT_COUNT, HOST_HEAP_POS, KEY_LEN, LAST_ACCESS, LOAD_PENDING, LOCK_REF, M_HEAP_N, M_HOST,
+    M_HOST_EVICTABLE, M_POLICY, M_POLICY_A, M_POLICY_B, NCHILD,
     N_COMPONENTS, N_HEAPS, N_TIERS, NDEVCHILD, NIL, POLICY_FIFO, POLICY_FILO, POLICY_LFU,
     POLICY_LRU, POLICY_MRU, POLICY_PRIORITY, POLICY_SLRU, PRIORITY, ROOT,
     TLRU_CACHED, TLRU_HIST,
@@ -77,9 +83,15 @@ def _less(nodes, meta, a, b):
 
 
 @helper
+def pos_col(h):
+    """Column of ``nodes`` holding a node's position in heap ``h``."""
+    return HEAP_POS if h == HEAP_DEVICE else HOST_HEAP_POS
+
+
+@helper
 def _place(nodes, heap, h, i, s):
     heap[h, i] = s
-    nodes[s, HEAP_POS + h] = i
+    nodes[s, pos_col(h)] = i
 
 
 @helper
@@ -123,8 +135,8 @@ def heap_push(nodes, heap, meta, h, s):
 @helper
 def heap_remove(nodes, heap, meta, h, s):
     """Remove slot ``s`` (a member) from heap ``h``."""
-    i = nodes[s, HEAP_POS + h]
-    nodes[s, HEAP_POS + h] = NIL
+    i = nodes[s, pos_col(h)]
+    nodes[s, pos_col(h)] = NIL
     n = meta[M_HEAP_N + h] - 1
     meta[M_HEAP_N + h] = n
     if i == n:
@@ -144,10 +156,12 @@ def fix_at(nodes, heap, meta, h, i):
 @helper
 def fix(nodes, heap, meta, s):
     """Re-sift slot ``s`` in every heap it is in, after its priority inputs changed."""
-    for h in range(N_HEAPS):
-        i = nodes[s, HEAP_POS + h]
-        if i >= 0:
-            fix_at(nodes, heap, meta, h, i)
+    i = nodes[s, HEAP_POS]
+    if i >= 0:
+        fix_at(nodes, heap, meta, HEAP_DEVICE, i)
+    i = nodes[s, HOST_HEAP_POS]
+    if i >= 0:
+        fix_at(nodes, heap, meta, HEAP_HOST, i)
 
 
 @helper
@@ -174,11 +188,43 @@ def is_device_leaf(nodes, s):
 
 
 @helper
+def is_host_leaf(nodes, s):
+    """SGLang's H-leaf predicate: a host-only node (Full host value, no device
+    value) with no child, no lock on either tier and no load-back restoring it."""
+    f = nodes[s, FLAGS]
+    if s == ROOT or not (f & F_ALIVE) or (f & F_HAS_FULL_DEV) or not (f & F_HAS_FULL_HOST):
+        return False
+    if nodes[s, NCHILD] != 0 or nodes[s, LOAD_PENDING] != 0:
+        return False
+    for j in range(N_COMPONENTS * N_TIERS):
+        if nodes[s, LOCK_REF + j] != 0:
+            return False
+    return True
+
+
+@helper
+def refresh_host_leaf(nodes, heap, meta, s):
+    """Bring ``s``'s membership of the host-leaf heap (and ``M_HOST_EVICTABLE``) in
+    line with the H-leaf predicate."""
+    leaf = is_host_leaf(nodes, s)
+    inside = nodes[s, HOST_HEAP_POS] >= 0
+    if leaf and not inside:
+        heap_push(nodes, heap, meta, HEAP_HOST, s)
+        meta[M_HOST_EVICTABLE] += nodes[s, KEY_LEN]
+    elif inside and not leaf:
+        heap_remove(nodes, heap, meta, HEAP_HOST, s)
+        meta[M_HOST_EVICTABLE] -= nodes[s, KEY_LEN]
+
+
+@helper
 def refresh_leaf(nodes, heap, meta, s):
-    """Bring ``s``'s membership of the device-leaf heap in line with the D-leaf predicate."""
+    """Bring ``s``'s membership of the device-leaf heap in line with the D-leaf
+    predicate (and, with the host tier on, of the host-leaf heap)."""
     leaf = is_device_leaf(nodes, s)
-    inside = nodes[s, HEAP_POS + HEAP_DEVICE] >= 0
+    inside = nodes[s, HEAP_POS] >= 0
     if leaf and not inside:
         heap_push(nodes, heap, meta, HEAP_DEVICE, s)
     elif inside and not leaf:
         heap_remove(nodes, heap, meta, HEAP_DEVICE, s)
+    if meta[M_HOST]:
+        refresh_host_leaf(nodes, heap, meta, s)

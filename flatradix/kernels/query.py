@@ -1,7 +1,7 @@
 """Read-only queries: path indices, node lookup by key without side effects."""
 
 from ._jit import kernel
-from .layout import E_CAPACITY, E_STALE, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
+from .layout import E_CAPACITY, E_STALE, F_HAS_FULL_DEV, FLAGS, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
 from .state import resolve
 from .tree import copy_values
 
@@ -10,12 +10,16 @@ from .tree import copy_values
 def path_device_indices(nodes, pool, meta, nid, out):
     """KV indices on the path root -> ``nid``, written to ``out``. Returns ``(status, n)``.
 
+    With a host tier only the device part of the path counts: host-only nodes
+    (below every device node of the path) are skipped.
     ``(E_CAPACITY, n)`` when ``out`` is shorter than the path's ``n`` units
     (nothing written).
     """
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
+    while s != ROOT and not (nodes[s, FLAGS] & F_HAS_FULL_DEV):
+        s = nodes[s, PARENT]
     n = 0
     a = s
     while a != ROOT:

@@ -11,12 +11,12 @@ import numpy as np
 from ._jit import helper, kernel
 from .layout import (
     CREATION, CT_CHILD, CT_EMPTY, CT_LOAD_DEN, CT_LOAD_NUM, F_ALIVE, F_HAS_FULL_DEV, FIRST_CHILD,
-    FIRST_SLOT, FLAGS, GEN, GEN_LIMIT, HEAP_POS, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    FIRST_SLOT, FLAGS, GEN, GEN_LIMIT, HEAP_POS, HOST_HEAP_POS, INT64_MIN, KEY_LEN, KEY_OFF, LAST_ACCESS,
     LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB, M_EVICT_CURSOR,
     M_WALK_N, M_WALK_PARENT,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
     M_HWM, M_NEED_ACTS, M_NEED_OUT, M_NEED_SLOTS, M_NEED_UNITS, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
-    MAMBA_SLOT, N_COMPONENTS, N_HEAPS, N_LRU, N_TIERS, NEXT_SIB, NIL,
+    M_HOST_EVICTABLE, M_HOST_TOTAL, M_HOST_UUID_NEXT, MAMBA_SLOT, N_COMPONENTS, N_HEAPS, N_LRU, N_TIERS, NEXT_SIB, NIL,
     PARENT, PREV_SIB, PRIORITY, SENTINEL0, TICK,
 )
 from .lru import lru_init
@@ -88,8 +88,8 @@ def _clear_row(nodes, s):
     nodes[s, FIRST_CHILD] = NIL
     nodes[s, NEXT_SIB] = NIL
     nodes[s, PREV_SIB] = NIL
-    for h in range(N_HEAPS):
-        nodes[s, HEAP_POS + h] = NIL
+    nodes[s, HEAP_POS] = NIL
+    nodes[s, HOST_HEAP_POS] = NIL
     for i in range(N_LRU):
         nodes[s, LRU_PREV + i] = NIL
         nodes[s, LRU_NEXT + i] = NIL
@@ -204,6 +204,10 @@ def reset_tree(nodes, ctab, meta):
         meta[M_EVICT_CURSOR + c] = NIL
     meta[M_WALK_N] = 0
     meta[M_WALK_PARENT] = NIL
+    meta[M_HOST_TOTAL] = 0
+    meta[M_HOST_EVICTABLE] = 0
+    if meta[M_HOST_UUID_NEXT] == 0:  # stamps are never reused, also across resets
+        meta[M_HOST_UUID_NEXT] = 1
     ctab[:, CT_CHILD] = CT_EMPTY
     s = _make_root(nodes, meta)  # slot 0, its generation bumped above
     for t in range(SENTINEL0, FIRST_SLOT):

@@ -11,13 +11,18 @@ from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
     C_SWA, CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FLAGS, FULL,
-    FULL_DEV, HEAP_DEVICE, HEAP_POS, HIT_COUNT, HOST, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL,
+    FULL_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS, HIT_COUNT, HOST, HOST_HEAP_POS, KEY_LEN, KEY_OFF,
+    LAST_ACCESS, LOAD_PENDING, M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE,
+    M_HOST_TOTAL, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL, F_HAS_FULL_HOST, WT_PENDING,
+    HOST_UUID,
     NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
     PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
 )
-from .actions import A_FREE_SLOT, A_REMOVED, SRC_OUT, SRC_POOL, emit, out_put_span
-from .order import fix, heap_remove, refresh_leaf
+from .actions import (
+    A_FREE_HOST, A_FREE_SLOT, A_REMOVED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, emit,
+    out_put_col, out_put_span,
+)
+from .order import fix, heap_remove, refresh_host_leaf, refresh_leaf
 from .state import link_child, node_alloc, node_free, tick, unlink_child
 
 # Value-presence bits a split's upper part inherits (Mamba state stays below).
@@ -105,6 +110,15 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
     nodes[u, HIT_COUNT] = nodes[child, HIT_COUNT]
     nodes[u, PRIORITY] = nodes[child, PRIORITY]
     full.redistribute_on_node_split(nodes, u, child)
+    if meta[M_HOST]:  # both fragments stay in the backup / load-back in flight
+        nodes[u, WT_PENDING] = nodes[child, WT_PENDING]
+        nodes[u, LOAD_PENDING] = nodes[child, LOAD_PENDING]
+        # a host-lock segment ending at the child now ends at its upper part
+        # (the host lock counts were copied with the Full ones)
+        nodes[u, HOST_UUID] = nodes[child, HOST_UUID]
+        nodes[child, HOST_UUID] = 0
+        if nodes[child, HOST_HEAP_POS] >= 0:  # an evictable host leaf lost m units
+            meta[M_HOST_EVICTABLE] -= m
     if meta[M_POLICY] == POLICY_TLRU:
         nodes[u, TLRU_CACHED] = nodes[p, TLRU_CACHED] + m
         nodes[u, TLRU_HIST] = nodes[child, TLRU_HIST]
@@ -188,6 +202,59 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     unlink_child(nodes, s)
     nodes[p, NCHILD] -= 1
     nodes[p, NDEVCHILD] -= 1
+    node_free(nodes, meta, s)
+    refresh_leaf(nodes, heap, meta, p)
+    return n
+
+
+@helper
+def demote(nodes, pool, heap, meta, s, out, acts):
+    """Demote the unlocked, backed-up device leaf ``s`` (SGLang §8.3): free its Full
+    device value (``A_FREE_SLOT(FULL)`` with the indices copied to ``out``; with
+    events on, ``A_REMOVED`` medium GPU), keep the node host-only. Its parent
+    loses a device child (it may become a device leaf) and ``s`` may become an
+    evictable host leaf. Returns its length. The caller checked room for 2 rows
+    and ``len`` values."""
+    n = nodes[s, KEY_LEN]
+    off = nodes[s, KEY_OFF]
+    at = out_put_span(out, meta, pool, off, n)
+    emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
+    if meta[M_EVENTS]:
+        emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_GPU)
+    if nodes[s, HEAP_POS] >= 0:
+        heap_remove(nodes, heap, meta, HEAP_DEVICE, s)
+    nodes[s, FLAGS] &= ~F_HAS_FULL_DEV
+    meta[M_EVICTABLE + FULL] -= n
+    meta[M_TOTAL + FULL] -= n
+    p = nodes[s, PARENT]
+    nodes[p, NDEVCHILD] -= 1
+    refresh_leaf(nodes, heap, meta, p)
+    refresh_leaf(nodes, heap, meta, s)
+    return n
+
+
+@helper
+def delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
+    """Remove the evictable host leaf ``s`` (SGLang ``evict_host_leaf``): free its
+    Full host value (``A_FREE_HOST`` with the host slots copied to ``out``; with
+    events on, ``A_REMOVED`` medium CPU) and delete the node; the parent may
+    become an evictable host leaf. Returns its length. The caller checked room
+    for 2 rows and ``len`` values."""
+    n = nodes[s, KEY_LEN]
+    off = nodes[s, KEY_OFF]
+    at = out_put_col(out, meta, pool, off, n, pool.shape[1] - 1)
+    emit(acts, meta, A_FREE_HOST, FULL, SRC_OUT, at, n, 0)
+    if meta[M_EVENTS]:
+        emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_CPU)
+    if nodes[s, HOST_HEAP_POS] >= 0:
+        heap_remove(nodes, heap, meta, HEAP_HOST, s)
+        meta[M_HOST_EVICTABLE] -= n
+    meta[M_HOST_TOTAL] -= n
+    meta[M_POOL_DEAD] += n
+    remove_child_entry(nodes, ctab, pool, meta, s)
+    p = nodes[s, PARENT]
+    unlink_child(nodes, s)
+    nodes[p, NCHILD] -= 1
     node_free(nodes, meta, s)
     refresh_leaf(nodes, heap, meta, p)
     return n

@@ -49,6 +49,8 @@ def test_per_component_and_tier_indices_are_distinct():
     assert lists == set(range(L.N_LRU))
     # host-tier lists are not built: their sentinel rows are reserved, no link columns
     assert L.N_SENTINELS == 2 * (L.N_COMPONENTS - 1) * L.N_TIERS >= 2 * L.N_LRU
+    assert L.F_HAS_FULL_HOST == L.F_HAS(L.FULL, L.HOST)
+    assert L.FULL_HOST_LOCK == L.LOCK_COL(L.FULL, L.HOST)
     assert L.FULL_LOCK == L.LOCK_COL(L.FULL) and L.SWA_LOCK == L.LOCK_COL(L.SWA)
 
 

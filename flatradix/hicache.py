@@ -1,0 +1,430 @@
+"""HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
+
+Full attention only for now (``ValueError`` on a cache with SWA or Mamba).
+``init_hicache`` turns the host tier on: a host pool of our own
+(``HostKVPool``), the write policy (``write_through`` backs a node up at its
+first hit, ``write_through_selective`` at its second; ``write_back`` is not
+built yet) and an optional transfer callable that moves the KV bytes (the tree
+only moves indices: ``transfer(kind, device_indices, host_indices)`` with
+``kind`` ``"backup"`` (device -> host) or ``"load"`` (host -> device); without
+one no bytes move, which is what trace replays and tests need).
+
+The step-wise protocol is SGLang's: a backup is committed when an insert asks
+for it (the node is locked on the device and marked pending), submitted by
+``flush_pending_backups`` and completed by ``writing_check``; a load-back
+(``init_load_back`` / ``load_back``) is committed at once, submitted by
+``ready_to_load_host_cache`` and completed by ``loading_check``;
+``check_hicache_events`` is a scheduler step's poll (flush, writing_check,
+loading_check). Transfers are
+synchronous, so every transfer is done when its commit returns; the acks are
+public so a caller can delay them and interleave other calls, as a scheduler
+does. Kernels: ``kernels/host.py``.
+"""
+
+from collections import deque
+
+import numpy as np
+
+from ._cast import as_count, as_int, as_node_id
+from .errors import LockRefError
+from .types import ComponentType, DecLockRefResult, IncLockRefResult
+from .executor import execute
+from .kernels import host as K
+from .kernels import layout as L
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class HostKVPool:
+    """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
+    ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
+    ``n`` are free, ``free(indices)`` (O(freed)), ``available_size()``,
+    ``clear()``. Slots are handed out lowest first after a ``clear``."""
+
+    def __init__(self, size):
+        self.size = as_count(size, "size")
+        self._free = np.arange(self.size - 1, -1, -1, dtype=np.int64)
+        self._n = self.size
+
+    def available_size(self):
+        return self._n
+
+    def alloc(self, n):
+        n = as_count(n, "n")
+        if n > self._n:
+            return None
+        out = self._free[self._n - n:self._n][::-1].copy()
+        self._n -= n
+        return out
+
+    def free(self, indices):
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        k = idx.shape[0]
+        if k == 0:
+            return
+        if self._n + k > self.size:
+            raise ValueError(f"indices: freeing {k} host slots would exceed the pool's size "
+                             f"{self.size} (a double free)")
+        self._free[self._n:self._n + k] = idx[::-1]
+        self._n += k
+
+    def clear(self):
+        self._free[:] = np.arange(self.size - 1, -1, -1, dtype=np.int64)
+        self._n = self.size
+
+
+class HiCacheMixin:
+    """The host-tier methods of ``UnifiedRadixCache`` (see the module docstring)."""
+
+    _host = None
+    _hicache_policy = None
+
+    def init_hicache(self, server_args=None, params=None, *, hicache_write_policy=None,
+                     host_size=None, hicache_ratio=None, load_back_threshold=10,
+                     transfer=None):
+        """Turn the host tier on (SGLang ``init_hicache``).
+
+        ``server_args``: optional object read for ``hicache_write_policy``,
+        ``hicache_ratio`` and ``hicache_size`` as SGLang's server args (keywords
+        win). ``host_size``: host pool slots (tokens); else from ``hicache_ratio``
+        as SGLang sizes it: ``(int(D * ratio) // page_size + 1) * page_size`` for a
+        device allocator of ``size`` D. ``load_back_threshold``: fewer host
+        tokens than this are recomputed, not loaded (SGLang's default 10).
+        ``transfer``: see the module docstring. Raises ``ValueError`` for an
+        unknown policy, a cache with SWA or Mamba, ``write_back`` (not built), a
+        missing size, or a second call; nothing changes then.
+        """
+        def arg(name, given):
+            if given is not None:
+                return given
+            return getattr(server_args, name, None) if server_args is not None else None
+
+        policy = arg("hicache_write_policy", hicache_write_policy) or "write_through"
+        if policy not in L.HOST_POLICY_NAMES[1:]:
+            raise ValueError(f"hicache_write_policy must be one of "
+                             f"{', '.join(L.HOST_POLICY_NAMES[1:])}, got {policy!r}")
+        if policy == "write_back":
+            raise ValueError("hicache_write_policy='write_back' is not supported yet "
+                             "(write_through / write_through_selective are)")
+        if self._swa or self._mamba:
+            raise ValueError("init_hicache: the host tier supports Full-attention caches only "
+                             f"for now; this cache has components {self.components}")
+        if self._host is not None:
+            raise ValueError("init_hicache: the host tier is already on")
+        ratio = arg("hicache_ratio", hicache_ratio)
+        if host_size is None and ratio is not None:
+            dev = getattr(self.token_to_kv_pool_allocator, "size", None)
+            if dev is None:
+                raise ValueError("hicache_ratio needs a token_to_kv_pool_allocator with a size "
+                                 "(or give host_size)")
+            if not ratio > 0:
+                raise ValueError(f"hicache_ratio must be > 0, got {ratio}")
+            # SGLang's host pool sizing: whole pages, one page more than the ratio gives
+            host_size = (int(dev * ratio) // self.page_size + 1) * self.page_size
+        if host_size is None:
+            raise ValueError("init_hicache needs host_size (tokens) or hicache_ratio")
+        host_size = as_count(host_size, "host_size")
+        thr = as_int(load_back_threshold, "load_back_threshold")
+        if transfer is not None and not callable(transfer):
+            raise TypeError(f"transfer must be callable, got {type(transfer).__name__}")
+        with self._mutex:
+            self._host = HostKVPool(host_size)
+            self.load_back_threshold = thr
+            self._transfer = transfer
+            self._hicache_policy = policy
+            self.write_through_threshold = 1 if policy == "write_through" else 2
+            self._engine.enable_host(L.HOST_POLICY_NAMES.index(policy),
+                                     self.write_through_threshold)
+            self.ongoing_write_through = {}   # ack id (the node's id) -> node id
+            self.ongoing_load_back = {}       # anchor node id -> (device, host) lock receipts
+            self._write_queue = []            # backups committed, not yet submitted
+            self._write_acks = deque()        # submitted backups: one list of ack ids each
+            self._load_queue = []             # loads committed, not yet submitted
+            self._load_acks = deque()
+
+    @property
+    def enable_hicache(self):
+        return self._host is not None
+
+    @property
+    def hicache_write_policy(self):
+        return self._hicache_policy
+
+    @property
+    def mem_pool_host(self):
+        """The host pool (``HostKVPool``), or None without a host tier."""
+        return self._host
+
+    def _check_host(self, what):
+        if self._host is None:
+            raise ValueError(f"{what}: this cache has no host tier (call init_hicache first)")
+
+    # ------------------------------------------------------------------ backup
+    def _run_backups(self, slots):
+        """Back up the nodes in ``slots`` (an insert's ``A_BACKUP`` rows), in order.
+        Each row covers its node and its unbacked ancestors (ancestors first);
+        every node of it gets its own host slots (host leaves are evicted when the
+        pool is short), its own ack id (its node id, as SGLang), a device path lock
+        until the ack, and is queued for the next ``flush_pending_backups``. A node
+        whose host slots cannot be found ends its row silently, as SGLang's
+        controller does (the node stays unbacked; a later hit retries).
+        Under the cache lock."""
+        eng = self._engine
+        nodes = eng.st.nodes
+        for s in slots:
+            nid = int(nodes[s, L.GEN]) << 32 | int(s)
+            st, _, k = eng.call_tree(K.backup_plan, nid, eng.out)
+            if st != L.OK or k == 0:
+                continue
+            chain = eng.out[:k].tolist()
+            for c in chain:
+                n = int(eng.st.nodes[c, L.KEY_LEN])
+                host = self._host.alloc(n)
+                if host is None:
+                    self._evict_host_units(n - self._host.available_size())
+                    host = self._host.alloc(n)
+                    if host is None:
+                        break
+                cid = int(eng.st.nodes[c, L.GEN]) << 32 | int(c)
+                st, _ = eng.call_tree(K.backup_commit, c, host, cid, True, eng.out)
+                assert st == L.OK, st
+                if self._transfer is not None:
+                    self._transfer("backup", self._vals.out(eng.out[:n].copy()), host)
+                self.ongoing_write_through[cid] = cid
+                self._write_queue.append(cid)
+
+    def flush_pending_backups(self):
+        """Submit the queued backups as one transfer with one ack (SGLang
+        ``flush_pending_backups``); ``writing_check`` then completes it."""
+        if self._host is None:
+            return
+        with self._mutex:
+            if self._write_queue:
+                self._write_acks.append(self._write_queue)
+                self._write_queue = []
+
+    def writing_check(self, write_back=False, finish_count=None):
+        """Complete submitted backups (SGLang ``writing_check``): the oldest
+        ``finish_count`` acks (every submitted one when None; transfers here are
+        synchronous, so each is complete). Per node of an ack: its pending mark is
+        cleared (on both fragments if it was split meanwhile), its device lock
+        released and, with events on, a ``BlockStored`` medium ``CPU_PINNED``
+        queued, parents first. Backups not yet submitted
+        (``flush_pending_backups``) wait; ``write_back=True`` submits them first."""
+        if self._host is None:
+            return
+        with self._mutex:
+            if write_back:
+                self.flush_pending_backups()
+            k = len(self._write_acks) if finish_count is None else min(
+                as_count(finish_count, "finish_count"), len(self._write_acks))
+            eng = self._engine
+            for _ in range(k):
+                for ack in self._write_acks.popleft():
+                    del self.ongoing_write_through[ack]
+                    st, _ = eng.call(K.backup_ack, ack, ack, True)
+                    assert st == L.OK, st
+                    execute(eng.actions(), eng.out, None, None, self._sink)
+
+    def check_hicache_events(self):
+        """One scheduler step's HiCache poll (SGLang ``check_hicache_events``):
+        ``flush_pending_backups``, then ``writing_check`` and ``loading_check``."""
+        if self._host is None:
+            return
+        with self._mutex:
+            self.flush_pending_backups()
+            self.writing_check()
+            self.loading_check()
+
+    def inc_host_lock_ref(self, node):
+        """SGLang ``inc_host_lock_ref``: pin ``node``'s host copy against host eviction
+        (a scheduler pins a match's ``best_match_node`` around ``init_load_back``).
+        Returns the receipt (``IncLockRefResult``; ``component_host_lock_uuids``
+        ``{FULL: stamp}``, empty when the node has no host copy: nothing locked).
+        ``NodeAccessError`` for a stale id. O(1)."""
+        nid = as_node_id(node, "node")
+        with self._mutex:
+            stamp = 0
+            if self._host is not None:
+                st, stamp = K.host_lock(*self._engine.st, nid)
+                if st == L.E_STALE:
+                    raise self._stale(nid)
+            else:
+                self._slot(nid)  # NodeAccessError for a stale id
+        uuids = {ComponentType.FULL: int(stamp)} if stamp else {}
+        return IncLockRefResult(0, nid, (), {}, uuids)
+
+    def dec_host_lock_ref(self, node, params):
+        """SGLang ``dec_host_lock_ref``: release what ``inc_host_lock_ref`` returned
+        (``params``: the receipt or its ``to_dec_params()``): the host lock from
+        ``node`` up to the receipt's boundary (a split since may have extended the
+        segment upwards). Checked first: ``NodeAccessError`` (stale id),
+        ``LockRefError`` (boundary not on the path, or no host lock left);
+        nothing changes then. Returns a ``DecLockRefResult``. O(segment)."""
+        nid = as_node_id(node, "node")
+        uuids = getattr(params, "component_host_lock_uuids", None)
+        if uuids is None:
+            raise TypeError("params must be the IncLockRefResult of inc_host_lock_ref or its "
+                            f"to_dec_params(), got {type(params).__name__}")
+        stamp = uuids.get(ComponentType.FULL)
+        if not stamp or self._host is None:
+            return DecLockRefResult()
+        with self._mutex:
+            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp))
+        if st == L.E_STALE:
+            raise self._stale(nid)
+        if st != L.OK:
+            raise LockRefError(f"dec_host_lock_ref: node {nid} holds no host lock of the "
+                               f"receipt's segment (boundary {stamp})")
+        return DecLockRefResult()
+
+    def is_backuped(self, node):
+        """Whether ``node`` holds a Full host value (SGLang ``is_backuped``)."""
+        s = self._slot(node)
+        return bool(self._engine.st.nodes[s, L.FLAGS] & L.F_HAS_FULL_HOST)
+
+    # ------------------------------------------------------------------ load back
+    def init_load_back(self, params):
+        """SGLang ``init_load_back(InitLoadBackParams)``: load the host part of a
+        match back to the device when ``params.best_match_node`` is host-only or
+        ``params.host_hit_length > 0``. Returns ``(loaded_tokens, node)``: the
+        best match node on success, else ``(0, params.req.last_node)`` (the
+        request's device match; ``params.req`` may be None, then the best match
+        node's id is returned with 0)."""
+        self._check_host("init_load_back")
+        hit = as_count(params.host_hit_length, "params.host_hit_length")
+        if params.mem_quota is not None:
+            as_count(params.mem_quota, "params.mem_quota")
+        best = params.best_match_node
+        req = getattr(params, "req", None)
+        last = getattr(req, "last_node", None) if req is not None else None
+        if last is None:
+            last = best
+        s = self._slot(best, "params.best_match_node")
+        evicted = not (self._engine.st.nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV)
+        if evicted or hit > 0:
+            n = self._load(best, params.mem_quota)
+            if n > 0:
+                return n, best
+        return 0, last
+
+    def load_back(self, node, mem_quota=None, req=None):
+        """SGLang ``load_back``: restore the host-only nodes from ``node`` up to
+        its first device ancestor. Returns True when a load was committed (to be
+        completed by ``loading_check``)."""
+        self._check_host("load_back")
+        return self._load(node, mem_quota) > 0
+
+    def _load(self, nid, mem_quota):
+        if mem_quota is not None:
+            mem_quota = as_count(mem_quota, "mem_quota")
+        eng = self._engine
+        with self._mutex:
+            st, units, _ = eng.call_tree(K.load_plan, nid, eng.out)
+            if st != L.OK:
+                if st == L.E_STALE:
+                    raise self._stale(nid, "node")
+                return 0
+            hlock = self.inc_host_lock_ref(nid)
+            lock = self.inc_lock_ref(nid)
+            if (units < max(1, self.load_back_threshold)
+                    or (mem_quota is not None and units + lock.delta > mem_quota)):
+                self.dec_lock_ref(nid, lock.to_dec_params())
+                self.dec_host_lock_ref(nid, hlock)
+                return 0
+            host = eng.out[:units].copy()
+            alloc = self.token_to_kv_pool_allocator
+            if alloc is None:
+                self.dec_lock_ref(nid, lock.to_dec_params())
+                self.dec_host_lock_ref(nid, hlock)
+                raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
+                                 "device slots")
+            avail = alloc.available_size()
+            if avail < units:
+                self.evict(units - avail)
+            dev = alloc.alloc(units) if alloc.available_size() >= units else None
+            if dev is None:
+                self.dec_lock_ref(nid, lock.to_dec_params())
+                self.dec_host_lock_ref(nid, hlock)
+                return 0
+            if hasattr(dev, "cpu"):  # a torch tensor
+                dev = dev.cpu().numpy()
+            dev = np.ascontiguousarray(dev, dtype=np.int64)
+            if self._transfer is not None:
+                self._transfer("load", self._vals.out(dev), host)
+            st, _ = eng.call(K.load_commit, nid, dev, nid)
+            assert st == L.OK, st
+            execute(eng.actions(), eng.out, None, None, self._sink)
+            self.ongoing_load_back[nid] = (lock, hlock)
+            self._load_queue.append(nid)
+            return units
+
+    def ready_to_load_host_cache(self):
+        """Submit the committed loads as one transfer with one ack (SGLang
+        ``ready_to_load_host_cache``); returns 0, or -1 when none was queued."""
+        if self._host is None:
+            return -1
+        with self._mutex:
+            if not self._load_queue:
+                return -1
+            self._load_acks.append(self._load_queue)
+            self._load_queue = []
+            return 0
+
+    def loading_check(self, finish_count=None):
+        """Complete submitted load-backs (SGLang ``loading_check``): the oldest
+        ``finish_count`` acks (all when None) release their device lock and their
+        pin; the nodes keep both copies."""
+        if self._host is None:
+            return
+        with self._mutex:
+            k = len(self._load_acks) if finish_count is None else min(
+                as_count(finish_count, "finish_count"), len(self._load_acks))
+            eng = self._engine
+            for _ in range(k):
+                for nid in self._load_acks.popleft():
+                    lock, hlock = self.ongoing_load_back.pop(nid)
+                    st, _ = K.load_ack(*eng.st, nid, nid)
+                    assert st == L.OK, st
+                    self.dec_lock_ref(nid, lock.to_dec_params())
+                    self.dec_host_lock_ref(nid, hlock)
+
+    # ------------------------------------------------------------------ host eviction
+    def evict_host(self, num_tokens, component_type=None):
+        """Evict host leaves in policy order until ``num_tokens`` host tokens are
+        freed (SGLang ``evict_host``); returns the tokens freed (may exceed the
+        request: whole nodes). Their host slots go back to the host pool."""
+        self._check_host("evict_host")
+        if component_type is not None and int(component_type) != L.FULL:
+            raise ValueError(f"component_type: host eviction supports FULL only, got "
+                             f"{component_type}")
+        n = as_count(num_tokens, "num_tokens")
+        with self._mutex:
+            return self._evict_host_units(n)
+
+    def _evict_host_units(self, n):
+        eng = self._engine
+        done = 0
+        while True:
+            st, f = K.evict_host(*eng.st, n - done, eng.out, eng.acts)
+            done += f
+            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host)
+            if st == L.OK:
+                return done
+            eng.grow()
+
+    # ------------------------------------------------------------------ sizes
+    def host_total_size(self):
+        """Tokens holding a Full host copy."""
+        return int(self._engine.st.meta[L.M_HOST_TOTAL])
+
+    def all_host_values_flatten(self):
+        """Every node's Full host slots, concatenated in DFS order (int64 numpy)."""
+        from . import inspection
+
+        with self._mutex:
+            return inspection.all_host_values_flatten(self._engine)
+
+    def host_evictable_size(self):
+        """Tokens of the evictable host leaves (what ``evict_host`` can free now)."""
+        return int(self._engine.st.meta[L.M_HOST_EVICTABLE])

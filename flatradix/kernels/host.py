@@ -1,0 +1,340 @@
+"""The host tier (HiCache, SGLang 0.5.23 spec §8): backup, its ack, load-back, host eviction.
+
+A node is on the device (Full device value, ``F_HAS_FULL_DEV``), on the host
+(Full host value, ``F_HAS_FULL_HOST``; the host slots are the pool's last
+column over the node's span), or both. Device data is root-closed (a device
+node's parent is a device node: demotion takes device leaves, load-back
+restores whole paths) and so is host data under write-through (a backup takes
+the node's unbacked ancestors first).
+
+The kernels here never allocate host or device slots: the façade
+(``flatradix.hicache``) does, between a *plan* kernel (what the transfer
+moves, written to ``out`` root-first) and a *commit* kernel (the tree takes
+the slots), and an *ack* kernel completes the step when the transfer is done
+(SGLang's step-wise protocol: the scheduler may run other calls between a
+commit and its ack). Every kernel checks its node id and its input before any
+change.
+
+Writes ``FLAGS`` (host bit, device bit on load-back), the host column of
+``pool``, ``WT_PENDING``, ``LOAD_PENDING``, ``NDEVCHILD`` (load-back), the
+Full device ledgers (load-back) and the host ledgers ``M_HOST_TOTAL`` /
+``M_HOST_EVICTABLE`` (through ``order.refresh_host_leaf``).
+"""
+
+from ..components import full
+from ._jit import kernel
+from .actions import A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_POOL, acts_begin, acts_room, emit
+from .layout import (
+    E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, F_ALIVE, FULL_HOST_LOCK, HOST_UUID,
+    M_HOST_UUID_NEXT, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS, FULL, FULL_DEV, FULL_LOCK,
+    HEAP_HOST, KEY_LEN, KEY_OFF, LOAD_PENDING, M_EVENTS, M_EVICTABLE, M_HEAP_N, M_HOST_TOTAL, M_HWM,
+    M_NACTS, M_NOUT, M_PROTECTED, M_TOTAL, NDEVCHILD, OK, PARENT, ROOT, WT_PENDING,
+)
+from .order import refresh_leaf
+from .state import need, resolve
+from .tree import delete_host_leaf
+
+#: Status: a plan / commit whose node is not in the state the step needs (a
+#: backup of a node without device data, a load of a node already on the device,
+#: an ack whose id is not pending on the node); nothing changed.
+E_HOST_STATE = 20
+#: Status: the slots given to a commit are not as many as the plan's units.
+E_HOST_LEN = 21
+
+
+@kernel
+def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
+    """The nodes a write-through backup of node ``nid`` covers (SGLang
+    ``_build_backup_kv_action``): ``nid`` and its ancestors up to the first one
+    with a host value. Writes their slots to ``out[:k]``, ancestors first.
+    Returns ``(status, units, k)``; ``k`` 0 when ``nid`` is backed up already
+    (a re-backup is a no-op). ``E_STALE`` for a dead id, ``E_HOST_STATE`` when a
+    node of the chain has no device value, ``E_CAPACITY`` (``meta[M_NEED_OUT]``)
+    when ``out`` is short; nothing changes."""
+    s = resolve(nodes, meta, nid)
+    if s < 0 or s == ROOT:
+        return E_STALE, 0, 0
+    units = 0
+    k = 0
+    a = s
+    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_HOST):
+        if not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
+            return E_HOST_STATE, 0, 0
+        units += nodes[a, KEY_LEN]
+        k += 1
+        a = nodes[a, PARENT]
+    if out.shape[0] < k:
+        need(meta, 0, 0, k, 0)
+        return E_CAPACITY, 0, 0
+    i = k
+    a = s
+    while i > 0:
+        i -= 1
+        out[i] = a
+        a = nodes[a, PARENT]
+    return OK, units, k
+
+
+@kernel
+def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, ack_id, lock, out):
+    """Commit the backup of the node in ``slot`` (one node of a ``backup_plan``
+    chain, committed ancestors first): it takes ``host_slots`` (int64, one host
+    slot per unit) as its Full host value and the pending mark ``ack_id`` (> 0)
+    until ``backup_ack``; with ``lock`` it is path-locked on the device until
+    then (write-through holds the source KV). Its device indices are copied to
+    ``out[:len]`` (the transfer's source). Returns ``(status, units)``;
+    ``E_HOST_STATE`` when the node is not alive, has no device value or has a
+    host value, ``E_HOST_LEN`` when ``host_slots`` is not its length; nothing
+    changes then."""
+    if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
+        return E_HOST_STATE, 0
+    f = nodes[slot, FLAGS]
+    if not (f & F_HAS_FULL_DEV) or (f & F_HAS_FULL_HOST):
+        return E_HOST_STATE, 0
+    n = nodes[slot, KEY_LEN]
+    if host_slots.shape[0] != n:
+        return E_HOST_LEN, n
+    if out.shape[0] < n:
+        need(meta, 0, 0, n, 0)
+        return E_CAPACITY, 0
+    off = nodes[slot, KEY_OFF]
+    dst = pool[off:off + n, pool.shape[1] - 1]
+    src = pool[off:off + n, FULL_DEV]
+    o = out[:n]
+    for j in range(n):
+        dst[j] = host_slots[j]
+        o[j] = src[j]
+    nodes[slot, FLAGS] = f | F_HAS_FULL_HOST
+    nodes[slot, WT_PENDING] = ack_id
+    meta[M_HOST_TOTAL] += n
+    if lock:
+        full.acquire_component_lock(nodes, heap, meta, slot)
+    return OK, n
+
+
+@kernel
+def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
+    """Complete backup ``ack_id`` of node ``nid`` (SGLang ``finish_write_through``):
+    clear the pending mark on ``nid`` and the ancestors carrying it (a split while
+    pending left both fragments marked), emit ``A_STORED`` medium CPU per node,
+    parents first (events on), and with ``unlock`` release the device path lock
+    of ``backup_commit``. Returns ``(status, nodes)``; ``E_HOST_STATE`` when
+    ``ack_id`` is not pending on ``nid``, ``E_STALE`` for a dead id; nothing
+    changes then. E_CAPACITY (``meta[M_NEED_*]``) when ``acts`` / ``out`` are
+    short."""
+    s = resolve(nodes, meta, nid)
+    if s < 0 or s == ROOT:
+        return E_STALE, 0
+    if nodes[s, WT_PENDING] != ack_id or ack_id <= 0:
+        return E_HOST_STATE, 0
+    k = 0
+    a = s
+    while a != ROOT and nodes[a, WT_PENDING] == ack_id:
+        k += 1
+        a = nodes[a, PARENT]
+    events = meta[M_EVENTS] != 0
+    acts_begin(meta, 0)
+    if events and not acts_room(acts, out, meta, k, k):
+        need(meta, 0, 0, k, k)
+        return E_CAPACITY, 0
+    a = s
+    i = k
+    while a != ROOT and nodes[a, WT_PENDING] == ack_id:
+        nodes[a, WT_PENDING] = 0
+        i -= 1
+        if events:
+            out[i] = a
+        a = nodes[a, PARENT]
+    if events:
+        for j in range(k):
+            emit(acts, meta, A_STORED, FULL, SRC_POOL, out[j], nodes[out[j], KEY_LEN], MEDIUM_CPU)
+        meta[M_NOUT] = k
+    if unlock:
+        full.release_component_lock(nodes, heap, meta, s)
+    return OK, k
+
+
+@kernel
+def load_plan(nodes, ctab, pool, heap, meta, nid, out):
+    """What a load-back to node ``nid`` copies (SGLang ``build_load_back_spec``):
+    the host-only nodes from ``nid`` up to the first device node, root-first;
+    their Full host slots go to ``out[:units]``. Returns ``(status, units,
+    nodes)``; units 0 when ``nid`` is on the device. ``E_STALE`` for a dead id,
+    ``E_HOST_STATE`` when a node of the path is being loaded already."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0, 0
+    units = 0
+    k = 0
+    a = s
+    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
+        if nodes[a, LOAD_PENDING] != 0:
+            return E_HOST_STATE, 0, 0
+        units += nodes[a, KEY_LEN]
+        k += 1
+        a = nodes[a, PARENT]
+    if out.shape[0] < units:
+        need(meta, 0, 0, units, 0)
+        return E_CAPACITY, 0, 0
+    hc = pool.shape[1] - 1
+    end = units
+    a = s
+    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
+        n = nodes[a, KEY_LEN]
+        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, hc]
+        dst = out[end - n:end]
+        for j in range(n):
+            dst[j] = src[j]
+        end -= n
+        a = nodes[a, PARENT]
+    return OK, units, k
+
+
+@kernel
+def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, acts):
+    """Commit the load-back ``load_plan(nid)`` planned: its nodes take
+    ``dev_slots`` (int64, one KV index per unit, root-first, exactly the plan's
+    units) as their Full device values, marked ``load_id`` (> 0) until
+    ``load_ack``; ledgers credit them as protected where they are locked (the
+    façade path-locks ``nid`` first), the parents count a device child again;
+    ``A_STORED`` medium GPU per node, parents first (events on). Returns
+    ``(status, units)``; ``E_HOST_LEN`` / ``E_STALE`` / ``E_HOST_STATE`` as the
+    plan, nothing changed."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    units = 0
+    k = 0
+    a = s
+    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
+        if nodes[a, LOAD_PENDING] != 0:
+            return E_HOST_STATE, 0
+        units += nodes[a, KEY_LEN]
+        k += 1
+        a = nodes[a, PARENT]
+    if units != dev_slots.shape[0]:
+        return E_HOST_LEN, units
+    events = meta[M_EVENTS] != 0
+    acts_begin(meta, 0)
+    if events and not acts_room(acts, out, meta, k, k):
+        need(meta, 0, 0, k, k)
+        return E_CAPACITY, 0
+    end = units
+    i = k
+    a = s
+    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
+        n = nodes[a, KEY_LEN]
+        dst = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, FULL_DEV]
+        src = dev_slots[end - n:end]
+        for j in range(n):
+            dst[j] = src[j]
+        end -= n
+        nodes[a, FLAGS] |= F_HAS_FULL_DEV
+        nodes[a, LOAD_PENDING] = load_id
+        if nodes[a, FULL_LOCK] > 0:
+            meta[M_PROTECTED + FULL] += n
+        else:
+            meta[M_EVICTABLE + FULL] += n
+        meta[M_TOTAL + FULL] += n
+        p = nodes[a, PARENT]
+        nodes[p, NDEVCHILD] += 1
+        refresh_leaf(nodes, heap, meta, a)
+        refresh_leaf(nodes, heap, meta, p)
+        i -= 1
+        if events:
+            out[i] = a
+        a = p
+    if events:
+        for j in range(k):
+            emit(acts, meta, A_STORED, FULL, SRC_POOL, out[j], nodes[out[j], KEY_LEN], MEDIUM_GPU)
+        meta[M_NOUT] = k
+    return OK, units
+
+
+@kernel
+def load_ack(nodes, ctab, pool, heap, meta, nid, load_id):
+    """Complete load-back ``load_id`` of node ``nid``: clear its mark on ``nid``
+    and the ancestors carrying it. Returns ``(status, nodes)``; ``E_HOST_STATE``
+    when ``load_id`` is not pending on ``nid``, nothing changed."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    if nodes[s, LOAD_PENDING] != load_id or load_id <= 0:
+        return E_HOST_STATE, 0
+    k = 0
+    a = s
+    while a != ROOT and nodes[a, LOAD_PENDING] == load_id:
+        nodes[a, LOAD_PENDING] = 0
+        refresh_leaf(nodes, heap, meta, a)
+        k += 1
+        a = nodes[a, PARENT]
+    return OK, k
+
+
+@kernel
+def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
+    """Evict evictable host leaves in policy order until ``num_units`` host units
+    are freed or none is left (SGLang ``evict_host`` for Full, §8.5): each is
+    deleted (``A_FREE_HOST`` with its host slots in ``out``, ``A_REMOVED``
+    medium CPU with events on); a parent left a host-only leaf joins the heap.
+    Returns ``(status, freed)``; ``E_CAPACITY`` (``meta[M_NEED_*]``) when the
+    buffers cannot hold the next victim: what was freed so far is reported and
+    a call with the rest continues."""
+    acts_begin(meta, 0)
+    freed = 0
+    while freed < num_units and meta[M_HEAP_N + HEAP_HOST] > 0:
+        s = heap[HEAP_HOST, 0]
+        n = nodes[s, KEY_LEN]
+        if not acts_room(acts, out, meta, 2, n):
+            need(meta, 0, 0, meta[M_NOUT] + n, meta[M_NACTS] + 2)
+            return E_CAPACITY, freed
+        freed += delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+    return OK, freed
+
+
+@kernel
+def host_lock(nodes, ctab, pool, heap, meta, nid):
+    """SGLang ``inc_host_lock_ref`` (Full): pin node ``nid``'s host copy against host
+    eviction: ``host lock_ref += 1`` on it, stamped as a segment boundary
+    (``HOST_UUID``, a fresh stamp unless it has one). Returns ``(status, stamp)``;
+    stamp 0 (nothing locked) when the node has no host copy."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    if s == ROOT or not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
+        return OK, 0
+    if nodes[s, HOST_UUID] == 0:
+        nodes[s, HOST_UUID] = meta[M_HOST_UUID_NEXT]
+        meta[M_HOST_UUID_NEXT] += 1
+    nodes[s, FULL_HOST_LOCK] += 1
+    refresh_leaf(nodes, heap, meta, s)
+    return OK, nodes[s, HOST_UUID]
+
+
+@kernel
+def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
+    """SGLang ``dec_host_lock_ref`` (Full): release the host-lock segment from node
+    ``nid`` up to the node carrying boundary ``stamp`` (one node unless a split
+    extended it). Checked before any change: ``E_STALE`` for a dead id,
+    ``E_NO_BOUNDARY`` when the stamp is not on the path, ``E_LOCK_UNDERFLOW``
+    when a node of the segment holds no host lock. Returns ``(status, nodes)``."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    k = 0
+    a = s
+    while True:
+        if a == ROOT:
+            return E_NO_BOUNDARY, 0
+        if nodes[a, FULL_HOST_LOCK] <= 0:
+            return E_LOCK_UNDERFLOW, 0
+        k += 1
+        if nodes[a, HOST_UUID] == stamp:
+            break
+        a = nodes[a, PARENT]
+    a = s
+    for _ in range(k):
+        nodes[a, FULL_HOST_LOCK] -= 1
+        refresh_leaf(nodes, heap, meta, a)
+        a = nodes[a, PARENT]
+    return OK, k

@@ -1,0 +1,590 @@
+"""The host tier (HiCache, Full attention): hand-worked scenarios of SGLang 0.5.23's
+behaviour (spec §8), the slot partition on both tiers over random runs, bad input.
+
+Every expected value here is worked out by hand from the spec, not read back
+from the cache: a backup pins its node on the device until its ack, eviction of
+a backed-up leaf keeps it host-only, a match walks host-only nodes and reports
+them as ``host_hit_length``, a load-back restores the host-only part of a path,
+host eviction deletes host-only leaves in policy order.
+"""
+
+import numpy as np
+import pytest
+
+from flatradix import (
+    InsertParams, MatchPrefixParams, RadixKey, TokenToKVPoolAllocator, UnifiedRadixCache,
+)
+from flatradix.hicache import HostKVPool
+
+pytest.importorskip("msgspec")
+
+
+class LoadParams:
+    """Duck-typed ``InitLoadBackParams``."""
+
+    def __init__(self, best_match_node, host_hit_length, mem_quota=None, req=None):
+        self.best_match_node = best_match_node
+        self.host_hit_length = host_hit_length
+        self.mem_quota = mem_quota
+        self.req = req
+
+
+def make(page=1, pool=64, host=100, policy="write_through", events=True, **kw):
+    alloc = TokenToKVPoolAllocator(pool, page_size=page)
+    cache = UnifiedRadixCache(page_size=page, token_to_kv_pool_allocator=alloc,
+                              enable_kv_cache_events=events, **kw)
+    cache.init_hicache(host_size=host, hicache_write_policy=policy)
+    cache.take_events()
+    return cache, alloc
+
+
+def put(cache, alloc, tokens):
+    v = alloc.alloc(len(tokens))
+    r = cache.insert(InsertParams(key=RadixKey(list(tokens)), value=v))
+    return r, v
+
+
+def match(cache, tokens):
+    return cache.match_prefix(MatchPrefixParams(key=RadixKey(list(tokens))))
+
+
+def media(events):
+    return [(type(e).__name__, e.medium, list(e.token_ids) if hasattr(e, "token_ids") else None)
+            for e in events]
+
+
+def check_partition(cache, alloc, host_pool, held=()):
+    """Device: free + tree + held == every slot, disjoint; host: free + tree == every slot."""
+    cache.sanity_check()
+    tree = np.asarray(cache.all_values_flatten())
+    free = np.asarray(alloc._free_slots()) if hasattr(alloc, "_free_slots") else None
+    assert len(np.unique(tree)) == len(tree)
+    total = alloc.available_size() + len(tree) + sum(len(h) for h in held)
+    assert total == alloc.size
+    htree = cache.all_host_values_flatten()
+    assert len(np.unique(htree)) == len(htree)
+    assert host_pool.available_size() + len(htree) == host_pool.size
+    assert cache.host_total_size() == len(htree)
+    del free
+
+
+def test_backup_pins_until_ack_then_cpu_store():
+    cache, alloc = make()
+    r, v = put(cache, alloc, range(10))
+    assert r.prefix_len == 0
+    # write_through: the first hit backs the new leaf up; it is locked until the ack
+    assert list(cache.ongoing_write_through.values()) == [r.last_device_node]
+    assert cache.protected_size() == 10 and cache.evictable_size() == 0
+    assert cache.host_total_size() == 10
+    assert cache.mem_pool_host.available_size() == 90
+    assert cache.evict(10).num_tokens_evicted == 0  # pinned
+    assert media(cache.take_events()) == [("BlockStored", "GPU", list(range(10)))]
+    cache.writing_check()                           # not submitted yet: nothing to complete
+    assert len(cache.ongoing_write_through) == 1 and cache.protected_size() == 10
+    cache.flush_pending_backups()
+    cache.writing_check()
+    assert cache.ongoing_write_through == {}
+    assert cache.protected_size() == 0 and cache.evictable_size() == 10
+    assert media(cache.take_events()) == [("BlockStored", "CPU_PINNED", list(range(10)))]
+    assert cache.is_backuped(r.last_device_node)
+
+
+def test_demote_match_load_back_and_host_evict():
+    cache, alloc = make()
+    r, v = put(cache, alloc, range(10))
+    cache.check_hicache_events()
+    cache.take_events()
+    assert cache.evict(1).num_tokens_evicted == 10
+    assert alloc.available_size() == 64  # the leaf's 10 slots are back
+    assert media(cache.take_events()) == [("BlockRemoved", "GPU", None)]
+    # the node stays, host-only: an evictable host leaf
+    assert cache.host_evictable_size() == 10 and cache.evictable_size() == 0
+    m = match(cache, range(12))
+    assert m.device_prefix_len == 0 and len(m.device_indices) == 0
+    assert m.host_hit_length == 10
+    assert m.best_match_node == m.last_host_node == r.last_device_node
+    assert m.last_device_node == cache.root_node_handle()
+    loaded, node = cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+    assert (loaded, node) == (10, r.last_device_node)
+    # loaded and locked until loading_check; host copy kept (D+H)
+    assert cache.protected_size() == 10 and cache.host_evictable_size() == 0
+    assert media(cache.take_events()) == [("BlockStored", "GPU", list(range(10)))]
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    assert cache.protected_size() == 0 and cache.evictable_size() == 10
+    m2 = match(cache, range(10))
+    assert m2.device_prefix_len == 10 and m2.host_hit_length == 0
+    assert np.array_equal(np.asarray(m2.device_indices), np.asarray(cache.path_device_indices(node)))
+    # evict again (a demote: the host copy stays), then evict the host copy
+    cache.evict(10)
+    assert cache.evict_host(1) == 10
+    assert cache.host_total_size() == 0 and cache.mem_pool_host.available_size() == 100
+    assert media(cache.take_events()) == [("BlockRemoved", "GPU", None),
+                                          ("BlockRemoved", "CPU_PINNED", None)]
+    assert match(cache, range(10)).host_hit_length == 0
+    cache.sanity_check()
+
+
+def test_selective_backs_up_at_the_second_hit():
+    cache, alloc = make(policy="write_through_selective")
+    assert cache.write_through_threshold == 2
+    r, _ = put(cache, alloc, range(8))
+    assert cache.ongoing_write_through == {}
+    r2, v2 = put(cache, alloc, range(8))  # hit 2: backed up now; its slots are duplicates
+    assert r2.prefix_len == 8
+    assert list(cache.ongoing_write_through.values()) == [r.last_device_node]
+    assert alloc.available_size() == 64 - 8
+
+
+def test_chain_backs_up_ancestors_first_and_split_pending_node():
+    cache, alloc = make(page=2)
+    put(cache, alloc, range(8))          # node A = [0..8), pending ack 1
+    cache.check_hicache_events()
+    cache.take_events()
+    # a child of A: backup covers only the child (A is backed up already)
+    r, _ = put(cache, alloc, list(range(8)) + [50, 51, 52, 53])
+    acks = list(cache.ongoing_write_through.items())
+    assert len(acks) == 1 and acks[0][1] == r.last_device_node
+    assert cache.host_total_size() == 12
+    # split the pending child at 2 units: both fragments stay pending under the same ack
+    put(cache, alloc, list(range(8)) + [50, 51, 60, 61])
+    cache.take_events()
+    cache.check_hicache_events()
+    ev = media(cache.take_events())
+    # the split's fragments complete under one ack, parent first (chained pages: one
+    # merged event); then the new leaf [60, 61]'s own backup (its parent's last
+    # page is 51, not the queue tail's 53: a second event)
+    assert ev == [("BlockStored", "CPU_PINNED", [50, 51, 52, 53]),
+                  ("BlockStored", "CPU_PINNED", [60, 61])]
+    cache.sanity_check()
+    assert cache.protected_size() == 0
+
+
+def test_insert_over_host_only_node_takes_the_fresh_slots():
+    cache, alloc = make()
+    r, _ = put(cache, alloc, range(6))
+    cache.check_hicache_events()
+    cache.evict(6)
+    cache.take_events()
+    before = alloc.available_size()
+    r2, v2 = put(cache, alloc, range(6))
+    # the node took the request's slots (none freed as duplicates)
+    assert r2.prefix_len == 6
+    assert alloc.available_size() == before - 6
+    assert np.array_equal(np.asarray(cache.path_device_indices(r.last_device_node)),
+                          np.asarray(v2))
+    assert media(cache.take_events()) == [("BlockStored", "GPU", list(range(6)))]
+    assert cache.evictable_size() == 6 and cache.host_evictable_size() == 0
+    assert cache.ongoing_write_through == {}  # already backed up: no second backup
+    cache.sanity_check()
+
+
+def test_host_eviction_is_leaf_first_and_in_lru_order():
+    cache, alloc = make(pool=64, host=100)
+    put(cache, alloc, range(4))                 # A
+    put(cache, alloc, [0, 1, 2, 3, 10, 11])     # B under A
+    put(cache, alloc, [20, 21, 22])             # C
+    cache.check_hicache_events()
+    cache.evict(100)
+    assert cache.evictable_size() == 0 and cache.host_total_size() == 9
+    # host leaves: B (2 tokens) and C (3); B was last touched before C
+    assert cache.host_evictable_size() == 5
+    assert cache.evict_host(1) == 2             # B: the least recently used host leaf
+    # A is a host leaf now, last touched (by B's insert walk) before C
+    assert cache.host_evictable_size() == 7
+    assert cache.evict_host(1) == 4             # A
+    assert cache.evict_host(10) == 3            # C
+    assert cache.host_total_size() == 0
+    cache.sanity_check()
+
+
+def test_backup_evicts_host_leaves_when_the_host_pool_is_full():
+    cache, alloc = make(pool=64, host=10)
+    put(cache, alloc, range(6))
+    cache.check_hicache_events()
+    cache.evict(6)                               # host-only, 6 of 10 host slots
+    put(cache, alloc, range(100, 108))           # needs 8: the old host leaf goes
+    assert cache.host_total_size() == 8
+    assert match(cache, range(6)).host_hit_length == 0
+    cache.check_hicache_events()
+    cache.sanity_check()
+
+
+def test_load_back_threshold_and_mem_quota():
+    cache, alloc = make()
+    cache.load_back_threshold = 10
+    r, _ = put(cache, alloc, range(6))
+    cache.check_hicache_events()
+    cache.evict(6)
+    m = match(cache, range(6))
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length)) == (
+        0, m.best_match_node)   # 6 < threshold: recompute
+    cache.load_back_threshold = 1
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length,
+                                           mem_quota=5))[0] == 0
+    assert cache.protected_size() == 0 and cache.host_evictable_size() == 6
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length,
+                                           mem_quota=6))[0] == 6
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    cache.sanity_check()
+
+
+def test_load_back_evicts_device_leaves_when_short():
+    cache, alloc = make(pool=16, host=100)
+    put(cache, alloc, range(10))
+    cache.check_hicache_events()
+    cache.evict(10)
+    put(cache, alloc, range(100, 112))            # 12 of the 16 slots
+    cache.check_hicache_events()
+    m = match(cache, range(10))
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))[0] == 10
+    # the other leaf was demoted to make room
+    assert match(cache, range(100, 112)).host_hit_length == 12
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    cache.sanity_check()
+
+
+@pytest.mark.parametrize("page", [1, 4])
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective"])
+def test_random_runs_keep_both_tiers_partitioned(page, policy):
+    rng = np.random.default_rng(7 + page)
+    cache, alloc = make(page=page, pool=256, host=192, policy=policy)
+    host = cache.mem_pool_host
+    prefixes = [list(rng.integers(0, 50, size=int(rng.integers(1, 6)) * page)) for _ in range(6)]
+    locks = []
+    for step in range(600):
+        op = rng.integers(0, 7)
+        if op <= 1:
+            toks = prefixes[rng.integers(0, len(prefixes))] + list(
+                rng.integers(0, 50, size=int(rng.integers(0, 4)) * page))
+            if not toks:
+                continue
+            if alloc.available_size() < len(toks):
+                cache.evict(len(toks))
+            v = alloc.alloc(len(toks))
+            if v is None:
+                continue
+            cache.insert(InsertParams(key=RadixKey(toks), value=v))
+        elif op == 2:
+            toks = prefixes[rng.integers(0, len(prefixes))]
+            m = match(cache, toks)
+            if m.host_hit_length > 0 and rng.random() < 0.7:
+                cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+            elif rng.random() < 0.5:
+                locks.append((m.last_device_node, cache.inc_lock_ref(m.last_device_node)))
+        elif op == 3 and locks:
+            nid, rec = locks.pop(rng.integers(0, len(locks)))
+            cache.dec_lock_ref(nid, rec.to_dec_params())
+        elif op == 4:
+            cache.evict(int(rng.integers(1, 40)))
+        elif op == 5:
+            cache.evict_host(int(rng.integers(1, 40)))
+        else:
+            if rng.random() < 0.5:
+                cache.flush_pending_backups()
+            if rng.random() < 0.5:
+                cache.ready_to_load_host_cache()
+            cache.writing_check(finish_count=int(rng.integers(0, 3)))
+            cache.loading_check(finish_count=int(rng.integers(0, 2)))
+        check_partition(cache, alloc, host)
+    for nid, rec in locks:
+        cache.dec_lock_ref(nid, rec.to_dec_params())
+    cache.check_hicache_events()
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    assert cache.protected_size() == 0
+    cache.evict(10**6)
+    cache.evict_host(10**6)
+    assert cache.host_total_size() == 0 and host.available_size() == host.size
+    assert alloc.available_size() == alloc.size
+    check_partition(cache, alloc, host)
+
+
+# ---------------------------------------------------------------------- bad input
+def test_init_hicache_refuses_bad_input_and_changes_nothing():
+    alloc = TokenToKVPoolAllocator(64)
+    cache = UnifiedRadixCache(token_to_kv_pool_allocator=alloc)
+    with pytest.raises(ValueError, match="hicache_write_policy"):
+        cache.init_hicache(host_size=10, hicache_write_policy="write_sideways")
+    with pytest.raises(ValueError, match="write_back"):
+        cache.init_hicache(host_size=10, hicache_write_policy="write_back")
+    with pytest.raises(ValueError, match="host_size"):
+        cache.init_hicache()
+    with pytest.raises(ValueError, match="hicache_ratio"):
+        cache.init_hicache(hicache_ratio=0)
+    assert not cache.enable_hicache
+    with pytest.raises(ValueError, match="no host tier"):
+        cache.evict_host(1)
+    cache.init_hicache(hicache_ratio=2.0)
+    assert cache.mem_pool_host.size == 129   # SGLang: (int(64 * 2.0) // 1 + 1) * 1
+    with pytest.raises(ValueError, match="already on"):
+        cache.init_hicache(host_size=10)
+
+
+def test_host_calls_refuse_bad_counts_before_any_change():
+    cache, alloc = make()
+    put(cache, alloc, range(5))
+    cache.check_hicache_events()
+    cache.evict(5)
+    snap = cache._snapshot()
+    with pytest.raises(ValueError, match="num_tokens"):
+        cache.evict_host(-1)
+    with pytest.raises(TypeError, match="num_tokens"):
+        cache.evict_host(1.5)
+    m = match(cache, range(5))
+    snap = cache._snapshot()
+    with pytest.raises(ValueError, match="mem_quota"):
+        cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length, mem_quota=-1))
+    with pytest.raises(ValueError, match="host_hit_length"):
+        cache.init_load_back(LoadParams(m.best_match_node, -3))
+    after = cache._snapshot()
+    for k in snap:
+        if isinstance(snap[k], np.ndarray):
+            assert np.array_equal(snap[k], after[k]), k
+
+
+def test_host_pool_refuses_a_double_free():
+    p = HostKVPool(4)
+    a = p.alloc(3)
+    assert a.tolist() == [0, 1, 2] and p.available_size() == 1
+    assert p.alloc(2) is None
+    p.free(a)
+    with pytest.raises(ValueError, match="double free"):
+        p.free(np.array([0, 1]))
+    p.clear()
+    assert p.available_size() == 4
+
+
+# ---------------------------------------------------------------------- the request path
+@pytest.mark.parametrize("page_size", [1, 8])
+def test_request_path_with_load_backs_conserves_both_tiers(page_size):
+    """A scheduler's loop (match -> load back the host hit -> lock -> allocate the
+    tail -> request -> decode -> cache_unfinished_req / cache_finished_req), acks
+    delivered late: after every step allocator available + tree device units +
+    request-owned slots == pool size, host pool free + tree host units == host size."""
+    from flatradix import EvictParams, Req, ReqToTokenPool
+
+    from .test_conservation import decode, owned
+
+    pool = 1024
+    rng = np.random.default_rng(page_size)
+    alloc = TokenToKVPoolAllocator(pool)
+    rtp = ReqToTokenPool(32, 512)
+    cache = UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=rtp)
+    cache.init_hicache(host_size=3 * pool, load_back_threshold=1)
+    host = cache.mem_pool_host
+    systems = [list(rng.integers(0, 50, size=int(rng.integers(8, 120)))) for _ in range(5)]
+    running, finished, loaded_total = [], [], 0
+    next_tok = 10_000
+
+    def conserve():
+        held = sum(owned(r) for r in running)
+        assert alloc.available_size() + cache.evictable_size() + cache.protected_size() + held \
+            == pool
+        assert host.available_size() + cache.host_total_size() == host.size
+
+    for step in range(4000):
+        op = rng.random()
+        if op < 0.35 and len(running) < 24:
+            base = (finished[int(rng.integers(len(finished)))]
+                    if finished and rng.random() < 0.6 else systems[int(rng.integers(5))])
+            tokens = list(base) + list(rng.integers(0, 50, size=int(rng.integers(1, 40))))
+            req = Req(origin_input_ids=tokens)
+            m = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
+            req.last_node = m.last_device_node
+            prefix, last = m.device_indices, m.last_device_node
+            if m.host_hit_length > 0:
+                n, node = cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length,
+                                                          req=req))
+                if n:
+                    loaded_total += n
+                    last = node
+                    prefix = cache.path_device_indices(node)
+            cache.inc_lock_ref(last)
+            need = len(tokens) - len(prefix)
+            slots = alloc.alloc(need)
+            if slots is None:
+                cache.evict(EvictParams(num_tokens=need - alloc.available_size()))
+                slots = alloc.alloc(need)
+            row = rtp.alloc(1) if slots is not None else None
+            if slots is None or row is None:
+                cache.dec_lock_ref(last)
+                if slots is not None:
+                    alloc.free(slots)
+            else:
+                req.req_pool_idx = row[0]
+                req.prefix_indices = prefix
+                req.last_node = last
+                rtp.write((row[0], slice(0, len(prefix))), prefix)
+                rtp.write((row[0], slice(len(prefix), len(tokens))), slots)
+                req.kv_committed_len = len(tokens)
+                running.append(req)
+        elif op < 0.6 and running:
+            req = running[int(rng.integers(len(running)))]
+            if decode(cache, alloc, rtp, req, int(rng.integers(1, 16)), next_tok):
+                next_tok += 16
+                if rng.random() < 0.3:
+                    cache.cache_unfinished_req(req)
+        elif op < 0.85 and running:
+            req = running.pop(int(rng.integers(len(running))))
+            cache.cache_finished_req(req)
+            if len(finished) < 100:
+                finished.append(list(req.origin_input_ids) + list(req.output_ids))
+        elif op < 0.93:
+            cache.check_hicache_events() if rng.random() < 0.5 else cache.flush_pending_backups()
+            cache.ready_to_load_host_cache()
+            cache.writing_check(finish_count=int(rng.integers(0, 4)))
+            cache.loading_check(finish_count=int(rng.integers(0, 4)))
+        else:
+            cache.evict_host(int(rng.integers(1, 200)))
+        conserve()
+        if step % 500 == 0:
+            cache.sanity_check()
+    while running:
+        cache.cache_finished_req(running.pop())
+    cache.check_hicache_events()
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    conserve()
+    assert cache.protected_size() == 0
+    assert loaded_total > 0  # the run did load host hits back
+    cache.evict(EvictParams(num_tokens=pool))
+    assert alloc.available_size() == pool
+    cache.evict_host(10 * pool)
+    assert host.available_size() == host.size
+    cache.sanity_check()
+
+
+def test_stepwise_full_round_demotes_backed_up_leaves():
+    cache, alloc = make()
+    put(cache, alloc, range(4))
+    cache.check_hicache_events()
+    cache.evict_device_start(num_tokens=4)
+    step = cache.evict_device_next_node()
+    assert step.made_progress and step.num_tokens == 4
+    assert sorted(np.asarray(step.freed_indices).tolist()) == [1, 2, 3, 4]
+    alloc.free(step.freed_indices)       # the controller frees the step's slots
+    assert not cache.evict_device_next_node().made_progress
+    cache.evict_device_end()
+    assert cache.host_evictable_size() == 4
+    assert match(cache, range(4)).host_hit_length == 4
+    cache.sanity_check()
+
+
+def test_match_prefix_batch_reports_host_hits_as_single_calls():
+    single, a1 = make(page=2)
+    batch, a2 = make(page=2)
+    keys = [list(range(8)), list(range(4)) + [9, 9], [7, 7, 7, 7]]
+    for c, a in ((single, a1), (batch, a2)):
+        for k in keys[:2]:
+            put(c, a, k)
+        c.check_hicache_events()
+        c.evict(6)
+        put(c, a, keys[2])
+    want = [match(single, k) for k in keys + [list(range(10))]]
+    got = batch.match_prefix_batch([MatchPrefixParams(key=RadixKey(k))
+                                    for k in keys + [list(range(10))]])
+    for w, g in zip(want, got):
+        assert (g.device_prefix_len, g.host_hit_length, g.last_device_node, g.best_match_node,
+                g.last_host_node) == (w.device_prefix_len, w.host_hit_length,
+                                      w.last_device_node, w.best_match_node, w.last_host_node)
+    assert any(w.host_hit_length > 0 for w in want)
+
+
+def test_adopted_ranges_include_the_host_only_nodes_taken_over():
+    cache, alloc = make(page=2)
+    put(cache, alloc, range(4))
+    cache.check_hicache_events()
+    cache.evict(4)
+    r = cache.insert(InsertParams(key=RadixKey(list(range(6))), value=alloc.alloc(6),
+                                  track_adopted_ranges=True))
+    # SGLang records the unevicted [0, 4) and the new leaf [4, 6) (one coalesced range)
+    assert r.prefix_len == 4
+    assert {int(k): v for k, v in r.adopted_ranges.items()} == {0: [(0, 6)]}
+
+
+def test_failed_backup_is_not_treated_as_backed_up():
+    """Issue 13's reported bug: a backup that found no host memory must leave the node
+    unbacked -- evicting it deletes it (no host hit afterwards), nothing on the host."""
+    cache, alloc = make(pool=64, host=4)
+    put(cache, alloc, range(4))                    # fills the host pool (pending: locked)
+    r, _ = put(cache, alloc, range(10, 16))        # 6 tokens: nothing host-evictable
+    assert not cache.is_backuped(r.last_device_node)
+    assert len(cache.ongoing_write_through) == 1 and cache.host_total_size() == 4
+    cache.check_hicache_events()
+    cache.evict(64)
+    m = match(cache, range(10, 16))
+    assert (m.device_prefix_len, m.host_hit_length) == (0, 0)
+    assert match(cache, range(4)).host_hit_length == 4
+    cache.sanity_check()
+
+
+def test_b16_no_ghost_hit_a_reinsert_over_the_host_copy_gets_fresh_values():
+    """known_bugs.md B16 with the host tier: after eviction the freed device values
+    are never returned; the host copy is a host hit; a re-insert takes fresh slots."""
+    cache = UnifiedRadixCache(page_size=1)   # no allocator: evicted slots are returned
+    cache.init_hicache(host_size=16)
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=np.array([10, 11, 12])))
+    cache.check_hicache_events()
+    e = cache.evict(3)
+    assert e.num_tokens_evicted == 3 and cache.total_size()[0] == 0
+    assert np.asarray(e.evicted_indices).tolist() == [10, 11, 12]
+    m = match(cache, [1, 2, 3])
+    assert m.device_prefix_len == 0 and m.host_hit_length == 3
+    r = cache.insert(InsertParams(key=RadixKey([1, 2, 3]), value=np.array([20, 21, 22])))
+    assert r.prefix_len == 3          # SGLang: the host-only node took the slots
+    m = match(cache, [1, 2, 3])
+    assert np.asarray(m.device_indices).tolist() == [20, 21, 22]
+
+
+def test_b12_eagle_bigram_pages_on_the_host_tier():
+    """known_bugs.md B12 with the host tier: bigram pages demote, match on the host
+    and load back by whole pages, short inputs never crash."""
+    alloc = TokenToKVPoolAllocator(64, page_size=4)
+    cache = UnifiedRadixCache(page_size=4, token_to_kv_pool_allocator=alloc, is_eagle=True)
+    cache.init_hicache(host_size=64, load_back_threshold=1)
+    cache.insert(InsertParams(key=RadixKey(list(range(1, 10))), value=alloc.alloc(9)))
+    assert cache.total_size()[0] == 8
+    cache.check_hicache_events()
+    cache.evict(8)
+    assert match(cache, [1, 2, 3, 4]).host_hit_length == 0        # 3 bigrams: no page
+    assert match(cache, [1, 2, 3, 4, 5]).host_hit_length == 4
+    m = match(cache, list(range(1, 10)))
+    assert (m.device_prefix_len, m.host_hit_length) == (0, 8)
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))[0] == 8
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    assert match(cache, list(range(1, 10))).device_prefix_len == 8
+    cache.sanity_check()
+
+
+def test_host_lock_pins_a_host_leaf_and_a_split_extends_its_segment():
+    cache, alloc = make(page=2)
+    r, _ = put(cache, alloc, range(8))
+    cache.check_hicache_events()
+    cache.evict(8)
+    nid = r.last_device_node
+    rec = cache.inc_host_lock_ref(nid)
+    assert int(list(rec.component_host_lock_uuids)[0]) == 0   # {FULL: stamp}
+    assert cache.host_evictable_size() == 0 and cache.evict_host(100) == 0
+    # a match splits the host-locked node: the segment now covers both fragments
+    m = match(cache, range(4))
+    assert m.best_match_node != nid and m.host_hit_length == 4
+    assert cache.evict_host(100) == 0
+    cache.dec_host_lock_ref(nid, rec.to_dec_params())
+    assert cache.host_evictable_size() == 4                 # the lower fragment is a leaf
+    assert cache.evict_host(100) == 8
+    from flatradix import LockRefError
+    with pytest.raises(LockRefError):
+        r2, _ = put(cache, alloc, range(20, 24))
+        cache.check_hicache_events()
+        cache.evict(4)
+        rec2 = cache.inc_host_lock_ref(r2.last_device_node)
+        cache.dec_host_lock_ref(r2.last_device_node, rec2)
+        cache.dec_host_lock_ref(r2.last_device_node, rec2)      # released twice
+    cache.sanity_check()
+    # no host copy: nothing locked, an empty receipt
+    assert cache.inc_host_lock_ref(cache.root_node_handle()).component_host_lock_uuids == {}
