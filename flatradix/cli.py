@@ -142,6 +142,38 @@ def _mamba_states(text):
     return _int_list(text, "state count", "a number of states", "256,1024", MAX_CAPACITY)
 
 
+def _host_capacities(text):
+    """``0,2M,8M,inf`` -> [0, 2000000, 8000000, math.inf]: host pools in tokens,
+    0 (no host slot) and ``inf`` (as large as the workload can use) allowed;
+    duplicates dropped."""
+    import math
+
+    from .replay.report import parse_capacity
+
+    out = []
+    for t in text.split(","):
+        if not t.strip():
+            continue
+        core = t.strip().lower().replace("_", "")
+        core = core[:-1] if core[-1:] in ("k", "m", "g", "t") else core
+        try:
+            zero = float(core) == 0
+        except ValueError:
+            zero = False
+        if zero:
+            out.append(0)
+            continue
+        try:
+            v = parse_capacity(t)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(
+                str(e).replace("capacity", "host capacity", 1).replace(">= 1", ">= 0")) from None
+        out.append(math.inf if v is None else v)
+    if not out:
+        raise argparse.ArgumentTypeError("needs at least one host capacity")
+    return list(dict.fromkeys(out))
+
+
 def _swa_ratio(text):
     try:
         v = float(text)
@@ -282,6 +314,29 @@ def build_parser():
                         "(SGLang's SGLANG_MAMBA_CONV_DTYPE default); --kv-dtype applies to "
                         "neither")
 
+    g = r.add_argument_group(
+        "host tier (HiCache)",
+        "Replay with SGLang's HiCache: a host KV pool behind the device pool. Finished "
+        "prompts are backed up to the host (write_through: at a node's first hit, "
+        "write_through_selective: at its second), device eviction keeps a backed-up prefix on "
+        "the host, and a request whose match continues on the host loads it back "
+        "(init_load_back) instead of recomputing it; each scheduler step polls "
+        "check_hicache_events. Reports device hits, host hits (tokens loaded back) and "
+        "misses; hit ratio = (device + host hits) / prompt tokens. With --sweep: a device x "
+        "host grid (--plot draws it as a heatmap). Full attention only (not with "
+        "--swa-window or --mamba-states).")
+    g.add_argument("--host-capacity", type=_host_capacities, default=None,
+                   metavar="TOKENS[,TOKENS...]",
+                   help="host pool in tokens (0, 2M, 8M, inf); several run once each (with "
+                        "--sweep: crossed with its device capacities)")
+    g.add_argument("--write-policy", default=None,
+                   choices=("write_through", "write_through_selective", "write_back"),
+                   help="with --host-capacity: SGLang's --hicache-write-policy (default "
+                        "write_through; write_back is not built yet)")
+    g.add_argument("--load-back-threshold", type=_nonnegative_int, default=None, metavar="N",
+                   help="with --host-capacity: host hits of fewer tokens are recomputed, not "
+                        "loaded back (default: 10, SGLang's)")
+
     g = r.add_argument_group("scheduling")
     g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
                    help="requests in flight at once (default: 1; with --arrival 1024)")
@@ -320,7 +375,8 @@ def build_parser():
                         "waited, wait_ms...); not with --sweep")
     g.add_argument("--plot", metavar="FILE.png",
                    help="with --sweep: plot hit ratio vs capacity, one line per policy "
-                        "(any matplotlib format; needs flatradix[plot])")
+                        "(with --host-capacity: a device x host heatmap; any matplotlib "
+                        "format; needs flatradix[plot])")
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bars (they are shown only on a terminal anyway)")
     p.set_defaults(subparser=None)
@@ -359,6 +415,18 @@ def _check_options(args):
              f"--mamba-extra-buffer needs --mamba-states of at least {EXTRA_BUFFER_MIN_STATES} "
              f"(a running request holds 3 state slots and its checkpoint swaps a fresh one "
              f"in), got {small[0] if small else ''}")
+    if args.host_capacity is not None:
+        for opt, v in (("--swa-window", args.swa_window), ("--mamba-states", args.mamba_states)):
+            need(not v, f"--host-capacity with {opt}: the cache's host tier holds "
+                        f"Full-attention KV only (SGLang's HiCache for hybrid models is not "
+                        f"built yet); drop one of the two")
+        need(args.write_policy != "write_back",
+             "--write-policy write_back is not supported: the cache's host tier builds "
+             "write_through and write_through_selective only")
+    else:
+        for opt, v in (("--write-policy", args.write_policy),
+                       ("--load-back-threshold", args.load_back_threshold)):
+            need(v is None, f"{opt} needs --host-capacity (the host tier)")
     if args.mamba_states and not args.mamba_extra_buffer:
         need(args.page_size in (None, 1),
              f"--mamba-states needs --page-size 1 (SGLang serves a Mamba hybrid without the "
@@ -542,6 +610,9 @@ def _replay(args):
         series = ("swa_window", windows)
     elif states:
         series = ("mamba_states", states)
+    hosts = args.host_capacity         # None, or a list of ints / math.inf
+    if hosts:
+        series = ("host_capacity", hosts)
     ratio = None
     if windows:
         from .replay.sim import DEFAULT_SWA_RATIO
@@ -612,6 +683,8 @@ def _replay(args):
         kw["mamba_chunk"] = args.mamba_chunk
     if args.mamba_extra_buffer:
         kw["mamba_extra_buffer"] = True
+    if hosts:
+        kw.update(write_policy=args.write_policy, load_back_threshold=args.load_back_threshold)
     if windows and states:
         fixed = "mamba_states" if series[0] == "swa_window" else "swa_window"
         kw[fixed] = (states if fixed == "mamba_states" else windows)[0]
@@ -620,6 +693,8 @@ def _replay(args):
             swa_kw = dict(swa_windows=windows, swa_bytes_per_token=swa_bpt) if windows else {}
             if states:
                 swa_kw["mamba_states"] = states
+            if hosts:
+                swa_kw["host_capacities"] = hosts
             skw = {k: v for k, v in kw.items() if k not in ("swa_window", "mamba_states")}
             curve = rep.sweep(workload, sweep_caps, policies=policies, jobs=args.jobs,
                               progress=progress, bytes_per_token=bpt, **swa_kw, **skw)
@@ -645,6 +720,12 @@ def _replay(args):
                         title += f", Mamba chunk {chunk}"
                         if args.mamba_extra_buffer:
                             title += " (extra buffer)"
+                    if hosts:
+                        h = curve["host"]
+                        title += (f", host tier {h['write_policy']}, load-back threshold "
+                                  f"{h['load_back_threshold']}\ncells: total % (device + "
+                                  f"host); unbounded device pool "
+                                  f"{100 * curve['unbounded_hit_ratio']:.2f} %")
                 rep.plot_sweep(curve, args.plot, title=title)
             _emit(args, curve, lambda: rep.format_sweep(curve))
             return 0
@@ -668,7 +749,8 @@ def _replay(args):
         rep.write_per_request_csv(results, args.per_request)
     def kv(r):
         return rep.kv_lines(capacity, bpt, layout, swa_tokens,
-                            [r.mamba_states] if states else None) if bpt else None
+                            [r.mamba_states] if states else None,
+                            host_tokens=r.host_capacity) if bpt else None
 
     _emit(args, dicts[0] if len(dicts) == 1 else dicts,
           lambda: "\n\n".join(rep.format_report(r, kv=kv(r)) for r in results))

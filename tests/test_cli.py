@@ -198,6 +198,22 @@ OPTION_ERRORS = {
     "mamba_config_without_linear_layers": (
         ["--mamba-states", "8", "--model-config", str(EXAMPLES / "llama-3-8b-like.json")],
         ["--mamba-states", "no linear-attention / Mamba layer"]),
+    # the host tier (issue 13)
+    "host_with_swa": (["--host-capacity", "1M", "--swa-window", "512"],
+                      ["--host-capacity with --swa-window: the cache's host tier holds "
+                       "Full-attention KV only"]),
+    "host_with_mamba": (["--host-capacity", "1M", "--mamba-states", "8"],
+                        ["--host-capacity with --mamba-states", "Full-attention KV only"]),
+    "host_write_back": (["--host-capacity", "1M", "--write-policy", "write_back"],
+                        ["--write-policy write_back is not supported: the cache's host tier "
+                         "builds write_through and write_through_selective only"]),
+    "write_policy_without_host": (["--write-policy", "write_through"],
+                                  ["--write-policy needs --host-capacity (the host tier)"]),
+    "load_back_threshold_without_host": (["--load-back-threshold", "5"],
+                                         ["--load-back-threshold needs --host-capacity"]),
+    "host_capacity_negative": (["--host-capacity", "-1"],
+                               ["argument --host-capacity: host capacity must be a whole "
+                                "number of tokens >= 0 or 'inf'", "'-1'"]),
 }
 
 

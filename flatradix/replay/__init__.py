@@ -11,9 +11,10 @@ per-operation latency.
   :class:`ArrivalModel`; a full-attention model, a hybrid sliding-window one:
   ``swa_window``, a hybrid SSM one: ``mamba_states``, served with SGLang's Mamba
   extra buffer: ``mamba_extra_buffer=True`` too, or one with both kinds of
-  layers: both)
+  layers: both; a host tier, SGLang's HiCache: ``host_capacity``)
 * ``report``: text report, capacity :func:`sweep` (several policies, in
-  processes), CSV files and the plot
+  processes; a device x host grid with ``host_capacities``), CSV files and the
+  plot (a heatmap for the grid)
 * ``model``: KV bytes per token from a ``config.json`` (:class:`KVLayout`)
 * ``stats``: trace statistics without a replay (:func:`describe_workload`)
 """

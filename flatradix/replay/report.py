@@ -7,8 +7,8 @@ import os
 
 from ._progress import progress_bar
 from .model import format_bytes
-from .sim import (MAMBA_EXTRA_OPS, MAMBA_MODE, OPS, SWA_FIELDS, SWA_MAMBA_MODE, SWA_MODE,
-                  SWA_OPS, hybrid_mode, replay)
+from .sim import (HOST_MODE, HOST_OPS, MAMBA_EXTRA_OPS, MAMBA_MODE, OPS, SWA_FIELDS,
+                  SWA_MAMBA_MODE, SWA_MODE, SWA_OPS, hybrid_mode, replay)
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -59,14 +59,18 @@ def format_tokens(n):
     return f"{n:g}"
 
 
-def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_states=None):
+def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_states=None,
+             host_tokens=None):
     """Report lines for the KV sizing: the model's layout and what ``capacity``
     tokens cost at ``bytes_per_token`` (the full-attention pool); with
     ``swa_tokens`` (the SWA mode's SWA pool, tokens) also that pool, at the
     layout's ``swa_kv_bytes_per_token``, and the sum; with ``mamba_states``
     (the Mamba mode's state pools, a list of state counts) what each costs at
     the layout's ``mamba_state_bytes()``, on top of the full-attention pool (and
-    of the SWA pool in the SWA + Mamba mode)."""
+    of the SWA pool in the SWA + Mamba mode); with ``host_tokens`` (the host
+    tier mode's host pool, tokens, or ``"inf"``) what that pool costs in host
+    memory at the same bytes per token (SGLang's host pool holds the same KV
+    layout)."""
     lines = list(layout.describe(swa_replayed=swa_tokens is not None,
                                  mamba_replayed=bool(mamba_states))) if layout is not None \
         else [f"KV {bytes_per_token:,} bytes/token (--kv-bytes-per-token)"]
@@ -85,6 +89,10 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_stat
     for n in (mamba_states or ()) if state_bytes else ():
         lines.append(f"Mamba state pool {_count(n, 'state')} = {format_bytes(n * state_bytes)} "
                      f"({_n(n * state_bytes)} bytes), besides {besides}")
+    if host_tokens not in (None, "inf", math.inf) and bytes_per_token:
+        hb = host_tokens * bytes_per_token
+        lines.append(f"host pool {_n(host_tokens)} tokens = {format_bytes(hb)} ({_n(hb)} bytes) "
+                     f"of host memory")
     return lines
 
 
@@ -97,6 +105,24 @@ def _hybrid_lines(r):
     """The hybrid mode's report lines (lost hits, evictions per pool, peak tree
     size), or None for a Full-only run."""
     mode = hybrid_mode(r)
+    if mode is HOST_MODE:
+        def share(x):
+            return f"{100 * x / r.prompt_tokens:.2f} %" if r.prompt_tokens else "0.00 %"
+        declined = (f"; {_n(r.declined_host_tokens)} more on the host recomputed (below the "
+                    f"threshold or no device room)" if r.declined_host_tokens else "")
+        rejected = r.loaded_tokens - r.host_hit_tokens
+        rejected = (f"; {_n(rejected)} loaded for requests then rejected" if rejected else "")
+        return [
+            f"  device hits     {_n(r.device_hit_tokens)} ({share(r.device_hit_tokens)})",
+            f"  host hits       {_n(r.host_hit_tokens)} ({share(r.host_hit_tokens)}: loaded "
+            f"back, {_count(r.load_backs, 'load')}{rejected}{declined})",
+            f"  misses          {_n(r.miss_tokens)} ({share(r.miss_tokens)}: computed)",
+            f"  evicted tokens  {_n(r.evicted_tokens)} from the device "
+            f"({_n(r.evict_calls)} evict calls; {_n(r.load_evicted_tokens)} by load-backs), "
+            f"demoted when backed up",
+            f"  peak tree size  {_n(r.peak_tree_tokens)} device tokens, "
+            f"{_n(r.peak_host_tree_tokens)} host tokens",
+        ]
     if mode is SWA_MAMBA_MODE:
         return [
             _lost_line("lost to window", r.window_lost_hit_tokens, r.prompt_tokens,
@@ -169,13 +195,19 @@ def format_report(r, kv=None):
     elif mamba:
         lines.append(f"  Mamba state pool {_count(r.mamba_states, 'state')} | chunk "
                      f"{_n(r.mamba_chunk)} (no extra buffer)")
+    host = r.host_capacity is not None
+    if host:
+        hcap = "unbounded" if r.host_capacity == "inf" else f"{_n(r.host_capacity)} tokens"
+        lines.append(f"  host tier {hcap} (pool {_n(r.host_pool_slots)}) | {r.write_policy} | "
+                     f"load-back threshold {_n(r.load_back_threshold)}")
     lines += [f"  {s}" for s in (kv or [])]
     lines += [
         "",
         f"  requests        {_n(r.requests)} ({_n(r.served_requests)} served, "
         f"{_n(r.rejected_requests)} rejected)",
         f"  prompt tokens   {_n(r.prompt_tokens)}",
-        f"  hit tokens      {_n(r.hit_tokens)} ({100 * r.token_hit_ratio:.2f} % token hit ratio)",
+        f"  hit tokens      {_n(r.hit_tokens)} ({100 * r.token_hit_ratio:.2f} % token hit ratio"
+        + (": device + host)" if host else ")"),
     ]
     hybrid = _hybrid_lines(r)
     if hybrid:
@@ -213,12 +245,12 @@ def format_report(r, kv=None):
                          f"{b['waited']:>8,}{b['running_max']:>9,}{b['running_mean']:>9.2f}"
                          f"{b['queued_max']:>8,}{b['wait_ms_max']:>13,.0f}")
     lines += [f"  note: {s}" for s in r.notes]
-    w = 23 if swa else 20
+    w = 23 if swa or host else 20
     lines += [
         "",
         f"  {'cache op':<{w}}{'calls':>10}{'p50 us':>10}{'p99 us':>10}",
     ]
-    for op in (SWA_OPS if swa else MAMBA_EXTRA_OPS if extra else OPS):
+    for op in (SWA_OPS if swa else MAMBA_EXTRA_OPS if extra else HOST_OPS if host else OPS):
         s = r.latency_us.get(op, {})
         if not s or not s["count"]:
             lines.append(f"  {op:<{w}}{0:>10}{'-':>10}{'-':>10}")
@@ -282,6 +314,9 @@ def _curve_series(curve):
     """``(HybridMode, series param, values, unbounded points)`` of a hybrid mode's
     sweep curve (one series per window / state pool), or ``None`` for a Full-only
     curve."""
+    if curve.get("host"):
+        h = curve["host"]
+        return HOST_MODE, "host_capacity", h["capacities"], h["unbounded"]
     if curve.get("swa_mamba"):
         sm = curve["swa_mamba"]
         values = sm["windows"] if sm["series"] == "swa_window" else sm["states"]
@@ -293,10 +328,18 @@ def _curve_series(curve):
     return None
 
 
-def _series_runs(swa_windows, mamba_states):
+def _series_runs(swa_windows, mamba_states, host_capacities=None):
     """``(HybridMode or None, series param or None, [replay kwargs per series value])``
-    of a sweep's windows and state pools; ``ValueError`` when both list several."""
+    of a sweep's windows, state pools or host pools; ``ValueError`` when windows and
+    state pools both list several, or host pools come with either."""
     windows, states = list(swa_windows or ()), list(mamba_states or ())
+    hosts = list(host_capacities or ())
+    if hosts:
+        if windows or states:
+            raise ValueError(f"host_capacities (the host tier) with "
+                             f"{'swa_windows' if windows else 'mamba_states'}: the cache's host "
+                             f"tier holds Full-attention KV only")
+        return HOST_MODE, "host_capacity", [dict(host_capacity=h) for h in hosts]
     if windows and states:
         if len(windows) > 1 and len(states) > 1:
             raise ValueError(f"swa_windows ({len(windows)}) and mamba_states ({len(states)}) "
@@ -314,7 +357,7 @@ def _series_runs(swa_windows, mamba_states):
 
 def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
           bytes_per_token=None, swa_windows=None, swa_bytes_per_token=None, mamba_states=None,
-          **kwargs):
+          host_capacities=None, **kwargs):
     """Replay once per (policy, capacity), plus once unbounded; in the SWA mode
     once per (window, policy, capacity), plus once unbounded per window; in the
     Mamba mode the same per state pool; in the SWA + Mamba mode (both given) the
@@ -346,6 +389,11 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         full-attention pool's. With ``swa_windows``: the SWA + Mamba mode, whose
         series are the windows or the state pools: one of the two lists must
         hold a single value (``ValueError`` otherwise).
+    host_capacities : list of int (or math.inf), optional
+        The host tier mode: the host pools (tokens) to replay, each crossed with
+        every capacity: a device x host grid (``write_policy`` and
+        ``load_back_threshold`` go in ``kwargs``). Not with ``swa_windows`` or
+        ``mamba_states``.
     kwargs : passed to :func:`~flatradix.replay.sim.replay`.
 
     Returns the curve as a JSON-ready dict: ``points`` (policy-major: every
@@ -369,7 +417,15 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     the points have both modes' fields, and ``swa_mamba`` holds ``series``
     (``"swa_window"`` or ``"mamba_states"``: what the series vary),
     ``windows``, ``states``, ``ratio``, ``chunk``, ``swa_kv_bytes_per_token``
-    and ``unbounded`` (one point per series).
+    and ``unbounded`` (one point per series). Host tier mode: the points
+    (host-major: every capacity of every policy for the first host pool, then
+    the next) have the ``ReplayResult`` host fields (``host_capacity``,
+    ``device_hit_tokens``, ``host_hit_tokens``, ``miss_tokens``...;
+    ``token_hit_ratio`` is device + host hits over prompt tokens), and
+    ``host`` holds ``capacities``, ``write_policy``, ``load_back_threshold`` and
+    ``unbounded``: one point, the unbounded device pool with the first host
+    pool (a device pool that never evicts never reaches the host, so every
+    host pool gives its hits).
     """
     policies = list(policies)
     if not policies:
@@ -377,9 +433,12 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     jobs = int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    mode, axis, runs = _series_runs(swa_windows, mamba_states)  # replay kwargs per series
+    # replay kwargs per series
+    mode, axis, runs = _series_runs(swa_windows, mamba_states, host_capacities)
+    # one unbounded run per series (the host tier mode: one in all, see above)
+    nu = 1 if mode is HOST_MODE else len(runs)
     tasks = ([(p, c, k) for k in range(len(runs)) for p in policies for c in capacities]
-             + [(policies[0], None, k) for k in range(len(runs))])
+             + [(policies[0], None, k) for k in range(nu)])
     # a refresh per finished run (runs take seconds: no need to rate-limit)
     bar = progress_bar(len(tasks), progress, unit="run", desc="sweep", mininterval=0)
     results = [None] * len(tasks)
@@ -402,7 +461,6 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     finally:
         if bar is not None:
             bar.close()
-    nu = len(runs)
     unbs = results[len(results) - nu:]
     unb = unbs[0]
     bpt = (bytes_per_token, swa_bytes_per_token)
@@ -428,6 +486,12 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         curve["swa"] = {"windows": list(swa_windows), "ratio": unb.swa_ratio,
                         "swa_kv_bytes_per_token": swa_bytes_per_token,
                         "unbounded": [_point(r, *bpt) for r in unbs]}
+    elif mode is HOST_MODE:
+        curve["host"] = {"capacities": [("inf" if h == math.inf else h)
+                                        for h in host_capacities],
+                         "write_policy": unb.write_policy,
+                         "load_back_threshold": unb.load_back_threshold,
+                         "unbounded": [_point(r, *bpt) for r in unbs]}
     elif mode is MAMBA_MODE:
         curve["mamba"] = {"states": list(mamba_states), "chunk": unb.mamba_chunk,
                           "extra_buffer": unb.mamba_extra_buffer,
@@ -441,6 +505,8 @@ def format_sweep(curve):
     unbounded row per window; Mamba mode the same with the state pool, the hits
     lost to checkpoint granularity and the states evicted; SWA + Mamba mode both
     modes' columns, one unbounded row per series)."""
+    if curve.get("host"):
+        return _format_host_sweep(curve)
     if _curve_series(curve):
         return _format_hybrid_sweep(curve)
     mem = curve.get("kv_bytes_per_token")
@@ -500,6 +566,54 @@ def _format_hybrid_sweep(curve):
                      + f"{_n(p['evicted_tokens']):>16}"
                      + "".join(f"{_n(p[k]):>16}" for k in mode.evicted)
                      + f"{_n(p['rejected_requests']):>10}")
+    return "\n".join(lines)
+
+
+def _host_key(h):
+    """Sort key of host capacities: ascending, ``inf`` last."""
+    return math.inf if h in ("inf", math.inf) else h
+
+
+def _host_label(h):
+    return "inf" if h in ("inf", math.inf) else format_tokens(h) if h else "0"
+
+
+def _format_host_sweep(curve):
+    """The host tier sweep: one row per (host pool, policy, capacity) with the hit
+    ratio split by tier, the unbounded row, then per policy the grid of total hit
+    ratios (host pools down, device capacities across)."""
+    mem = curve.get("kv_bytes_per_token")
+    h = curve["host"]
+    lines = [f"host tier replay: {h['write_policy']}, load-back threshold "
+             f"{h['load_back_threshold']}; hit ratio = (device + host hits) / prompt tokens",
+             f"{'policy':>8}{'host':>15}{'capacity':>15}" + (f"{'KV memory':>12}" if mem else "")
+             + f"{'hit ratio':>11}{'device':>9}{'host':>9}{'evicted':>16}{'loaded':>14}"
+             f"{'rejected':>10}"]
+    unb = h["unbounded"]
+    for p in curve["points"] + unb:
+        is_unb = p["capacity"] == "inf"
+        cap = "inf" if is_unb else _n(p["capacity"])
+        hc = p["host_capacity"]
+        row = (f"{'any' if is_unb else p['policy']:>8}"
+               f"{('any' if is_unb else 'inf' if hc == 'inf' else _n(hc)):>15}{cap:>15}")
+        if mem:
+            row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
+        lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
+                     f"{100 * p['device_hit_ratio']:>8.2f}%{100 * p['host_hit_ratio']:>8.2f}%"
+                     f"{_n(p['evicted_tokens']):>16}{_n(p['loaded_tokens']):>14}"
+                     f"{_n(p['rejected_requests']):>10}")
+    caps = sorted({p["capacity"] for p in curve["points"] if p["capacity"] != "inf"})
+    hosts = sorted(h["capacities"], key=_host_key)
+    corner = "host \\ device"
+    for pol in curve["policies"]:
+        cell = {(p["host_capacity"], p["capacity"]): p for p in curve["points"]
+                if p["policy"] == pol}
+        lines += ["", f"total hit ratio (%), {pol}: host pool (rows) x device pool (columns)",
+                  f"{corner:>14}" + "".join(f"{format_tokens(c):>9}" for c in caps)]
+        for hc in hosts:
+            lines.append(f"{_host_label(hc):>14}" + "".join(
+                f"{100 * cell[(hc, c)]['token_hit_ratio']:>9.2f}" if (hc, c) in cell else
+                f"{'-':>9}" for c in caps))
     return "\n".join(lines)
 
 
@@ -638,9 +752,12 @@ def sweep_figure(curve, title=None):
     memory above them when the curve has ``kv_bytes_per_token``). SWA mode: one
     line per (window, policy) and one dashed unbounded line per window, a
     window's lines in one colour; Mamba mode the same per state pool, SWA +
-    Mamba mode per window or state pool (whichever the series vary). Returns
-    the matplotlib ``Figure`` (Agg backend). ``RuntimeError`` without matplotlib."""
+    Mamba mode per window or state pool (whichever the series vary). Host tier
+    mode: :func:`host_figure`, a heatmap. Returns the matplotlib ``Figure`` (Agg
+    backend). ``RuntimeError`` without matplotlib."""
     plot_formats()
+    if curve.get("host"):
+        return host_figure(curve, title)
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, NullLocator
 
@@ -717,4 +834,74 @@ def sweep_figure(curve, title=None):
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def host_figure(curve, title=None):
+    """The host tier sweep as a heatmap, one panel per policy: device pool
+    across (each swept capacity; with ``kv_bytes_per_token`` its KV memory
+    too), host pool up, each cell the token hit ratio (device + host hits over
+    prompt tokens) with its device / host split below it; the colour scale runs
+    from 0 to the unbounded device pool's hit ratio (the ceiling). Returns the
+    matplotlib ``Figure`` (Agg backend). ``RuntimeError`` without matplotlib."""
+    plot_formats()
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    h = curve["host"]
+    hosts = sorted(h["capacities"], key=_host_key)
+    caps = sorted({p["capacity"] for p in curve["points"] if p["capacity"] != "inf"})
+    bpt = curve.get("kv_bytes_per_token")
+    pols = curve["policies"]
+    ceiling = 100 * curve["unbounded_hit_ratio"]
+    grids = []
+    for pol in pols:
+        cell = {(p["host_capacity"], p["capacity"]): p for p in curve["points"]
+                if p["policy"] == pol}
+        grids.append([[cell.get((hc, c)) for c in caps] for hc in hosts])
+    top = max([ceiling] + [100 * p["token_hit_ratio"] for g in grids for row in g
+                           for p in row if p is not None])
+    w = max(6.5, 1.1 * len(caps) + 2.5) if len(pols) == 1 else max(4.5, 1.1 * len(caps) + 2.5)
+    fig, axes = plt.subplots(1, len(pols), figsize=(w * len(pols), max(3.5, 0.7 * len(hosts)
+                                                                       + 2.2)),
+                             dpi=120, squeeze=False, constrained_layout=True)
+
+    def mem_label(tokens):
+        return f"{format_bytes(tokens * bpt)}\n{format_tokens(tokens)}" if bpt else \
+            format_tokens(tokens)
+
+    image = None
+    for ax, pol, grid in zip(axes[0], pols, grids):
+        vals = np.array([[np.nan if p is None else 100 * p["token_hit_ratio"] for p in row]
+                         for row in grid], dtype=float)
+        image = ax.imshow(vals, origin="lower", aspect="auto", cmap="viridis", vmin=0,
+                          vmax=max(top, 1e-9))
+        for i, row in enumerate(grid):
+            for j, p in enumerate(row):
+                if p is None:
+                    continue
+                v = 100 * p["token_hit_ratio"]
+                ax.text(j, i, f"{v:.1f} %\n{100 * p['device_hit_ratio']:.1f} + "
+                        f"{100 * p['host_hit_ratio']:.1f}", ha="center", va="center",
+                        fontsize=7, color="black" if v > 0.6 * top else "white")
+        ax.set_xticks(range(len(caps)))
+        ax.set_xticklabels([mem_label(c) for c in caps], fontsize=7)
+        ax.set_yticks(range(len(hosts)))
+        ax.set_yticklabels([("inf" if hc in ("inf", math.inf) else
+                             mem_label(hc) if hc else "0") for hc in hosts], fontsize=7)
+        ax.set_xlabel("device KV pool" + (f" (memory at {bpt:,} B/token / tokens)" if bpt
+                                          else " (tokens)"), fontsize=8)
+        ax.set_ylabel("host pool" + (" (memory / tokens)" if bpt else " (tokens)"), fontsize=8)
+        if len(pols) > 1:
+            ax.set_title(pol, fontsize=9)
+    cb = fig.colorbar(image, ax=axes[0].tolist(), fraction=0.05, pad=0.02)
+    cb.set_label("token hit ratio, device + host (%)", fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+    name = os.path.basename(curve["workload"])
+    mode = "arrival times" if curve.get("mode") == "arrival" else "one pass"
+    fig.suptitle(title or (
+        f"{name}: {curve['requests']:,} requests\npage {curve['page_size']}, max running "
+        f"{curve['max_running']:,}, {mode}, host tier {h['write_policy']}, load-back "
+        f"threshold {h['load_back_threshold']}\ncells: total % (device + host); unbounded "
+        f"device pool {ceiling:.2f} %"), fontsize=9)
     return fig

@@ -202,6 +202,42 @@ evicted, states evicted (each counter the unit its eviction freed, whichever
 call did it), window slides, state waits, the peak SWA tokens and states in
 the tree, and the conservation of all three pools.
 
+**Host tier mode** (``host_capacity=H``): a Full-attention model served with
+SGLang's HiCache, a host KV pool of ``H`` tokens behind the device pool. The
+cache gets ``init_hicache(host_size=H, hicache_write_policy=write_policy,
+load_back_threshold=...)`` (``write_through``: a node is backed up at its first
+hit; ``write_through_selective``: at its second; ``write_back`` is refused: the
+cache does not build it yet). The scheduler's HiCache calls, as SGLang's:
+
+1. Every scheduler step polls ``check_hicache_events`` (submit the backups the
+   completions queued, complete them: a backed-up node is pinned on the device
+   until then). A step here is an admission (after the completions that come
+   before it), each completion waited for when KV is short, and the end of the
+   run.
+2. The match reports ``device_prefix_len`` and ``host_hit_length`` (the tokens
+   past the device match held on the host only). When ``host_hit_length > 0``
+   the request (``req.last_node`` = the device match) calls
+   ``init_load_back(InitLoadBackParams(best_match_node, host_hit_length,
+   req=req))``: below ``load_back_threshold`` tokens (SGLang's 10) the load is
+   declined and those tokens are recomputed; else they are loaded back (device
+   slots allocated, evicting when short) and the request's node is the best
+   match node. Then ``inc_lock_ref`` on that node, the allocation of the rest
+   (uncached prompt + outputs) as in the Full-only model, and, after a load,
+   ``ready_to_load_host_cache`` and ``loading_check`` (transfers are
+   synchronous: the load is complete when it is submitted).
+3. Device eviction demotes a backed-up leaf (its host copy stays) and deletes
+   the others; a backup short of host slots evicts host leaves first.
+
+A request's hit is its device hit plus its **host hit** (the tokens loaded
+back); the rest of its prompt is its miss. ``hit_tokens`` and
+``token_hit_ratio`` count both tiers (the prefill skips both); the split is in
+``device_hit_tokens``, ``host_hit_tokens`` and ``miss_tokens``. The time a
+load takes is not modelled (in the arrival mode a request prefills its misses
+only). The host pool gets ``min(H, distinct prefix tokens)`` slots (the tree
+can never hold more: ``host_pool_slots``). Not with ``swa_window`` or
+``mamba_states`` (the cache's host tier is Full-attention only), nor the
+``"core"`` driver.
+
 Rows of the ``ReqToTokenPool`` are reused: it has ``min(max_running,
 requests)`` rows, each as long as the longest request (prompt + output). The
 KV pool never holds more slots than the workload can use
@@ -218,9 +254,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ._progress import progress_bar
-from .. import (ComponentType, EvictParams, HybridReqToTokenPool, InsertParams,
-                MatchPrefixParams, RadixKey, Req, ReqToTokenPool, SWATokenToKVPoolAllocator,
-                TokenToKVPoolAllocator, UnifiedRadixCache)
+from .. import (ComponentType, EvictParams, HybridReqToTokenPool, InitLoadBackParams,
+                InsertParams, MatchPrefixParams, RadixKey, Req, ReqToTokenPool,
+                SWATokenToKVPoolAllocator, TokenToKVPoolAllocator, UnifiedRadixCache)
 
 OPS = ("match_prefix", "inc_lock_ref", "evict", "cache_finished_req")
 #: The SWA mode's operations (``inc_lock_ref`` is ``cache.lock`` there).
@@ -228,6 +264,21 @@ SWA_OPS = OPS[:3] + ("evict_sliding_windows", "cache_finished_req")
 #: The extra-buffer Mamba mode's operations (``checkpoint``: after each prefill;
 #: ``cache_finished_req`` is its new name ``release_kv_cache`` there).
 MAMBA_EXTRA_OPS = OPS[:3] + ("checkpoint", "cache_finished_req")
+#: The host tier mode's operations (``loading_check``: ``ready_to_load_host_cache``
+#: and ``loading_check`` after a load; ``check_hicache_events``: each step's poll).
+HOST_OPS = ("match_prefix", "init_load_back", "inc_lock_ref", "evict", "loading_check",
+            "cache_finished_req", "check_hicache_events")
+
+#: Write policies of the host tier mode (those the cache's host tier builds).
+HOST_WRITE_POLICIES = ("write_through", "write_through_selective")
+#: ``write_policy`` when none is given (SGLang's ``--hicache-write-policy`` default).
+DEFAULT_WRITE_POLICY = "write_through"
+#: ``load_back_threshold`` when none is given: fewer host tokens are recomputed
+#: (SGLang's ``load_back_threshold``).
+DEFAULT_LOAD_BACK_THRESHOLD = 10
+#: Largest accepted threshold (the cache takes a signed 63-bit int; a threshold
+#: past any pool declines every load).
+MAX_LOAD_BACK_THRESHOLD = 1 << 40
 
 #: ``swa_ratio`` when none is given: SGLang's ``swa_full_tokens_ratio`` default.
 DEFAULT_SWA_RATIO = 0.8
@@ -403,12 +454,31 @@ class ReplayResult:
     peak_mamba_tree_states: object = None  # states the tree held at most (after completions;
                                            # extra buffer: and checkpoints)
     final_mamba_tree_states: object = None
+    # host tier mode (None otherwise; left out of to_dict then). hit_tokens and
+    # token_hit_ratio count both tiers there: device_hit_tokens + host_hit_tokens
+    host_capacity: object = None          # H, tokens (or "inf")
+    host_pool_slots: object = None        # host pool size actually used (<= H)
+    write_policy: object = None           # write_through / write_through_selective
+    load_back_threshold: object = None    # host hits below this are recomputed
+    device_hit_tokens: object = None      # prompt tokens found on the device
+    host_hit_tokens: object = None        # prompt tokens loaded back from the host
+    miss_tokens: object = None            # prompt tokens computed (prompt - both hits)
+    device_hit_ratio: object = None       # device_hit_tokens / prompt_tokens
+    host_hit_ratio: object = None         # host_hit_tokens / prompt_tokens
+    load_backs: object = None             # loads committed (served requests' and rejected)
+    loaded_tokens: object = None          # tokens loaded back (host hits + rejected requests')
+    declined_host_tokens: object = None   # host hits not loaded (below the threshold, or
+                                          # no device slots): recomputed
+    load_evicted_tokens: object = None    # device tokens init_load_back evicted (in
+                                          # evicted_tokens too)
+    peak_host_tree_tokens: object = None  # host tokens the tree held at most
+    final_host_tree_tokens: object = None
 
     def to_dict(self):
         d = asdict(self)
         d.pop("hits")
         d.pop("per_request")
-        for mode in (SWA_MODE, MAMBA_MODE):
+        for mode in (SWA_MODE, MAMBA_MODE, HOST_MODE):
             if getattr(self, mode.param) is None:
                 for k in mode.fields:
                     d.pop(k)
@@ -424,6 +494,11 @@ MAMBA_FIELDS = ("mamba_states", "mamba_pool_slots", "mamba_chunk", "mamba_extra_
                 "mamba_evicted_states",
                 "checkpoint_lost_hit_tokens", "mamba_waits", "peak_mamba_tree_states",
                 "final_mamba_tree_states")
+#: ``ReplayResult`` fields of the host tier mode.
+HOST_FIELDS = ("host_capacity", "host_pool_slots", "write_policy", "load_back_threshold",
+               "device_hit_tokens", "host_hit_tokens", "miss_tokens", "device_hit_ratio",
+               "host_hit_ratio", "load_backs", "loaded_tokens", "declined_host_tokens",
+               "load_evicted_tokens", "peak_host_tree_tokens", "final_host_tree_tokens")
 
 
 @dataclass(frozen=True)
@@ -468,12 +543,17 @@ SWA_MAMBA_MODE = HybridMode(
     ("swa_evicted_tokens", "mamba_evicted_states"), SWA_FIELDS + MAMBA_FIELDS,
     ("swa_evicted_tokens", "mamba_evicted_states", "full_kv_hit_tokens",
      "window_lost_hit_tokens", "checkpoint_lost_hit_tokens"))
-HYBRID_MODES = (SWA_MAMBA_MODE, SWA_MODE, MAMBA_MODE)
+#: The host tier mode (HiCache): a series varies the host pool; it loses no hit
+#: (``lost`` and ``evicted`` empty: its own figures are the hits per tier).
+HOST_MODE = HybridMode("host", ("host_capacity",), ("host",), (), (), HOST_FIELDS,
+                       ("device_hit_tokens", "host_hit_tokens", "miss_tokens",
+                        "host_match_tokens"))
+HYBRID_MODES = (SWA_MAMBA_MODE, SWA_MODE, MAMBA_MODE, HOST_MODE)
 
 
 def hybrid_mode(run):
-    """The :class:`HybridMode` of a ``ReplayResult`` or of a sweep point (dict), or
-    ``None`` for a Full-only run."""
+    """The :class:`HybridMode` of a ``ReplayResult`` or of a sweep point (dict) (the
+    host tier mode's too: :data:`HOST_MODE`), or ``None`` for a Full-only run."""
     for mode in HYBRID_MODES:   # the SWA + Mamba mode first: it sets both modes' params
         get = run.get if isinstance(run, dict) else lambda k: getattr(run, k)
         if all(get(p) is not None for p in mode.params):
@@ -497,15 +577,15 @@ _warm = set()
 WARM_UP_NOTICE_S = 1.0
 
 
-def warm_up(swa=False, notice=False, mamba=False, extra=False):
+def warm_up(swa=False, notice=False, mamba=False, extra=False, host=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
     process (and once more for the SWA mode when ``swa``, for the Mamba mode when
     ``mamba``, with the extra buffer when ``extra`` too, for the SWA + Mamba mode
-    when both), so the timed loop measures the
+    when both, for the host tier mode when ``host``), so the timed loop measures the
     cache and not the JIT. ``notice``: when it runs longer than
     ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
     compiles for ~10-25 s in silence otherwise). Returns seconds."""
-    kind = ("swa+mamba" if swa and mamba else "swa" if swa else
+    kind = ("host" if host else "swa+mamba" if swa and mamba else "swa" if swa else
             ("mamba+extra" if extra else "mamba") if mamba else "full")
     if kind in _warm:
         return 0.0
@@ -533,7 +613,16 @@ def _warm_up(kind, swa, Workload):
     tiny = Workload("warm-up", 4, np.zeros(4), np.array([8, 10, 7, 4], dtype=np.int64),
                     np.full(4, 2, dtype=np.int64), np.array([0, 2, 5, 7, 8], dtype=np.int64),
                     np.array([0, 1, 0, 1, 2, 0, 3, 4], dtype=np.int64))
-    if kind == "swa+mamba":
+    if kind == "host":
+        # r0 [0,1], r1 [2,3], r2 = r0 (8 tokens + 1 each), a pool of 10, one at a time:
+        # r1 demotes r0's prefix, r2 loads it back (demoting r1's); with a host of 12,
+        # r1's backup evicts r0's host copy first
+        two = Workload("warm-up", 4, np.zeros(3), np.full(3, 8, dtype=np.int64),
+                       np.ones(3, dtype=np.int64), np.array([0, 2, 4, 6], dtype=np.int64),
+                       np.array([0, 1, 2, 3, 0, 1], dtype=np.int64))
+        for h in (16, 12):
+            replay(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1)
+    elif kind == "swa+mamba":
         replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
                swa_eviction_interval=1, mamba_states=1)
     elif kind == "swa":
@@ -665,7 +754,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
            cache_outputs=False, cache_factory=None, driver="request", progress=False,
            record_hits=False, check=True, arrival=None, record_requests=False, swa_window=None,
            swa_ratio=None, swa_eviction_interval=SWA_EVICTION_INTERVAL, mamba_states=None,
-           mamba_chunk=None, mamba_extra_buffer=False):
+           mamba_chunk=None, mamba_extra_buffer=False, host_capacity=None, write_policy=None,
+           load_back_threshold=None):
     """Replay ``workload`` through a cache; returns a :class:`ReplayResult`.
 
     Parameters
@@ -748,14 +838,34 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         tracked on the grid, a ``checkpoint`` after each prefill, and
         ``release_kv_cache``. The pool gets ``min(N, 4 x requests)`` slots. Not
         with ``swa_window``.
+    host_capacity : int >= 0, math.inf or None
+        The host tier mode's host pool ``H`` in tokens (module docstring);
+        ``None``: no host tier; ``math.inf``: as large as the workload can
+        use. The pool gets ``min(H, distinct prefix tokens)`` slots
+        (``host_pool_slots``; with ``cache_outputs`` plus the output tokens).
+        Not with ``swa_window`` or ``mamba_states``.
+    write_policy : str or None
+        Host tier mode: ``"write_through"`` (the default) or
+        ``"write_through_selective"``; ``"write_back"`` is refused (the cache
+        does not build it yet).
+    load_back_threshold : int >= 0 or None
+        Host tier mode: host hits of fewer tokens are recomputed, not loaded
+        (``None``: :data:`DEFAULT_LOAD_BACK_THRESHOLD`, SGLang's 10).
+
+    With ``record_requests`` the host tier mode adds ``device_hit_tokens``,
+    ``host_hit_tokens`` (loaded back; ``hit_tokens`` is their sum),
+    ``miss_tokens`` (prompt - hit; the whole prompt when rejected) and
+    ``host_match_tokens`` (its match's ``host_hit_length``: loaded, or declined).
 
     Raises ``ValueError`` for an invalid option (also: SWA options without
-    ``swa_window``, Mamba options without ``mamba_states``, the ``"core"``
-    driver in a hybrid mode, a Mamba page size other than 1 without the extra
-    buffer, the extra buffer with ``swa_window`` or fewer than 4 states, an SWA
-    pool below one page), ``TypeError`` for a non-int window or state count
-    or a non-bool ``mamba_extra_buffer``, and ``MemoryError`` when the pools
-    cannot be allocated.
+    ``swa_window``, Mamba options without ``mamba_states``, host tier options
+    without ``host_capacity``, the ``"core"`` driver in a hybrid or host tier
+    mode, a Mamba page size other than 1 without the extra buffer, the extra
+    buffer with ``swa_window`` or fewer than 4 states, an SWA pool below one
+    page, ``host_capacity`` with ``swa_window`` or ``mamba_states``,
+    ``write_policy="write_back"``), ``TypeError`` for a non-int window, state
+    count, host capacity or threshold or a non-bool ``mamba_extra_buffer``, and
+    ``MemoryError`` when the pools cannot be allocated.
     """
     if driver not in ("request", "core"):
         raise ValueError(f"driver must be 'request' or 'core', got {driver!r}")
@@ -819,6 +929,45 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                              "path donates the state)")
     elif mamba_chunk is not None:
         raise ValueError("mamba_chunk needs mamba_states (the Mamba mode)")
+    host = host_capacity is not None
+    if host:
+        for given, what in ((swa, "swa_window"), (mamba, "mamba_states")):
+            if given:
+                raise ValueError(f"host_capacity (the host tier) with {what}: the cache's host "
+                                 f"tier holds Full-attention KV only (init_hicache refuses a "
+                                 f"cache with SWA or Mamba); drop one of the two")
+        if isinstance(host_capacity, bool) or not isinstance(
+                host_capacity, (int, np.integer, float)) or (
+                isinstance(host_capacity, float) and host_capacity != math.inf):
+            raise TypeError(f"host_capacity must be an int (tokens) or math.inf, got "
+                            f"{host_capacity!r}")
+        if host_capacity < 0:
+            raise ValueError(f"host_capacity must be >= 0 tokens, got {host_capacity}")
+        write_policy = DEFAULT_WRITE_POLICY if write_policy is None else write_policy
+        if write_policy == "write_back":
+            raise ValueError("write_policy 'write_back' is not supported: the cache's host tier "
+                             "builds write_through and write_through_selective only")
+        if write_policy not in HOST_WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(HOST_WRITE_POLICIES)}, "
+                             f"got {write_policy!r}")
+        load_back_threshold = (DEFAULT_LOAD_BACK_THRESHOLD if load_back_threshold is None
+                               else load_back_threshold)
+        if isinstance(load_back_threshold, bool) or not isinstance(load_back_threshold,
+                                                                   (int, np.integer)):
+            raise TypeError(f"load_back_threshold must be an int, got "
+                            f"{type(load_back_threshold).__name__}")
+        load_back_threshold = int(load_back_threshold)
+        if not 0 <= load_back_threshold <= MAX_LOAD_BACK_THRESHOLD:
+            raise ValueError(f"load_back_threshold must be in [0, {MAX_LOAD_BACK_THRESHOLD}] "
+                             f"tokens, got {load_back_threshold}")
+        if driver != "request":
+            raise ValueError("the host tier mode (host_capacity) needs driver='request' (the "
+                             "core driver's caches have no host tier)")
+    else:
+        for given, what in ((write_policy, "write_policy"),
+                            (load_back_threshold, "load_back_threshold")):
+            if given is not None:
+                raise ValueError(f"{what} needs host_capacity (the host tier mode)")
     hybrid = swa or mamba
     timed = arrival is not None
     if timed and not isinstance(arrival, ArrivalModel):
@@ -865,9 +1014,20 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if m_slots < mamba_states:
             notes.append(f"state pool sized to {m_slots:,} state{'' if m_slots == 1 else 's'}: "
                          f"this workload can never use more")
+    h_slots = None
+    if host:
+        # the tree never holds more distinct tokens than the prompts' distinct prefixes
+        # (and the outputs, when cached): a host pool beyond that gives the same run
+        h_bound = workload.distinct_prefix_blocks() * workload.block_size + (
+            workload.output_tokens if cache_outputs else 0)
+        h_slots = h_bound if host_capacity == math.inf else min(int(host_capacity), h_bound)
+        if host_capacity != math.inf and h_slots < int(host_capacity):
+            notes.append(f"host pool sized to {h_slots:,} tokens: this workload can never use "
+                         f"more, so {int(host_capacity):,} tokens gives the same run")
     warmup_s = warm_up(notice=bool(progress))
-    if hybrid:
-        warmup_s += warm_up(swa=swa, mamba=mamba, extra=extra, notice=bool(progress))
+    if hybrid or host:
+        warmup_s += warm_up(swa=swa, mamba=mamba, extra=extra, host=host,
+                            notice=bool(progress))
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     if swa:
         alloc = SWATokenToKVPoolAllocator(slots, swa_slots, page_size=page_size)
@@ -893,6 +1053,13 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     if extra:
         fkw["enable_mamba_extra_buffer"] = True
     cache = factory(page_size, policy, alloc, req_pool, **fkw)
+    if host:
+        if not hasattr(cache, "init_hicache"):
+            raise ValueError("the host tier mode needs a cache with init_hicache "
+                             "(flatradix.UnifiedRadixCache)")
+        cache.init_hicache(host_size=h_slots, hicache_write_policy=write_policy,
+                           load_back_threshold=load_back_threshold)
+        host_pool = cache.mem_pool_host
     table = req_pool.req_to_token
     use_req = driver == "request"
 
@@ -924,6 +1091,18 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     fresh = workload.token_base
     lat_match, lat_lock, lat_evict, lat_finish, lat_slide = [], [], [], [], []
     lat_ckpt = []
+    # the host tier mode's calls and figures
+    check_events = cache.check_hicache_events if host else None
+    init_load_back = cache.init_load_back if host else None
+    ready_to_load = cache.ready_to_load_host_cache if host else None
+    loading_check = cache.loading_check if host else None
+    path_indices = cache.path_device_indices if host else None
+    host_total = cache.host_total_size if host else None
+    lat_load, lat_loading, lat_events = [], [], []
+    dev_hits = host_hits = load_backs = loaded = declined = load_evicted = peak_host = 0
+    r_dev_hit = np.zeros(n_req, dtype=np.int64) if host else None
+    r_host_hit = np.zeros(n_req, dtype=np.int64) if host else None
+    r_host_match = np.zeros(n_req, dtype=np.int64) if host else None
     W, interval = swa_window, swa_eviction_interval
     # the hybrid modes' own figures: SWA tokens and Mamba states evicted, hit tokens
     # lost to the window and to checkpoint granularity, peak SWA tokens / states in the
@@ -981,10 +1160,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     def note_sizes():
         # the peak tree sizes (after each completion; extra buffer: each checkpoint too)
-        nonlocal peak, peak_aux, peak_m
+        nonlocal peak, peak_aux, peak_m, peak_host
         size, aux_size = total_size()
         if size > peak:
             peak = size
+        if host:
+            h = host_total()
+            if h > peak_host:
+                peak_host = h
         if triple:
             aux_size = swa_ev_size() + swa_prot_size()
             m_size = m_ev_size() + m_prot_size()
@@ -1014,6 +1197,49 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         lat_lock.append(pc() - t1)
         lat_match.append(t1 - t0)
         return m, node, tree_lock
+
+    def poll():
+        # the host tier mode: a scheduler step's HiCache poll (submit and complete the
+        # backups the completions queued; they pin their nodes on the device until then)
+        t = pc()
+        check_events()
+        lat_events.append(pc() - t)
+
+    def match_load_lock(key, req):
+        # the host tier mode: match, load the host hit back (SGLang's PrefillAdder:
+        # init_load_back with req.last_node the device match), lock the request's node.
+        # Returns (match, node, hit, prefix indices, tokens loaded)
+        nonlocal load_backs, loaded, declined, load_evicted, evicted
+        t0 = pc()
+        m = match(MatchPrefixParams(key=RadixKey(key)))
+        lat_match.append(pc() - t0)
+        node = m.last_device_node
+        hit = m.device_prefix_len
+        prefix = m.device_indices
+        got = 0
+        if m.host_hit_length > 0:
+            req.last_node = node
+            before = total_size()[0]
+            t = pc()
+            got, lnode = init_load_back(InitLoadBackParams(m.best_match_node,
+                                                           m.host_hit_length, req=req))
+            lat_load.append(pc() - t)
+            # what its allocation evicted: the tree grew by the load, shrank by that
+            ev = before + got - total_size()[0]
+            load_evicted += ev
+            evicted += ev
+            if got:
+                load_backs += 1
+                loaded += got
+                node = lnode
+                hit += got
+                prefix = path_indices(node)
+            else:
+                declined += m.host_hit_length
+        t1 = pc()
+        lock(node)
+        lat_lock.append(pc() - t1)
+        return m, node, hit, prefix, got
 
     def state_hit(m):
         # the SWA + Mamba mode: the end of the deepest node holding a state on the matched
@@ -1074,9 +1300,15 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         # the Mamba mode matches prompt[:-1], as SGLang's scheduler (at least one
         # token is computed); the Full-only and SWA modes the whole prompt
         key = toks[:n - 1] if mamba and n else toks[:n]
-        m, node, tree_lock = match_and_lock(key)
-        s_hit = state_hit(m) if triple else None
         ev0, sev0, mev0 = evicted, swa_evicted, m_evicted
+        if host:
+            poll()
+            hreq = Req(origin_input_ids=toks[:n], fill_ids=toks)
+            m, node, hit, prefix, got = match_load_lock(key, hreq)
+            tree_lock = None
+        else:
+            m, node, tree_lock = match_and_lock(key)
+        s_hit = state_hit(m) if triple else None
         mslot = None
         if extra:
             # alloc_mamba's 3 slots (+ the checkpoint's) must be free: evict states, then
@@ -1123,7 +1355,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                             raise AssertionError("no Mamba state slot free or evictable with "
                                                  "nothing running: a state leaked")
             mslot = int(mslot[0])
-        hit = m.device_prefix_len
+        if not host:
+            hit = m.device_prefix_len
+            prefix = m.device_indices
         need = n - hit + o
         slots_i = a_alloc(need)
         while slots_i is None:
@@ -1145,9 +1379,17 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 if not running_l:
                     break
                 complete_next()
+                if host:
+                    poll()      # a step ended: the completion's backups go through
                 waits += 1
                 waited += 1
                 slots_i = a_alloc(need)
+        if host and got:
+            # the load is submitted with the batch and, synchronous, complete at once
+            t = pc()
+            ready_to_load()
+            loading_check()
+            lat_loading.append(pc() - t)
         r_evicted[i] = evicted - ev0
         if swa:
             r_swa_evicted[i] = swa_evicted - sev0
@@ -1155,6 +1397,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             r_m_evicted[i] = m_evicted - mev0
         r_waited[i] = waited
         r_decide[i] = clock
+        if host:
+            r_host_match[i] = m.host_hit_length
         if slots_i is None:
             unlock(tree_lock if hybrid else node)
             if mslot is not None:
@@ -1163,11 +1407,24 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         else:
             hit_tokens += hit
             r_hit[i] = hit
+            if host:
+                r_dev_hit[i] = hit - got
+                r_host_hit[i] = got
+                dev_hits += hit - got
+                host_hits += got
             row = req_pool.alloc(1)[0]
-            table[row, :hit] = m.device_indices
+            table[row, :hit] = prefix
             table[row, hit:n + o] = slots_i
             req = None
-            if use_req:
+            if host:
+                # the request that asked for the load
+                req = hreq
+                req.req_pool_idx = row
+                req.prefix_indices = prefix
+                req.last_node = node
+                req.kv_committed_len = n + o if cache_outputs else n
+                req.kv_allocated_len = n + o
+            elif use_req:
                 committed = n + o if cache_outputs else n
                 req = Req(origin_input_ids=toks[:n], fill_ids=toks, req_pool_idx=row,
                           prefix_indices=m.device_indices, last_node=node,
@@ -1234,6 +1491,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             step = 0
     while running_l:
         complete_next()
+    if host:
+        poll()          # the last completions' backups
+        note_sizes()
     wall = time.perf_counter() - t_start
     cpu = time.process_time() - c_start
     if bar is not None:
@@ -1250,6 +1510,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     if mamba:
         aux.append(("Mamba states", m_avail(), cache.mamba_evictable_size(),
                     cache.mamba_protected_size(), m_slots))
+    if host:
+        # host slots: free, or holding a node's host copy (nothing is in flight now)
+        aux.append(("host", host_pool.available_size(), host_total(), 0, h_slots))
     for name, x_avail, x_ev, x_prot, x_pool in aux:
         if not (x_avail + x_ev + x_prot == x_pool and x_prot == 0):
             conserved = False
@@ -1317,12 +1580,31 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                                                              0)}
             mode = SWA_MAMBA_MODE if triple else SWA_MODE if swa else MAMBA_MODE
             per_request.update((k, arrays[k]) for k in mode.per_request)
+        if host:
+            per_request.update(
+                device_hit_tokens=np.where(served, r_dev_hit, 0),
+                host_hit_tokens=np.where(served, r_host_hit, 0),
+                miss_tokens=workload.input_lengths - np.where(served, r_hit, 0),
+                host_match_tokens=r_host_match)
     prompt_tokens = workload.prompt_tokens
     latency = {"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
                "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)}
     if extra:
         latency["checkpoint"] = _latency(lat_ckpt)
     swa_kw = {}
+    if host:
+        latency.update(init_load_back=_latency(lat_load), loading_check=_latency(lat_loading),
+                       check_hicache_events=_latency(lat_events))
+        swa_kw.update(
+            host_capacity="inf" if host_capacity == math.inf else int(host_capacity),
+            host_pool_slots=h_slots, write_policy=write_policy,
+            load_back_threshold=load_back_threshold, device_hit_tokens=int(dev_hits),
+            host_hit_tokens=int(host_hits), miss_tokens=int(workload.prompt_tokens - hit_tokens),
+            device_hit_ratio=dev_hits / workload.prompt_tokens if workload.prompt_tokens else 0.0,
+            host_hit_ratio=host_hits / workload.prompt_tokens if workload.prompt_tokens else 0.0,
+            load_backs=int(load_backs), loaded_tokens=int(loaded),
+            declined_host_tokens=int(declined), load_evicted_tokens=int(load_evicted),
+            peak_host_tree_tokens=int(peak_host), final_host_tree_tokens=int(host_total()))
     if swa:
         latency["evict_sliding_windows"] = _latency(lat_slide)
         if not unbounded and swa_slots < int(int(capacity) * swa_ratio) - page_size:
