@@ -463,14 +463,14 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if new_ns and len(eng.ns.ids) > eng.ns.gc_at:
                 # after the insert: a refused call changes nothing
                 eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
-            backups = [] if self._host is not None else None
-            freed = execute(eng.actions(), eng.out, value, self._vals, self._sink,
+            out = eng.out
+            backups = None
+            if self._host is not None:  # backups run amid the rows (engine calls): copy out
+                out = eng.out[:max(n if want_path else 0, int(eng.meta[L.M_NOUT]))].copy()
+                backups = self._run_backup
+            freed = execute(eng.actions(), out, value, self._vals, self._sink,
                             keep_own=keep_own, adopted=adopted, backups=backups)
-            path = eng.out[:n] if want_path else None
-            if backups:  # write-through: back the nodes up now (engine calls: copy the path)
-                if path is not None:
-                    path = path.copy()
-                self._run_backups(backups)
+            path = out[:n] if want_path else None
         return plen, target, freed, path, adopted, bool(exist)
 
     def _check_anchored(self, node, name):
@@ -734,6 +734,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 adopted = {ComponentType(c): r for c, r in adopted.items()}
             else:  # only components that adopted something appear (SGLang: {} when none)
                 adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
+        if self._host is not None:
+            self._raise_transfer_error()  # a backup's copy failed: raised once all is done
         return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
                             duplicate_indices=dup_out, mamba_exist=exist,
                             swa_branch_inserted=branch_inserted)
@@ -814,7 +816,10 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         with self._mutex:
             done = swa_done = m_done = 0
             phase = 0
-            while True:
+            if self._hicache_policy == "write_back":  # SGLang's step-wise round
+                done, parts = self._evict_write_back(num)
+                phase = -1
+            while phase >= 0:
                 st, f, w, m, phase = _k_evict(*eng.st, num - done, swa_num - swa_done,
                                               mamba_num - m_done, phase, eng.out, eng.acts)
                 done += f
@@ -866,6 +871,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             st, nid, f, w, m = eng.call(_k_evict_next, c)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
+            if st == L.E_NEED_BACKUP:  # write-back: back the victim up, then demote / drop it
+                n, freed = self._write_back_victim(nid, None)
+                return EvictStep(int(nid), self._vals.out(freed), n, True,
+                                 swa_freed_indices=self._vals.empty(),
+                                 mamba_freed_indices=self._mamba_empty())
             rows = eng.actions()
             # the controller frees the step's slots: execute the events only
             mamba_freed = []
@@ -1503,6 +1513,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """Copy of the whole state, for "unchanged after an error" tests."""
         with self._mutex:
             return self._engine.snapshot()
+
+
+# the host tier's wrappers of the request path keep the request path's documentation
+HiCacheMixin.checkpoint.__doc__ = RequestCachingMixin.checkpoint.__doc__
+HiCacheMixin.release_kv_cache.__doc__ = RequestCachingMixin.release_kv_cache.__doc__
 
 
 class _NoFree:

@@ -332,7 +332,7 @@ def build_parser():
     g.add_argument("--write-policy", default=None,
                    choices=("write_through", "write_through_selective", "write_back"),
                    help="with --host-capacity: SGLang's --hicache-write-policy (default "
-                        "write_through; write_back is not built yet)")
+                        "write_through)")
     g.add_argument("--load-back-threshold", type=_nonnegative_int, default=None, metavar="N",
                    help="with --host-capacity: host hits of fewer tokens are recomputed, not "
                         "loaded back (default: 10, SGLang's)")
@@ -420,9 +420,6 @@ def _check_options(args):
             need(not v, f"--host-capacity with {opt}: the cache's host tier holds "
                         f"Full-attention KV only (SGLang's HiCache for hybrid models is not "
                         f"built yet); drop one of the two")
-        need(args.write_policy != "write_back",
-             "--write-policy write_back is not supported: the cache's host tier builds "
-             "write_through and write_through_selective only")
     else:
         for opt, v in (("--write-policy", args.write_policy),
                        ("--load-back-threshold", args.load_back_threshold)):

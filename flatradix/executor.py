@@ -46,9 +46,10 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     allocator.
 
     ``host``: the host pool (``flatradix.hicache.HostKVPool``) ``A_FREE_HOST``
-    rows are freed to (host eviction); ``backups``: a list the node slots of
-    ``A_BACKUP`` rows are appended to (the façade runs the backups after the
-    call). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
+    rows are freed to (host eviction); ``backups``: called with the node slot of
+    each ``A_BACKUP`` row when the row is reached (the façade backs the node up
+    there, as SGLang's insert does at that barrier; it makes engine calls, so
+    ``out`` must then be a copy). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
 
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.
@@ -69,8 +70,8 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
                 sink.removed(off, n, aux)
             continue
         if kind == A.A_BACKUP:
-            if backups is not None:
-                backups.append(off)
+            if backups is not None:  # run now: its events fall at the walk's position
+                backups(off)
             continue
         if kind == A.A_ADOPTED:
             if adopted is not None:

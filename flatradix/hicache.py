@@ -3,8 +3,10 @@
 Full attention only for now (``ValueError`` on a cache with SWA or Mamba).
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
-first hit, ``write_through_selective`` at its second; ``write_back`` is not
-built yet) and an optional transfer callable that moves the KV bytes (the tree
+first hit, ``write_through_selective`` at its second, ``write_back`` only when
+eviction takes it: backed up, completed at once, then demoted; host eviction
+then first reclaims the host copies of nodes still on the device) and an
+optional transfer callable that moves the KV bytes (the tree
 only moves indices: ``transfer(kind, device_indices, host_indices)`` with
 ``kind`` ``"backup"`` (device -> host) or ``"load"`` (host -> device); without
 one no bytes move, which is what trace replays and tests need).
@@ -25,26 +27,33 @@ from collections import deque
 
 import numpy as np
 
-from ._cast import as_count, as_int, as_node_id
+from ._cast import as_count, as_flag, as_int, as_node_id
 from .errors import LockRefError
 from .types import ComponentType, DecLockRefResult, IncLockRefResult
 from .executor import execute
 from .kernels import host as K
 from .kernels import layout as L
+from .kernels.evict import evict_end as _k_evict_end
+from .kernels.evict import evict_next as _k_evict_next
+from .kernels.evict import evict_start as _k_evict_start
 
 _EMPTY = np.empty(0, dtype=np.int64)
+#: Largest host pool (tokens), as the device pools' bound.
+MAX_HOST_SIZE = 1 << 40
 
 
 class HostKVPool:
     """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
     ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
-    ``n`` are free, ``free(indices)`` (O(freed)), ``available_size()``,
-    ``clear()``. Slots are handed out lowest first after a ``clear``."""
+    ``n`` are free, ``free(indices)`` (O(freed); ``ValueError``, nothing freed, for
+    a slot not handed out or given twice), ``available_size()``, ``clear()``.
+    Slots are handed out lowest first after a ``clear``."""
 
     def __init__(self, size):
         self.size = as_count(size, "size")
         self._free = np.arange(self.size - 1, -1, -1, dtype=np.int64)
         self._n = self.size
+        self._held = np.zeros(self.size, dtype=bool)
 
     def available_size(self):
         return self._n
@@ -55,6 +64,7 @@ class HostKVPool:
             return None
         out = self._free[self._n - n:self._n][::-1].copy()
         self._n -= n
+        self._held[out] = True
         return out
 
     def free(self, indices):
@@ -62,15 +72,18 @@ class HostKVPool:
         k = idx.shape[0]
         if k == 0:
             return
-        if self._n + k > self.size:
-            raise ValueError(f"indices: freeing {k} host slots would exceed the pool's size "
-                             f"{self.size} (a double free)")
+        if (idx.min() < 0 or idx.max() >= self.size or not self._held[idx].all()
+                or np.unique(idx).shape[0] != k):
+            raise ValueError(f"indices: host slots outside 0..{self.size - 1}, not handed out, "
+                             "or given twice (a double free); nothing freed")
+        self._held[idx] = False
         self._free[self._n:self._n + k] = idx[::-1]
         self._n += k
 
     def clear(self):
         self._free[:] = np.arange(self.size - 1, -1, -1, dtype=np.int64)
         self._n = self.size
+        self._held[:] = False
 
 
 class HiCacheMixin:
@@ -78,21 +91,23 @@ class HiCacheMixin:
 
     _host = None
     _hicache_policy = None
+    _transfer_error = None
 
     def init_hicache(self, server_args=None, params=None, *, hicache_write_policy=None,
                      host_size=None, hicache_ratio=None, load_back_threshold=10,
                      transfer=None):
         """Turn the host tier on (SGLang ``init_hicache``).
 
-        ``server_args``: optional object read for ``hicache_write_policy``,
-        ``hicache_ratio`` and ``hicache_size`` as SGLang's server args (keywords
-        win). ``host_size``: host pool slots (tokens); else from ``hicache_ratio``
+        ``server_args``: optional object read for ``hicache_write_policy`` and
+        ``hicache_ratio`` as SGLang's server args (keywords win); SGLang's
+        ``hicache_size`` (GB per rank) is not read: flatradix sizes its pool in
+        tokens (``host_size``). ``host_size``: host pool slots (tokens); else from ``hicache_ratio``
         as SGLang sizes it: ``(int(D * ratio) // page_size + 1) * page_size`` for a
         device allocator of ``size`` D. ``load_back_threshold``: fewer host
         tokens than this are recomputed, not loaded (SGLang's default 10).
         ``transfer``: see the module docstring. Raises ``ValueError`` for an
-        unknown policy, a cache with SWA or Mamba, ``write_back`` (not built), a
-        missing size, or a second call; nothing changes then.
+        unknown policy, a cache with SWA or Mamba, a missing size, or a second
+        call; nothing changes then.
         """
         def arg(name, given):
             if given is not None:
@@ -103,9 +118,6 @@ class HiCacheMixin:
         if policy not in L.HOST_POLICY_NAMES[1:]:
             raise ValueError(f"hicache_write_policy must be one of "
                              f"{', '.join(L.HOST_POLICY_NAMES[1:])}, got {policy!r}")
-        if policy == "write_back":
-            raise ValueError("hicache_write_policy='write_back' is not supported yet "
-                             "(write_through / write_through_selective are)")
         if self._swa or self._mamba:
             raise ValueError("init_hicache: the host tier supports Full-attention caches only "
                              f"for now; this cache has components {self.components}")
@@ -113,18 +125,26 @@ class HiCacheMixin:
             raise ValueError("init_hicache: the host tier is already on")
         ratio = arg("hicache_ratio", hicache_ratio)
         if host_size is None and ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.integer,
+                                                                  np.floating)):
+                raise TypeError(f"hicache_ratio must be a number, got {type(ratio).__name__}")
             dev = getattr(self.token_to_kv_pool_allocator, "size", None)
             if dev is None:
                 raise ValueError("hicache_ratio needs a token_to_kv_pool_allocator with a size "
                                  "(or give host_size)")
-            if not ratio > 0:
-                raise ValueError(f"hicache_ratio must be > 0, got {ratio}")
+            if not 0 < ratio < float("inf"):
+                raise ValueError(f"hicache_ratio must be > 0 and finite, got {ratio}")
             # SGLang's host pool sizing: whole pages, one page more than the ratio gives
             host_size = (int(dev * ratio) // self.page_size + 1) * self.page_size
         if host_size is None:
             raise ValueError("init_hicache needs host_size (tokens) or hicache_ratio")
         host_size = as_count(host_size, "host_size")
+        if host_size > MAX_HOST_SIZE:
+            raise ValueError(f"host_size must be <= {MAX_HOST_SIZE} (2**40) tokens, got "
+                             f"{host_size}")
         thr = as_int(load_back_threshold, "load_back_threshold")
+        if thr < 0:
+            raise ValueError(f"load_back_threshold must be >= 0, got {thr}")
         if transfer is not None and not callable(transfer):
             raise TypeError(f"transfer must be callable, got {type(transfer).__name__}")
         with self._mutex:
@@ -132,6 +152,7 @@ class HiCacheMixin:
             self.load_back_threshold = thr
             self._transfer = transfer
             self._hicache_policy = policy
+            self._transfer_error = None
             self.write_through_threshold = 1 if policy == "write_through" else 2
             self._engine.enable_host(L.HOST_POLICY_NAMES.index(policy),
                                      self.write_through_threshold)
@@ -159,10 +180,63 @@ class HiCacheMixin:
         if self._host is None:
             raise ValueError(f"{what}: this cache has no host tier (call init_hicache first)")
 
+    def _copy(self, kind, slot, host):
+        """Run the transfer callable for a backup of the node in ``slot`` (its device
+        indices to ``host``) before the commit. When it raises, the host slots go
+        back, the exception is kept for the caller to raise once the call's other
+        actions have run (``_raise_transfer_error``), and False is returned: nothing
+        was committed."""
+        if self._transfer is None:
+            return True
+        st, n = self._call_out(K.node_device_values, slot)
+        assert st == L.OK, st
+        try:
+            self._transfer(kind, self._vals.out(self._engine.out[:n].copy()), host)
+        except Exception as e:  # noqa: BLE001 -- re-raised by the public call
+            self._host.free(host)
+            if self._transfer_error is None:
+                self._transfer_error = e
+            return False
+        return True
+
+    def _raise_transfer_error(self):
+        """Raise the first exception a transfer callable raised during this call
+        (the state is consistent: that backup was not committed)."""
+        e, self._transfer_error = self._transfer_error, None
+        if e is not None:
+            raise e
+
+    # the request path's inserts back nodes up too: a failed copy is raised at the end
+    # of the whole call (the insert's frees, the unlock and the row release done)
+    def checkpoint(self, req, up_to, *, finished=False):
+        try:
+            return super().checkpoint(req, up_to, finished=finished)
+        finally:
+            if self._host is not None and self._transfer_error is not None:
+                self._raise_transfer_error()
+
+    def release_kv_cache(self, req, checkpoint=True):
+        try:
+            return super().release_kv_cache(req, checkpoint)
+        finally:
+            if self._host is not None and self._transfer_error is not None:
+                self._raise_transfer_error()
+
+    def _call_out(self, kernel, *args):
+        """``kernel(*arrays, *args, out)`` (a host kernel writing only ``out``); on
+        ``E_CAPACITY`` grow ``out`` and call again (it changed nothing)."""
+        eng = self._engine
+        while True:
+            r = kernel(*eng.st, *args, eng.out)
+            if r[0] != L.E_CAPACITY:
+                return r
+            eng.grow()
+
     # ------------------------------------------------------------------ backup
-    def _run_backups(self, slots):
-        """Back up the nodes in ``slots`` (an insert's ``A_BACKUP`` rows), in order.
-        Each row covers its node and its unbacked ancestors (ancestors first);
+    def _run_backup(self, s):
+        """Back up the node in slot ``s`` (an insert's ``A_BACKUP`` row, run when the
+        executor reaches it: at its place among the insert's events, as SGLang's
+        barrier). The row covers its node and its unbacked ancestors (ancestors first);
         every node of it gets its own host slots (host leaves are evicted when the
         pool is short), its own ack id (its node id, as SGLang), a device path lock
         until the ack, and is queued for the next ``flush_pending_backups``. A node
@@ -171,27 +245,26 @@ class HiCacheMixin:
         Under the cache lock."""
         eng = self._engine
         nodes = eng.st.nodes
-        for s in slots:
-            nid = int(nodes[s, L.GEN]) << 32 | int(s)
-            st, _, k = eng.call_tree(K.backup_plan, nid, eng.out)
-            if st != L.OK or k == 0:
-                continue
-            chain = eng.out[:k].tolist()
-            for c in chain:
-                n = int(eng.st.nodes[c, L.KEY_LEN])
+        nid = int(nodes[s, L.GEN]) << 32 | int(s)
+        st, _, k = self._call_out(K.backup_plan, nid)
+        if st != L.OK or k == 0:
+            return
+        chain = eng.out[:k].tolist()
+        for c in chain:
+            n = int(eng.st.nodes[c, L.KEY_LEN])
+            host = self._host.alloc(n)
+            if host is None:
+                self._evict_host_units(n - self._host.available_size())
                 host = self._host.alloc(n)
                 if host is None:
-                    self._evict_host_units(n - self._host.available_size())
-                    host = self._host.alloc(n)
-                    if host is None:
-                        break
-                cid = int(eng.st.nodes[c, L.GEN]) << 32 | int(c)
-                st, _ = eng.call_tree(K.backup_commit, c, host, cid, True, eng.out)
-                assert st == L.OK, st
-                if self._transfer is not None:
-                    self._transfer("backup", self._vals.out(eng.out[:n].copy()), host)
-                self.ongoing_write_through[cid] = cid
-                self._write_queue.append(cid)
+                    break
+            cid = int(eng.st.nodes[c, L.GEN]) << 32 | int(c)
+            if not self._copy("backup", c, host):
+                break  # the copy failed: this node and the rest of the row stay unbacked
+            st, _ = self._call_out(K.backup_commit, c, host, cid, True)
+            assert st == L.OK, st
+            self.ongoing_write_through[cid] = cid
+            self._write_queue.append(cid)
 
     def flush_pending_backups(self):
         """Submit the queued backups as one transfer with one ack (SGLang
@@ -211,6 +284,7 @@ class HiCacheMixin:
         released and, with events on, a ``BlockStored`` medium ``CPU_PINNED``
         queued, parents first. Backups not yet submitted
         (``flush_pending_backups``) wait; ``write_back=True`` submits them first."""
+        write_back = as_flag(write_back, "write_back")
         if self._host is None:
             return
         with self._mutex:
@@ -222,7 +296,8 @@ class HiCacheMixin:
             for _ in range(k):
                 for ack in self._write_acks.popleft():
                     del self.ongoing_write_through[ack]
-                    st, _ = eng.call(K.backup_ack, ack, ack, True)
+                    # write-through holds a device lock until the ack; write-back none
+                    st, _ = eng.call(K.backup_ack, ack, ack, self._hicache_policy != "write_back")
                     assert st == L.OK, st
                     execute(eng.actions(), eng.out, None, None, self._sink)
 
@@ -252,7 +327,7 @@ class HiCacheMixin:
             else:
                 self._slot(nid)  # NodeAccessError for a stale id
         uuids = {ComponentType.FULL: int(stamp)} if stamp else {}
-        return IncLockRefResult(0, nid, (), {}, uuids)
+        return IncLockRefResult(None, nid, (), {}, uuids)   # delta None, as SGLang's
 
     def dec_host_lock_ref(self, node, params):
         """SGLang ``dec_host_lock_ref``: release what ``inc_host_lock_ref`` returned
@@ -266,10 +341,18 @@ class HiCacheMixin:
         if uuids is None:
             raise TypeError("params must be the IncLockRefResult of inc_host_lock_ref or its "
                             f"to_dec_params(), got {type(params).__name__}")
+        if not hasattr(uuids, "get"):
+            raise TypeError("params.component_host_lock_uuids must be a dict, got "
+                            f"{type(uuids).__name__}")
         stamp = uuids.get(ComponentType.FULL)
-        if not stamp or self._host is None:
-            return DecLockRefResult()
+        if stamp is not None and (isinstance(stamp, bool)
+                                  or not isinstance(stamp, (int, np.integer))):
+            raise TypeError(f"params.component_host_lock_uuids[FULL] must be an int stamp, "
+                            f"got {type(stamp).__name__}")
         with self._mutex:
+            self._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
+            if not stamp or self._host is None:
+                return DecLockRefResult()
             st, _ = K.host_unlock(*self._engine.st, nid, int(stamp))
         if st == L.E_STALE:
             raise self._stale(nid)
@@ -292,6 +375,10 @@ class HiCacheMixin:
         request's device match; ``params.req`` may be None, then the best match
         node's id is returned with 0)."""
         self._check_host("init_load_back")
+        if not all(hasattr(params, f) for f in ("best_match_node", "host_hit_length")):
+            raise TypeError("params must be an InitLoadBackParams (best_match_node, "
+                            f"host_hit_length, mem_quota, req), got {type(params).__name__}")
+        as_node_id(params.best_match_node, "params.best_match_node")
         hit = as_count(params.host_hit_length, "params.host_hit_length")
         if params.mem_quota is not None:
             as_count(params.mem_quota, "params.mem_quota")
@@ -313,6 +400,7 @@ class HiCacheMixin:
         its first device ancestor. Returns True when a load was committed (to be
         completed by ``loading_check``)."""
         self._check_host("load_back")
+        node = as_node_id(node, "node")
         return self._load(node, mem_quota) > 0
 
     def _load(self, nid, mem_quota):
@@ -320,7 +408,7 @@ class HiCacheMixin:
             mem_quota = as_count(mem_quota, "mem_quota")
         eng = self._engine
         with self._mutex:
-            st, units, _ = eng.call_tree(K.load_plan, nid, eng.out)
+            st, units, _ = self._call_out(K.load_plan, nid)
             if st != L.OK:
                 if st == L.E_STALE:
                     raise self._stale(nid, "node")
@@ -351,7 +439,15 @@ class HiCacheMixin:
                 dev = dev.cpu().numpy()
             dev = np.ascontiguousarray(dev, dtype=np.int64)
             if self._transfer is not None:
-                self._transfer("load", self._vals.out(dev), host)
+                try:
+                    self._transfer("load", self._vals.out(dev), host)
+                except Exception:
+                    # nothing committed: the slots and the locks go back
+                    alloc.free(self._vals.out(dev) if not getattr(
+                        alloc, "index_kind", "torch") == "numpy" else dev)
+                    self.dec_lock_ref(nid, lock.to_dec_params())
+                    self.dec_host_lock_ref(nid, hlock)
+                    raise
             st, _ = eng.call(K.load_commit, nid, dev, nid)
             assert st == L.OK, st
             execute(eng.actions(), eng.out, None, None, self._sink)
@@ -389,15 +485,85 @@ class HiCacheMixin:
                     self.dec_lock_ref(nid, lock.to_dec_params())
                     self.dec_host_lock_ref(nid, hlock)
 
+    # ------------------------------------------------------------------ write-back
+    def _write_back_backup(self, nid):
+        """Back up the unbacked device leaf ``nid`` before its demotion (write-back:
+        that node only), then complete it at once as SGLang's eviction does
+        (``writing_check(write_back=True)``). Returns False when no host slots
+        could be found (host eviction included). Under the cache lock."""
+        eng = self._engine
+        s = nid & 0xFFFFFFFF
+        n = int(eng.st.nodes[s, L.KEY_LEN])
+        host = self._host.alloc(n)
+        if host is None:
+            self._evict_host_units(n - self._host.available_size())
+            host = self._host.alloc(n)
+            if host is None:
+                return False
+        if not self._copy("backup", s, host):
+            self._raise_transfer_error()  # the victim stays on the device, unbacked
+        st, _ = self._call_out(K.backup_commit, s, host, nid, False)
+        assert st == L.OK, st
+        self.ongoing_write_through[nid] = nid
+        self._write_queue.append(nid)
+        self.writing_check(write_back=True)
+        return True
+
+    def _write_back_victim(self, nid, vals):
+        """The deferred demote of an evicted write-back victim: back it up and
+        demote it, or, when the host is full, drop it with its host-only subtree
+        (SGLang ``drop_subtree_no_host``; declined while any of it is locked or in
+        flight: the node then stays on the device). Executes the step's actions
+        (``vals``: the allocator to free into, or None: the caller frees) and
+        returns ``(device units freed, freed Full slots)``."""
+        eng = self._engine
+        if self._write_back_backup(nid):
+            st, n = eng.call(K.demote_leaf, nid)
+            assert st == L.OK, st
+        else:
+            st, n, _ = eng.call(K.drop_subtree, nid)
+            assert st == L.OK, st
+        freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host)
+        return int(n), freed
+
+    def _evict_write_back(self, num):
+        """``evict`` under write-back: SGLang's step-wise round (a victim's backup
+        runs before its demotion); returns ``(units, freed slots parts)``."""
+        eng = self._engine
+        st_ = eng.st
+        if _k_evict_start(st_.nodes, st_.heap, st_.meta, L.FULL, num) != L.OK:
+            raise RuntimeError("device eviction already in progress")
+        done = 0
+        parts = []
+        try:
+            while True:
+                st, nid, f, _, _ = eng.call(_k_evict_next, L.FULL)
+                if st == L.E_NEED_BACKUP:
+                    n, freed = self._write_back_victim(nid, self._vals)
+                    done += n
+                    parts.append(freed)
+                    continue
+                parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
+                if f == 0:
+                    break
+                done += f
+        finally:
+            _k_evict_end(eng.meta, L.FULL)
+        self.writing_check(write_back=True)
+        return done, parts
+
     # ------------------------------------------------------------------ host eviction
     def evict_host(self, num_tokens, component_type=None):
         """Evict host leaves in policy order until ``num_tokens`` host tokens are
         freed (SGLang ``evict_host``); returns the tokens freed (may exceed the
         request: whole nodes). Their host slots go back to the host pool."""
         self._check_host("evict_host")
-        if component_type is not None and int(component_type) != L.FULL:
-            raise ValueError(f"component_type: host eviction supports FULL only, got "
-                             f"{component_type}")
+        if component_type is not None and (
+                isinstance(component_type, bool)
+                or not isinstance(component_type, (int, np.integer))
+                or int(component_type) != L.FULL):
+            raise ValueError(f"component_type must be ComponentType.FULL (the host tier holds "
+                             f"Full KV only), got {component_type!r}")
         n = as_count(num_tokens, "num_tokens")
         with self._mutex:
             return self._evict_host_units(n)

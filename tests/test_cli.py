@@ -204,9 +204,6 @@ OPTION_ERRORS = {
                        "Full-attention KV only"]),
     "host_with_mamba": (["--host-capacity", "1M", "--mamba-states", "8"],
                         ["--host-capacity with --mamba-states", "Full-attention KV only"]),
-    "host_write_back": (["--host-capacity", "1M", "--write-policy", "write_back"],
-                        ["--write-policy write_back is not supported: the cache's host tier "
-                         "builds write_through and write_through_selective only"]),
     "write_policy_without_host": (["--write-policy", "write_through"],
                                   ["--write-policy needs --host-capacity (the host tier)"]),
     "load_back_threshold_without_host": (["--load-back-threshold", "5"],

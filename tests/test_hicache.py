@@ -247,7 +247,7 @@ def test_load_back_evicts_device_leaves_when_short():
 
 
 @pytest.mark.parametrize("page", [1, 4])
-@pytest.mark.parametrize("policy", ["write_through", "write_through_selective"])
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
 def test_random_runs_keep_both_tiers_partitioned(page, policy):
     rng = np.random.default_rng(7 + page)
     cache, alloc = make(page=page, pool=256, host=192, policy=policy)
@@ -308,8 +308,6 @@ def test_init_hicache_refuses_bad_input_and_changes_nothing():
     cache = UnifiedRadixCache(token_to_kv_pool_allocator=alloc)
     with pytest.raises(ValueError, match="hicache_write_policy"):
         cache.init_hicache(host_size=10, hicache_write_policy="write_sideways")
-    with pytest.raises(ValueError, match="write_back"):
-        cache.init_hicache(host_size=10, hicache_write_policy="write_back")
     with pytest.raises(ValueError, match="host_size"):
         cache.init_hicache()
     with pytest.raises(ValueError, match="hicache_ratio"):
@@ -358,8 +356,9 @@ def test_host_pool_refuses_a_double_free():
 
 
 # ---------------------------------------------------------------------- the request path
-@pytest.mark.parametrize("page_size", [1, 8])
-def test_request_path_with_load_backs_conserves_both_tiers(page_size):
+@pytest.mark.parametrize("page_size,policy", [(1, "write_through"), (8, "write_through"),
+                                              (1, "write_back"), (8, "write_back")])
+def test_request_path_with_load_backs_conserves_both_tiers(page_size, policy):
     """A scheduler's loop (match -> load back the host hit -> lock -> allocate the
     tail -> request -> decode -> cache_unfinished_req / cache_finished_req), acks
     delivered late: after every step allocator available + tree device units +
@@ -374,7 +373,7 @@ def test_request_path_with_load_backs_conserves_both_tiers(page_size):
     rtp = ReqToTokenPool(32, 512)
     cache = UnifiedRadixCache(page_size=page_size, token_to_kv_pool_allocator=alloc,
                               req_to_token_pool=rtp)
-    cache.init_hicache(host_size=3 * pool, load_back_threshold=1)
+    cache.init_hicache(host_size=3 * pool, load_back_threshold=1, hicache_write_policy=policy)
     host = cache.mem_pool_host
     systems = [list(rng.integers(0, 50, size=int(rng.integers(8, 120)))) for _ in range(5)]
     running, finished, loaded_total = [], [], 0
@@ -588,3 +587,385 @@ def test_host_lock_pins_a_host_leaf_and_a_split_extends_its_segment():
     cache.sanity_check()
     # no host copy: nothing locked, an empty receipt
     assert cache.inc_host_lock_ref(cache.root_node_handle()).component_host_lock_uuids == {}
+
+
+
+# ---------------------------------------------------------------------- write-back
+def test_write_back_backs_up_at_eviction_then_demotes():
+    cache, alloc = make(policy="write_back")
+    r, _ = put(cache, alloc, range(4))
+    put(cache, alloc, range(4))                  # no hit counting, no backup at insert
+    assert cache.ongoing_write_through == {} and cache.host_total_size() == 0
+    assert cache.node_info(r.last_device_node)["hit_count"] == 0
+    cache.take_events()
+    assert cache.evict(1).num_tokens_evicted == 4
+    # backed up (CPU store), completed at once, then demoted (GPU removal)
+    assert media(cache.take_events()) == [("BlockStored", "CPU_PINNED", [0, 1, 2, 3]),
+                                          ("BlockRemoved", "GPU", None)]
+    assert cache.host_total_size() == 4 and cache.ongoing_write_through == {}
+    assert match(cache, range(4)).host_hit_length == 4
+    cache.sanity_check()
+
+
+def test_write_back_reclaims_duplicates_first_sparing_device_leaves():
+    """SGLang (helper's run on both cores): A internal D+H (4), B a D+H device
+    leaf (3), H a host-only leaf (2): evict_host(1) frees A's host copy, then B's,
+    then deletes H."""
+    cache, alloc = make(policy="write_back", host=64)
+    cache.load_back_threshold = 1
+    put(cache, alloc, range(4))                          # A
+    put(cache, alloc, [0, 1, 2, 3, 10, 11, 12])          # B under A
+    put(cache, alloc, [0, 1, 2, 3, 20, 21])              # H under A
+    cache.evict(100)                                     # all backed up, demoted
+    for toks in ([0, 1, 2, 3, 10, 11, 12], [0, 1, 2, 3, 20, 21]):
+        m = match(cache, toks)
+        cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+        cache.ready_to_load_host_cache()
+        cache.loading_check()
+    # demote H again: its device copy goes, host copy stays (a host-only leaf)
+    m = match(cache, [0, 1, 2, 3, 10, 11, 12])       # B more recent than H
+    cache.evict(2)
+    assert match(cache, [0, 1, 2, 3, 20, 21]).host_hit_length == 2
+    assert cache.evict_host(1) == 4                     # A: internal duplicate
+    assert cache.evict_host(1) == 3                     # B: a device leaf, pass 2
+    assert cache.evict_host(1) == 2                     # H: the host leaf, deleted
+    assert cache.evict_host(1) == 0
+    assert match(cache, [0, 1, 2, 3, 10, 11, 12]).device_prefix_len == 7
+    cache.sanity_check()
+
+
+def test_write_back_drops_the_subtree_when_the_host_is_full():
+    cache, alloc = make(policy="write_back", host=4)
+    r, _ = put(cache, alloc, range(4))
+    rec = cache.inc_host_lock_ref(r.last_device_node)   # write-back pins a device-only node too
+    assert list(rec.component_host_lock_uuids) == [0]   # (SGLang's), {FULL: stamp}
+    cache.dec_host_lock_ref(r.last_device_node, rec)
+    cache.evict(4)                                      # backed up (4 host slots), demoted
+    m = match(cache, range(4))
+    hl = cache.inc_host_lock_ref(m.best_match_node)     # pin the only host copy
+    r2, _ = put(cache, alloc, range(10, 16))
+    before = alloc.available_size()
+    assert cache.evict(6).num_tokens_evicted == 6       # no host room: dropped
+    assert alloc.available_size() == before + 6
+    assert match(cache, range(10, 16)).host_hit_length == 0
+    cache.dec_host_lock_ref(m.best_match_node, hl)
+    cache.sanity_check()
+
+
+def test_write_back_load_back_pins_its_nodes_against_reclaim():
+    cache, alloc = make(policy="write_back")
+    cache.load_back_threshold = 1
+    put(cache, alloc, range(6))
+    cache.evict(6)
+    m = match(cache, range(6))
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))[0] == 6
+    assert cache.evict_host(100) == 0                   # pinned until the load's ack
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    assert cache.evict_host(100) == 6                   # now a duplicate: reclaimed
+    assert match(cache, range(6)).device_prefix_len == 6
+    cache.sanity_check()
+
+
+def test_write_back_load_back_eviction_never_frees_the_host_pages_being_loaded():
+    """Issue 13's reported bug: under write-back, the device eviction a load-back
+    triggers backs its victims up, which may evict host memory; the host copies
+    being loaded must survive (here the victim is dropped instead: the only host
+    copy is the one being loaded)."""
+    cache, alloc = make(policy="write_back", pool=8, host=4)
+    cache.load_back_threshold = 1
+    put(cache, alloc, range(4))                  # A
+    put(cache, alloc, range(10, 14))             # B
+    cache.evict(4)                               # A backed up (the whole host pool), demoted
+    put(cache, alloc, range(20, 24))             # C: the device is full again
+    m = match(cache, range(4))
+    host_a = cache.all_host_values_flatten().tolist()
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))[0] == 4
+    # B, the victim, found no host room (A's pages are pinned): dropped, not backed up
+    assert cache.all_host_values_flatten().tolist() == host_a
+    assert match(cache, range(10, 14)).host_hit_length == 0
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    assert match(cache, range(4)).device_prefix_len == 4
+    cache.sanity_check()
+
+
+
+def test_a_walked_nodes_backup_falls_at_its_place_among_the_inserts_events():
+    """Oracle finding: SGLang backs a walked node up at that point of the walk (a
+    barrier), so the host room its backup makes (a CPU removal) comes before the new
+    leaf's GPU store; the new leaf's own backup comes after its store."""
+    cache, alloc = make(pool=16, host=4, policy="write_through_selective")
+    put(cache, alloc, [1, 2, 3, 4])
+    put(cache, alloc, [1, 2, 3, 4])          # second hit: backed up (the whole host pool)
+    cache.check_hicache_events()
+    cache.evict(4)                           # host-only now, the host pool full
+    put(cache, alloc, [5, 6])
+    cache.take_events()
+    put(cache, alloc, [5, 6, 7])             # [5, 6] reaches its second hit on the walk
+    assert media(cache.take_events()) == [("BlockRemoved", "CPU_PINNED", None),
+                                          ("BlockStored", "GPU", [7])]
+
+
+def test_host_lock_receipts_as_sglang():
+    """Oracle findings: the receipt's delta is None (SGLang's), and releasing an
+    empty receipt on a node deleted since raises NodeAccessError."""
+    from flatradix import NodeAccessError
+
+    cache, alloc = make(policy="write_through_selective")
+    r, _ = put(cache, alloc, [1, 2, 3])
+    rec = cache.inc_host_lock_ref(r.last_device_node)
+    assert rec.delta is None and rec.component_host_lock_uuids == {}
+    cache.evict(3)                           # never backed up: deleted
+    with pytest.raises(NodeAccessError):
+        cache.dec_host_lock_ref(r.last_device_node, rec.to_dec_params())
+
+
+# ---------------------------------------------------------------------- hypothesis machine
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+_BASES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [5, 5, 6, 6, 7, 7, 8, 8], [4, 3, 2, 1])
+
+
+class HostTierMachine(RuleBasedStateMachine):
+    """The host tier under a random schedule: backups, demotes, write-back backups and
+    drops, host eviction and duplicate reclaim, load-backs, host locks, and the ack
+    calls (flush / writing_check / ready / loading_check with counts) at arbitrary
+    points, so acks arrive late and interleaved. Invariant after every step: both
+    tiers' slots partition exactly -- device: free (allocator) + cached (tree) +
+    held (slots of inserts the machine still owns: none, every insert hands its
+    slots over) == the pool; host: free + cached == the host pool; plus
+    ``sanity_check()`` (heaps, ledgers, duplicate list, locks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.page = 2
+        self.policy = None
+        self.cache = None
+
+    @rule(policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+          host=st.sampled_from([4, 8, 16, 64]))
+    @precondition(lambda self: self.cache is None)
+    def build(self, policy, host):
+        self.alloc = TokenToKVPoolAllocator(24, page_size=self.page)
+        self.cache = UnifiedRadixCache(page_size=self.page, token_to_kv_pool_allocator=self.alloc,
+                                       enable_kv_cache_events=True, node_capacity=8,
+                                       pool_capacity=64)
+        self.cache.init_hicache(host_size=host, hicache_write_policy=policy,
+                                load_back_threshold=1)
+        self.locks, self.hlocks = [], []
+
+    def _key(self, b, cut, tail):
+        return (_BASES[b][:cut] + tail)
+
+    @rule(b=st.integers(0, 3), cut=st.integers(0, 8), tail=st.lists(st.integers(0, 3), max_size=4))
+    @precondition(lambda self: self.cache is not None)
+    def insert(self, b, cut, tail):
+        toks = self._key(b, cut, tail)
+        n = len(toks) - len(toks) % self.page
+        if n == 0:
+            return
+        if self.alloc.available_size() < n:
+            self.cache.evict(n - self.alloc.available_size())
+        v = self.alloc.alloc(n)
+        if v is not None:
+            self.cache.insert(InsertParams(key=RadixKey(toks[:n]), value=v))
+
+    @rule(b=st.integers(0, 3), cut=st.integers(1, 8), lock=st.booleans(), load=st.booleans(),
+          hlock=st.booleans())
+    @precondition(lambda self: self.cache is not None)
+    def match(self, b, cut, lock, load, hlock):
+        m = match(self.cache, _BASES[b][:cut])
+        if hlock and len(self.hlocks) < 3:
+            rec = self.cache.inc_host_lock_ref(m.best_match_node)
+            if rec.component_host_lock_uuids:  # an empty receipt pins nothing (the node may go)
+                self.hlocks.append((m.best_match_node, rec))
+        if load and m.host_hit_length:
+            self.cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+        elif lock and len(self.locks) < 3:
+            self.locks.append((m.last_device_node, self.cache.inc_lock_ref(m.last_device_node)))
+
+    @rule(i=st.integers(0, 2), host=st.booleans())
+    @precondition(lambda self: self.cache is not None and (self.locks or self.hlocks))
+    def release(self, i, host):
+        if host and self.hlocks:
+            nid, rec = self.hlocks.pop(i % len(self.hlocks))
+            self.cache.dec_host_lock_ref(nid, rec.to_dec_params())
+        elif self.locks:
+            nid, rec = self.locks.pop(i % len(self.locks))
+            self.cache.dec_lock_ref(nid, rec.to_dec_params())
+
+    @rule(n=st.integers(1, 16))
+    @precondition(lambda self: self.cache is not None)
+    def evict(self, n):
+        self.cache.evict(n)
+
+    @rule(n=st.integers(1, 16))
+    @precondition(lambda self: self.cache is not None)
+    def evict_host(self, n):
+        self.cache.evict_host(n)
+
+    @rule(what=st.sampled_from(["flush", "wcheck", "ready", "lcheck", "step"]),
+          k=st.integers(0, 2))
+    @precondition(lambda self: self.cache is not None)
+    def acks(self, what, k):
+        c = self.cache
+        if what == "flush":
+            c.flush_pending_backups()
+        elif what == "wcheck":
+            c.writing_check(finish_count=k)
+        elif what == "ready":
+            c.ready_to_load_host_cache()
+        elif what == "lcheck":
+            c.loading_check(finish_count=k)
+        else:
+            c.check_hicache_events()
+
+    @invariant()
+    def partitioned(self):
+        if self.cache is not None:
+            check_partition(self.cache, self.alloc, self.cache.mem_pool_host)
+
+
+HostTierMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40,
+                                             deadline=None)
+TestHostTierMachine = HostTierMachine.TestCase
+
+
+def test_write_back_declined_drop_frees_nothing_twice():
+    """Oracle finding: a victim whose backup finds no host room, after host eviction
+    freed something, and whose drop is declined (a host-locked child) -- the host
+    eviction's frees and events happen once, and the victim stays on the device."""
+    cache, alloc = make(policy="write_back", pool=16, host=3)
+    put(cache, alloc, [5])
+    cache.evict(1)                              # Z backed up (1 host slot), demoted
+    put(cache, alloc, [1, 2])                   # A
+    r, _ = put(cache, alloc, [1, 2, 3, 4])      # B under A
+    cache.evict(1)                              # B backed up (host full), demoted
+    hl = cache.inc_host_lock_ref(r.last_device_node)
+    cache.take_events()
+    assert cache.evict(1).num_tokens_evicted == 0   # A: no host room, drop declined
+    assert media(cache.take_events()) == [("BlockRemoved", "CPU_PINNED", None)]  # Z, once
+    assert cache.mem_pool_host.available_size() == 1
+    assert match(cache, [5]).host_hit_length == 0
+    assert match(cache, [1, 2]).device_prefix_len == 2
+    cache.dec_host_lock_ref(r.last_device_node, hl)
+    cache.sanity_check()
+
+
+# ---------------------------------------------------------------------- a transfer that fails
+class _Boom(RuntimeError):
+    pass
+
+
+def _failing(kinds):
+    """A transfer callable whose first copy of each kind in ``kinds`` raises."""
+    calls = []
+
+    def transfer(kind, dev, host):
+        calls.append(kind)
+        if kind in kinds and calls.count(kind) == 1:
+            raise _Boom(kind)
+    return transfer, calls
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_a_failed_backup_copy_commits_nothing_and_loses_nothing(policy):
+    """Fresh-user finding: a transfer callable that raises during a backup left the
+    node pinned (write-through) or marked backed up without a copy (write-back).
+    Now the copy runs before the commit: on failure the host slots go back, nothing
+    is marked, every other action of the call still runs, and the exception is
+    raised at the end; a later eviction or hit retries."""
+    alloc = TokenToKVPoolAllocator(64)
+    cache = UnifiedRadixCache(page_size=1, token_to_kv_pool_allocator=alloc)
+    transfer, calls = _failing({"backup"})
+    cache.init_hicache(host_size=32, hicache_write_policy=policy, transfer=transfer)
+    v = alloc.alloc(10)
+    if policy == "write_through":
+        with pytest.raises(_Boom):
+            cache.insert(InsertParams(key=RadixKey(list(range(10))), value=v))
+    else:
+        cache.insert(InsertParams(key=RadixKey(list(range(10))), value=v))
+        with pytest.raises(_Boom):
+            cache.evict(10)
+    assert calls == ["backup"]
+    assert cache.host_total_size() == 0 and cache.mem_pool_host.available_size() == 32
+    assert cache.ongoing_write_through == {} and cache.protected_size() == 0
+    cache.sanity_check()
+    check_partition(cache, alloc, cache.mem_pool_host)
+    # not pinned: write-through deletes the unbacked leaf, write-back retries the copy
+    assert cache.evict(10).num_tokens_evicted == 10
+    assert calls == (["backup"] if policy == "write_through" else ["backup", "backup"])
+    assert cache.host_total_size() == (0 if policy == "write_through" else 10)
+    cache.sanity_check()
+
+
+def test_a_failed_load_copy_gives_the_slots_and_locks_back():
+    alloc = TokenToKVPoolAllocator(64)
+    cache = UnifiedRadixCache(page_size=1, token_to_kv_pool_allocator=alloc)
+    transfer, calls = _failing({"load"})
+    cache.init_hicache(host_size=32, transfer=transfer, load_back_threshold=1)
+    cache.insert(InsertParams(key=RadixKey(list(range(10))), value=alloc.alloc(10)))
+    cache.check_hicache_events()
+    cache.evict(10)
+    m = match(cache, range(10))
+    with pytest.raises(_Boom):
+        cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+    assert alloc.available_size() == 64 and cache.protected_size() == 0
+    assert cache.host_evictable_size() == 10 and cache.ongoing_load_back == {}
+    check_partition(cache, alloc, cache.mem_pool_host)
+
+
+def test_a_failed_backup_in_cache_finished_req_still_finishes_the_request():
+    from flatradix import Req, ReqToTokenPool
+
+    alloc = TokenToKVPoolAllocator(64)
+    rtp = ReqToTokenPool(4, 64)
+    cache = UnifiedRadixCache(page_size=1, token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=rtp)
+    transfer, _ = _failing({"backup"})
+    cache.init_hicache(host_size=32, transfer=transfer)
+    toks = list(range(12))
+    row = rtp.alloc(1)[0]
+    rtp.write((row, slice(0, 12)), alloc.alloc(12))
+    req = Req(origin_input_ids=toks, req_pool_idx=row, kv_committed_len=12,
+              kv_allocated_len=12)
+    req.last_node = cache.root_node_handle()
+    with pytest.raises(_Boom):
+        cache.cache_finished_req(req)
+    # the request was finished all the same: its row is free, its KV cached, unpinned
+    assert rtp.available_size() == rtp.size and cache.protected_size() == 0
+    assert alloc.available_size() + cache.evictable_size() == 64
+    cache.sanity_check()
+
+
+def test_fresh_user_bad_inputs_name_the_argument():
+    cache, alloc = make()
+    put(cache, alloc, range(4))
+    snap = cache._snapshot()
+    for call, err, what in [
+            (lambda: cache.load_back("x"), TypeError, "node"),
+            (lambda: cache.init_load_back(None), TypeError, "InitLoadBackParams"),
+            (lambda: cache.init_load_back(LoadParams("x", 1)), TypeError,
+             "params.best_match_node"),
+            (lambda: cache.evict_host(5, "FULL"), ValueError, "component_type"),
+            (lambda: cache.writing_check(write_back="no"), TypeError, "write_back"),
+            (lambda: cache.dec_host_lock_ref(cache.root_node_handle(), {}), TypeError, "params"),
+    ]:
+        with pytest.raises(err, match=what):
+            call()
+    after = cache._snapshot()
+    for k in snap:
+        if isinstance(snap[k], np.ndarray):
+            assert np.array_equal(snap[k], after[k]), k
+    fresh = UnifiedRadixCache(token_to_kv_pool_allocator=TokenToKVPoolAllocator(64))
+    for kw, err, what in [(dict(hicache_ratio="2"), TypeError, "hicache_ratio"),
+                          (dict(hicache_ratio=float("inf")), ValueError, "hicache_ratio"),
+                          (dict(host_size=2 ** 41), ValueError, "host_size"),
+                          (dict(host_size=8, load_back_threshold=-5), ValueError,
+                           "load_back_threshold")]:
+        with pytest.raises(err, match=what):
+            fresh.init_hicache(**kw)
+    assert not fresh.enable_hicache

@@ -117,6 +117,27 @@ def test_host_replay_by_hand():
     assert full.per_request["evicted_tokens"].tolist() == [0, 12, 12, 16, 12, 0]
 
 
+def test_write_back_by_hand():
+    """The same six requests under write_back: nothing is backed up at insert; each
+    eviction backs its victim up first (A at r1, B at r2, C and then A -- already on
+    both tiers, demoted only -- at r3, D and then B1 at r4). The hits, misses and
+    evictions are those of write_through; the host holds A, B, C, D = 32 tokens at
+    the end: r5's leaf E = [9] is never evicted, so never backed up (36 under
+    write_through)."""
+    box = {}
+    r = replay(_workload(*HAND), capacity=24, page_size=4, host_capacity=64,
+               write_policy="write_back", record_requests=True,
+               cache_factory=_capturing_factory(box))
+    pr = r.per_request
+    assert pr["host_hit_tokens"].tolist() == [0, 0, 12, 0, 16, 0]
+    assert pr["miss_tokens"].tolist() == [12, 12, 4, 12, 0, 4]
+    assert pr["evicted_tokens"].tolist() == [0, 12, 12, 16, 12, 0]
+    assert (r.device_hit_tokens, r.host_hit_tokens, r.miss_tokens) == (12, 28, 44)
+    assert r.final_host_tree_tokens == 32 and r.kv_conserved
+    assert r.write_policy == "write_back"
+    _assert_both_tiers_partitioned(box["cache"], box["alloc"])
+
+
 def test_a_small_host_pool_evicts_host_copies_by_hand():
     """The same requests with a host pool of 24 tokens (two prompts).
     r1's backup of B fills it (A 12 + B 12). r2 loads A (host hit 12) and demotes B.
@@ -220,6 +241,8 @@ def test_an_unbounded_host_pool_keeps_every_hit(capacity):
     (5_000, 20_000, 8, "fifo", "write_through_selective", True),
     (16_000, 16_000, 2, "slru", "write_through_selective", False),
     (3_000, 9_000, 3, "priority", "write_through", True),
+    (4_000, 6_000, 1, "lru", "write_back", False),
+    (5_000, 2_000, 4, "lfu", "write_back", True),
 ])
 def test_both_tiers_partitioned_after_replay(capacity, host, max_running, policy,
                                              write_policy, arrival):
@@ -260,10 +283,8 @@ def test_warm_up_workload_loads_back_and_evicts_host_copies():
      "host_capacity \\(the host tier\\) with swa_window"),
     (dict(host_capacity=1000, mamba_states=4, page_size=1), ValueError,
      "host_capacity \\(the host tier\\) with mamba_states"),
-    (dict(host_capacity=1000, write_policy="write_back"), ValueError,
-     "write_policy 'write_back' is not supported"),
     (dict(host_capacity=1000, write_policy="write_sideways"), ValueError,
-     "write_policy must be one of write_through, write_through_selective"),
+     "write_policy must be one of write_through, write_through_selective, write_back"),
     (dict(write_policy="write_through"), ValueError, "write_policy needs host_capacity"),
     (dict(load_back_threshold=5), ValueError, "load_back_threshold needs host_capacity"),
     (dict(host_capacity=-1), ValueError, "host_capacity must be >= 0"),
@@ -438,8 +459,6 @@ def test_cli_host_sweep_csv_and_plot(tmp_path):
      "--host-capacity with --swa-window: the cache's host tier holds Full-attention KV only"),
     (["--host-capacity", "1M", "--mamba-states", "8"],
      "--host-capacity with --mamba-states: the cache's host tier holds Full-attention KV only"),
-    (["--host-capacity", "1M", "--write-policy", "write_back"],
-     "--write-policy write_back is not supported"),
     (["--write-policy", "write_through"], "--write-policy needs --host-capacity"),
     (["--load-back-threshold", "5"], "--load-back-threshold needs --host-capacity"),
     (["--host-capacity", "-1"], "argument --host-capacity: host capacity must be a whole"),

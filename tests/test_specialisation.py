@@ -88,7 +88,8 @@ WORKLOAD = textwrap.dedent("""
         alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
         c = F.UnifiedRadixCache(page_size=page, token_to_kv_pool_allocator=alloc,
                                 enable_kv_cache_events=True)
-        c.init_hicache(host_size=4096, load_back_threshold=1)
+        c.init_hicache(host_size=4096, load_back_threshold=1,
+                       transfer=lambda kind, dev, host: None)
         toks = list(range(1, 4 * page + 1))
         c.insert(F.InsertParams(key=F.RadixKey(toks), value=alloc.alloc(len(toks))))
         c.check_hicache_events()
@@ -99,6 +100,21 @@ WORKLOAD = textwrap.dedent("""
         c.ready_to_load_host_cache()
         c.loading_check()
         c.evict(F.EvictParams(num_tokens=1 << 20))
+        c.evict_host(1 << 20)
+        c.sanity_check()
+        # write-back: backup at eviction and demote; with the host full, a dropped subtree
+        alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
+        c = F.UnifiedRadixCache(page_size=page, token_to_kv_pool_allocator=alloc,
+                                enable_kv_cache_events=True)
+        c.init_hicache(host_size=4 * page, hicache_write_policy="write_back")
+        c.insert(F.InsertParams(key=F.RadixKey(toks), value=alloc.alloc(len(toks))))
+        c.evict(F.EvictParams(num_tokens=1 << 20))
+        m = c.match_prefix(F.MatchPrefixParams(key=F.RadixKey(toks)))
+        hl = c.inc_host_lock_ref(m.best_match_node)
+        other = [t + 1000 for t in toks]
+        c.insert(F.InsertParams(key=F.RadixKey(other), value=alloc.alloc(len(other))))
+        c.evict(F.EvictParams(num_tokens=1 << 20))
+        c.dec_host_lock_ref(m.best_match_node, hl)
         c.evict_host(1 << 20)
         c.sanity_check()
     print(json.dumps({k.py_func.__module__ + "." + k.__name__: len(k.signatures) for k in KERNELS}))

@@ -33,6 +33,8 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 122  host tier: host-leaf heap membership disagrees with the H-leaf predicate,
      its order or HOST_HEAP_POS is broken, or the host ledgers (total,
      evictable) disagree with a recount
+123  host tier: the duplicate list is broken (links, F_DUP marks, a dead
+     member) or misses a settled duplicate (Full on both tiers, nothing in flight)
 ===  =====================================================================
 """
 
@@ -42,13 +44,15 @@ from .layout import (
     C_MAMBA, C_SWA, CHILD_LOCK, F_HAS, LRU_MAMBA, MAMBA, MAMBA_SLOT, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
     FULL, FULL_LOCK, LRU_NEXT, LRU_PREV, LRU_SWA, M_COMPONENTS, SWA, SWA_LOCK,
     HEAP_DEVICE, HEAP_HOST, HEAP_POS, HOST_HEAP_POS, N_SENTINELS, SENTINEL0, F_HAS_FULL_HOST,
-    LOAD_PENDING, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, WT_PENDING,
+    LOAD_PENDING, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, WT_PENDING, DUP_NEXT, DUP_PREV, F_DUP,
+    M_DUP_HEAD, M_DUP_TAIL,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
     LOCK_REF, TOK,
 )
 from .lru import lru_head, lru_in_list, lru_tail
+from .dups import is_settled_duplicate
 from .order import _less, is_device_leaf, is_host_leaf
 
 
@@ -97,6 +101,32 @@ def _check_aux(nodes, meta, hwm, lst, c, bit, members, evictable, protected):
 
 _MAMBA_LOCK = LOCK_REF + MAMBA * N_TIERS
 _F_HAS_MAMBA = F_HAS(MAMBA)
+
+
+@helper
+def _check_dups(nodes, meta, hwm):
+    """The duplicate list: -2 when it holds, else the offending slot (NIL: counts)."""
+    members = 0
+    prev = NIL
+    x = meta[M_DUP_HEAD]
+    while x != NIL:
+        if (x < FIRST_SLOT or x >= hwm or not (nodes[x, FLAGS] & F_ALIVE)
+                or not (nodes[x, FLAGS] & F_DUP) or nodes[x, DUP_PREV] != prev or members > hwm):
+            return x
+        members += 1
+        prev = x
+        x = nodes[x, DUP_NEXT]
+    if meta[M_DUP_TAIL] != prev:
+        return NIL
+    flagged = 0
+    for s in range(hwm):
+        if not (nodes[s, FLAGS] & F_ALIVE):
+            continue
+        if nodes[s, FLAGS] & F_DUP:
+            flagged += 1
+        elif is_settled_duplicate(nodes, s):
+            return s
+    return -2 if flagged == members else NIL
 
 
 @kernel
@@ -236,6 +266,9 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     if (h_leaves != meta[M_HEAP_N + HEAP_HOST] or h_evictable != meta[M_HOST_EVICTABLE]
             or h_total != meta[M_HOST_TOTAL]):
         return 122, NIL
+    x = _check_dups(nodes, meta, hwm)
+    if x != -2:
+        return 123, x
     if evictable != meta[M_EVICTABLE + FULL] or protected != meta[M_PROTECTED + FULL]:
         return 113, NIL
     if evictable + protected != meta[M_TOTAL + FULL]:

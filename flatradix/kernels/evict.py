@@ -38,7 +38,8 @@ from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    C_MAMBA, C_SWA, E_CAPACITY, E_NO_WALK, E_WALK_OPEN, F_HAS_FULL_HOST, FLAGS, FULL, HEAP_DEVICE, HEAP_POS, KEY_LEN,
+    C_MAMBA, C_SWA, E_CAPACITY, E_NEED_BACKUP, E_NO_WALK, E_WALK_OPEN, F_HAS_FULL_HOST, FLAGS,
+    FULL, HOST_WRITE_BACK, M_HOST, HEAP_DEVICE, HEAP_POS, KEY_LEN,
     LRU_MAMBA, LRU_SWA, MAMBA,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
     M_NOUT, M_WALK_N, M_WALK_PARENT, NIL, OK, PARENT, SWA, WALK_K0, WALK_K1,
@@ -308,6 +309,12 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
             _walk_pop(heap, meta)
         if s == NIL:
             return OK, -1, 0, 0, 0
+        if meta[M_HOST] == HOST_WRITE_BACK and not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
+            # SGLang's deferred demote: the caller backs the victim up, then demotes
+            # or drops it; the round moves on either way
+            _walk_pop(heap, meta)
+            meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
+            return E_NEED_BACKUP, node_id(nodes, s), 0, 0, 0
         if _short(nodes, acts, out, meta, s):
             return E_CAPACITY, -1, 0, 0, 0
         _walk_pop(heap, meta)

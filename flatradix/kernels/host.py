@@ -22,17 +22,22 @@ Full device ledgers (load-back) and the host ledgers ``M_HOST_TOTAL`` /
 """
 
 from ..components import full
-from ._jit import kernel
-from .actions import A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_POOL, acts_begin, acts_room, emit
+from ._jit import helper, kernel
+from .actions import (
+    A_FREE_HOST, A_REMOVED, A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, acts_begin,
+    acts_room, emit, out_put_col,
+)
 from .layout import (
     E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, F_ALIVE, FULL_HOST_LOCK, HOST_UUID,
-    M_HOST_UUID_NEXT, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS, FULL, FULL_DEV, FULL_LOCK,
+    M_HOST_UUID_NEXT, DUP_NEXT, FIRST_CHILD, HEAP_POS, HOST_HEAP_POS, HOST_WRITE_BACK, LOCK_REF,
+    M_DUP_HEAD, M_EVICT_DONE, M_EVICT_WALK, M_HOST, N_COMPONENTS, N_TIERS, NCHILD, NEXT_SIB, NIL, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS, FULL, FULL_DEV, FULL_LOCK,
     HEAP_HOST, KEY_LEN, KEY_OFF, LOAD_PENDING, M_EVENTS, M_EVICTABLE, M_HEAP_N, M_HOST_TOTAL, M_HWM,
     M_NACTS, M_NOUT, M_PROTECTED, M_TOTAL, NDEVCHILD, OK, PARENT, ROOT, WT_PENDING,
 )
+from .dups import dup_remove, dup_update
 from .order import refresh_leaf
 from .state import need, resolve
-from .tree import delete_host_leaf
+from .tree import delete_host_leaf, delete_leaf, demote
 
 #: Status: a plan / commit whose node is not in the state the step needs (a
 #: backup of a node without device data, a load of a node already on the device,
@@ -73,6 +78,26 @@ def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
         out[i] = a
         a = nodes[a, PARENT]
     return OK, units, k
+
+
+@kernel
+def node_device_values(nodes, ctab, pool, heap, meta, slot, out):
+    """The Full device indices of the live node in ``slot`` to ``out[:len]`` (a
+    backup transfer's source, read before its commit). Returns ``(status, len)``;
+    ``E_HOST_STATE`` for a slot without a live device node."""
+    if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
+        return E_HOST_STATE, 0
+    if not (nodes[slot, FLAGS] & F_HAS_FULL_DEV):
+        return E_HOST_STATE, 0
+    n = nodes[slot, KEY_LEN]
+    if out.shape[0] < n:
+        need(meta, 0, 0, n, 0)
+        return E_CAPACITY, 0
+    off = nodes[slot, KEY_OFF]
+    src = pool[off:off + n, FULL_DEV]
+    for j in range(n):
+        out[j] = src[j]
+    return OK, n
 
 
 @kernel
@@ -122,6 +147,7 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
     ``ack_id`` is not pending on ``nid``, ``E_STALE`` for a dead id; nothing
     changes then. E_CAPACITY (``meta[M_NEED_*]``) when ``acts`` / ``out`` are
     short."""
+    acts_begin(meta, 0)
     s = resolve(nodes, meta, nid)
     if s < 0 or s == ROOT:
         return E_STALE, 0
@@ -133,7 +159,6 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
         k += 1
         a = nodes[a, PARENT]
     events = meta[M_EVENTS] != 0
-    acts_begin(meta, 0)
     if events and not acts_room(acts, out, meta, k, k):
         need(meta, 0, 0, k, k)
         return E_CAPACITY, 0
@@ -141,6 +166,7 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
     i = k
     while a != ROOT and nodes[a, WT_PENDING] == ack_id:
         nodes[a, WT_PENDING] = 0
+        dup_update(nodes, meta, a)  # the backed-up copy is a duplicate only now
         i -= 1
         if events:
             out[i] = a
@@ -200,6 +226,7 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, act
     ``A_STORED`` medium GPU per node, parents first (events on). Returns
     ``(status, units)``; ``E_HOST_LEN`` / ``E_STALE`` / ``E_HOST_STATE`` as the
     plan, nothing changed."""
+    acts_begin(meta, 0)
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
@@ -215,7 +242,6 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, act
     if units != dev_slots.shape[0]:
         return E_HOST_LEN, units
     events = meta[M_EVENTS] != 0
-    acts_begin(meta, 0)
     if events and not acts_room(acts, out, meta, k, k):
         need(meta, 0, 0, k, k)
         return E_CAPACITY, 0
@@ -266,22 +292,69 @@ def load_ack(nodes, ctab, pool, heap, meta, nid, load_id):
     while a != ROOT and nodes[a, LOAD_PENDING] == load_id:
         nodes[a, LOAD_PENDING] = 0
         refresh_leaf(nodes, heap, meta, a)
+        dup_update(nodes, meta, a)  # the host copy stays: a duplicate now
         k += 1
         a = nodes[a, PARENT]
     return OK, k
 
 
+@helper
+def _reclaim_duplicates(nodes, pool, heap, meta, num_units, freed, out, acts):
+    """Write-back: reclaim the host copies of settled duplicates (SGLang
+    ``_reclaim_full_host_duplicates``) in list order until ``num_units`` are
+    freed: pass 1 spares evictable device leaves (they will be demoted soon),
+    pass 2 takes them; stale members (no longer on both tiers) are swept;
+    a node with a backup / load in flight or a host lock is skipped. Returns
+    ``(short, freed)``; ``short`` when the buffers cannot hold the next one (a
+    call again restarts the passes: what they skipped is skipped again)."""
+    hc = pool.shape[1] - 1
+    for spare in (True, False):
+        if freed >= num_units:
+            break
+        x = meta[M_DUP_HEAD]
+        while x != NIL and freed < num_units:
+            nxt = nodes[x, DUP_NEXT]
+            f = nodes[x, FLAGS]
+            if not (f & F_HAS_FULL_DEV) or not (f & F_HAS_FULL_HOST):
+                dup_remove(nodes, meta, x)  # stale
+            elif spare and nodes[x, HEAP_POS] >= 0:
+                pass
+            elif (nodes[x, WT_PENDING] == 0 and nodes[x, LOAD_PENDING] == 0
+                    and nodes[x, FULL_HOST_LOCK] == 0):
+                n = nodes[x, KEY_LEN]
+                if not acts_room(acts, out, meta, 2, n):
+                    need(meta, 0, 0, meta[M_NOUT] + n, meta[M_NACTS] + 2)
+                    return True, freed
+                off = nodes[x, KEY_OFF]
+                at = out_put_col(out, meta, pool, off, n, hc)
+                emit(acts, meta, A_FREE_HOST, FULL, SRC_OUT, at, n, 0)
+                if meta[M_EVENTS]:
+                    emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_CPU)
+                nodes[x, FLAGS] = f & ~F_HAS_FULL_HOST
+                meta[M_HOST_TOTAL] -= n
+                dup_remove(nodes, meta, x)
+                freed += n
+            x = nxt
+    return False, freed
+
+
 @kernel
 def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
-    """Evict evictable host leaves in policy order until ``num_units`` host units
-    are freed or none is left (SGLang ``evict_host`` for Full, §8.5): each is
-    deleted (``A_FREE_HOST`` with its host slots in ``out``, ``A_REMOVED``
-    medium CPU with events on); a parent left a host-only leaf joins the heap.
-    Returns ``(status, freed)``; ``E_CAPACITY`` (``meta[M_NEED_*]``) when the
-    buffers cannot hold the next victim: what was freed so far is reported and
-    a call with the rest continues."""
+    """Free host units until ``num_units`` are freed or nothing is left (SGLang
+    ``evict_host`` for Full, §8.5): under write-back first the host copies of
+    settled duplicates (``_reclaim_duplicates``), then evictable host leaves in
+    policy order: each is deleted (``A_FREE_HOST`` with its host slots in
+    ``out``, ``A_REMOVED`` medium CPU with events on); a parent left a
+    host-only leaf joins the heap. Returns ``(status, freed)``;
+    ``E_CAPACITY`` (``meta[M_NEED_*]``) when the buffers cannot hold the next
+    victim: what was freed so far is reported and a call with the rest
+    continues."""
     acts_begin(meta, 0)
     freed = 0
+    if meta[M_HOST] == HOST_WRITE_BACK:
+        short, freed = _reclaim_duplicates(nodes, pool, heap, meta, num_units, 0, out, acts)
+        if short:
+            return E_CAPACITY, freed
     while freed < num_units and meta[M_HEAP_N + HEAP_HOST] > 0:
         s = heap[HEAP_HOST, 0]
         n = nodes[s, KEY_LEN]
@@ -293,16 +366,105 @@ def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
 
 
 @kernel
+def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
+    """Demote node ``nid`` now that its write-back backup is done (SGLang
+    ``demote``): it must be an evictable device leaf with a host copy
+    (``E_HOST_STATE`` otherwise, nothing changed). Counts toward an open Full
+    eviction round. Returns ``(status, units)``."""
+    acts_begin(meta, 0)
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    if nodes[s, HEAP_POS] < 0 or not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
+        return E_HOST_STATE, 0
+    n = nodes[s, KEY_LEN]
+    if not acts_room(acts, out, meta, 2, n):
+        need(meta, 0, 0, n, 2)
+        return E_CAPACITY, 0
+    demote(nodes, pool, heap, meta, s, out, acts)
+    if meta[M_EVICT_WALK + FULL]:
+        meta[M_EVICT_DONE + FULL] += n
+    return OK, n
+
+
+@kernel
+def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
+    """Write-back fallback when the backup of device leaf ``nid`` found no host
+    memory (SGLang ``drop_subtree_no_host``): delete its host-only descendants
+    (deepest first) and the node itself, unless any of them is locked on either
+    tier or has a transfer in flight (then nothing changes: ``(OK, 0, 0)``).
+    Counts the node's units toward an open Full eviction round. Returns
+    ``(status, device units, host units)``."""
+    acts_begin(meta, 0)  # first: a declined drop must report no rows
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0, 0
+    if nodes[s, HEAP_POS] < 0 or (nodes[s, FLAGS] & F_HAS_FULL_HOST):
+        return E_HOST_STATE, 0, 0
+    if nodes[s, LOAD_PENDING] != 0:
+        return OK, 0, 0
+    for j in range(N_COMPONENTS * N_TIERS):  # a host lock (write-back pins device nodes too)
+        if nodes[s, LOCK_REF + j] != 0:
+            return OK, 0, 0
+    # count and check the subtree below s (host-only nodes: s is a device leaf)
+    k = 0
+    units = 0
+    top = 0
+    x = nodes[s, FIRST_CHILD]
+    while x != NIL:  # iterative pre-order walk of the subtree below s
+        for j in range(N_COMPONENTS * N_TIERS):
+            if nodes[x, LOCK_REF + j] != 0:
+                return OK, 0, 0
+        if nodes[x, WT_PENDING] != 0 or nodes[x, LOAD_PENDING] != 0:
+            return OK, 0, 0
+        k += 1
+        units += nodes[x, KEY_LEN]
+        x = _next_preorder(nodes, s, x)
+    n = nodes[s, KEY_LEN]
+    if not acts_room(acts, out, meta, 2 * k + 4, units + n + 1):
+        need(meta, 0, 0, units + n + 1, 2 * k + 4)
+        return E_CAPACITY, 0, 0
+    # delete host leaves below s until none is left (each deletion may expose its parent)
+    freed_host = 0
+    while nodes[s, NCHILD] > 0:
+        x = nodes[s, FIRST_CHILD]
+        while nodes[x, NCHILD] > 0:
+            x = nodes[x, FIRST_CHILD]
+        freed_host += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+    freed = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+    if meta[M_EVICT_WALK + FULL]:
+        meta[M_EVICT_DONE + FULL] += freed
+    return OK, freed, freed_host
+
+
+@helper
+def _next_preorder(nodes, top, x):
+    """The node after ``x`` in a pre-order walk of ``top``'s subtree (NIL at the end)."""
+    c = nodes[x, FIRST_CHILD]
+    if c != NIL:
+        return c
+    while x != top:
+        nx = nodes[x, NEXT_SIB]
+        if nx != NIL:
+            return nx
+        x = nodes[x, PARENT]
+        if x == top:
+            return NIL
+    return NIL
+
+
+@kernel
 def host_lock(nodes, ctab, pool, heap, meta, nid):
     """SGLang ``inc_host_lock_ref`` (Full): pin node ``nid``'s host copy against host
     eviction: ``host lock_ref += 1`` on it, stamped as a segment boundary
     (``HOST_UUID``, a fresh stamp unless it has one). Returns ``(status, stamp)``;
-    stamp 0 (nothing locked) when the node has no host copy."""
+    stamp 0 (nothing locked) for a node without a host copy (the root included)
+    unless under write-back (which pins it anyway, as SGLang)."""
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
-    if s == ROOT or not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
-        return OK, 0
+    if not (nodes[s, FLAGS] & F_HAS_FULL_HOST) and meta[M_HOST] != HOST_WRITE_BACK:
+        return OK, 0  # nothing to pin (write-back pins any anchor, the root too, as SGLang)
     if nodes[s, HOST_UUID] == 0:
         nodes[s, HOST_UUID] = meta[M_HOST_UUID_NEXT]
         meta[M_HOST_UUID_NEXT] += 1
@@ -324,13 +486,13 @@ def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
     k = 0
     a = s
     while True:
-        if a == ROOT:
-            return E_NO_BOUNDARY, 0
         if nodes[a, FULL_HOST_LOCK] <= 0:
             return E_LOCK_UNDERFLOW, 0
         k += 1
         if nodes[a, HOST_UUID] == stamp:
             break
+        if a == ROOT:
+            return E_NO_BOUNDARY, 0
         a = nodes[a, PARENT]
     a = s
     for _ in range(k):

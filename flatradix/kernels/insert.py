@@ -13,6 +13,7 @@ from .layout import (
     M_TOTAL, M_WT_THRESHOLD, NDEVCHILD, OK, PARENT, PRIORITY, ROOT, FULL_DEV,
     VALUES_UNCHECKED,
 )
+from .dups import dup_update
 from .order import fix, refresh_leaf
 from .state import has_room, need, node_id, tick
 from .tree import add_leaf, copy_values, edge_match_len, split_node
@@ -49,6 +50,7 @@ def unevict(nodes, pool, heap, meta, s, value, start, m):
     nodes[p, NDEVCHILD] += 1
     refresh_leaf(nodes, heap, meta, p)
     refresh_leaf(nodes, heap, meta, s)
+    dup_update(nodes, meta, s)  # a backed-up node taking fresh KV is a duplicate at once
 
 
 @kernel

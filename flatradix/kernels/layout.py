@@ -182,6 +182,8 @@ NODE_COLUMNS = (
                          # else 0 (host)
     ("HOST_UUID", 1),    # HiCache: boundary stamp of the Full host-lock segments ending here
                          # (0 = none; a split moves it up) (host)
+    ("DUP_PREV", 1),     # HiCache: links of the duplicate list (Full on both tiers, in the
+    ("DUP_NEXT", 1),     # order they became duplicates; F_DUP marks members) (dups only)
 )
 _COL, NCOL = _number(NODE_COLUMNS, align=8)
 PARENT = _COL["PARENT"]
@@ -212,6 +214,8 @@ HOST_HEAP_POS = _COL["HOST_HEAP_POS"]
 WT_PENDING = _COL["WT_PENDING"]
 LOAD_PENDING = _COL["LOAD_PENDING"]
 HOST_UUID = _COL["HOST_UUID"]
+DUP_PREV = _COL["DUP_PREV"]
+DUP_NEXT = _COL["DUP_NEXT"]
 #: Columns a match or lock walk reads per node: they must stay in lines 0-1.
 HOT_COLUMNS = ("PARENT", "KEY_OFF", "KEY_LEN", "FLAGS", "LOCK_REF", "CHILD_LOCK", "NDEVCHILD",
                "HEAP_POS", "LAST_ACCESS", "NS", "GEN")
@@ -238,6 +242,8 @@ def F_HAS(c, t=DEVICE):
 F_HAS_FULL_DEV = 1 << (1 + FULL * N_TIERS + DEVICE)
 F_HAS_SWA_DEV = 1 << (1 + SWA * N_TIERS + DEVICE)
 F_HAS_FULL_HOST = 1 << (1 + FULL * N_TIERS + HOST)
+#: FLAGS bit: the node is in the duplicate list (``kernels/dups.py``).
+F_DUP = 1 << (1 + N_COMPONENTS * N_TIERS)
 #: Column of the Full host lock_ref (a load-back's anchor, SGLang's host lock).
 FULL_HOST_LOCK = LOCK_REF + FULL * N_TIERS + HOST
 
@@ -313,6 +319,8 @@ META_FIELDS = (
     ("HOST_TOTAL", 1),    # units holding a Full host value
     ("HOST_EVICTABLE", 1),  # units of the evictable host leaves (host-leaf heap)
     ("HOST_UUID_NEXT", 1),  # next Full host-lock boundary stamp (never reused, > 0)
+    ("DUP_HEAD", 1),      # first / last slot of the duplicate list (NIL: empty) (dups)
+    ("DUP_TAIL", 1),
 )
 _META, META_LEN = _number(META_FIELDS, align=8)
 M_CLOCK = _META["CLOCK"]
@@ -356,6 +364,8 @@ M_WT_THRESHOLD = _META["WT_THRESHOLD"]
 M_HOST_TOTAL = _META["HOST_TOTAL"]
 M_HOST_EVICTABLE = _META["HOST_EVICTABLE"]
 M_HOST_UUID_NEXT = _META["HOST_UUID_NEXT"]
+M_DUP_HEAD = _META["DUP_HEAD"]
+M_DUP_TAIL = _META["DUP_TAIL"]
 
 #: ``meta[M_HOST]``: the HiCache write policy (SGLang ``hicache_write_policy``).
 HOST_OFF = 0
@@ -398,6 +408,8 @@ E_NOT_ANCHORED = 7    # release of a node whose lock_ref is held only by descend
 E_BAD_VALUE = 8       # a KV index < 0 or >= the allocator's bound (insert; nothing changed)
 E_BAD_CURSOR = 9      # an SWA eviction cursor that is not page-aligned (insert; nothing changed)
 E_NO_BOUNDARY = 10    # an SWA window release whose boundary stamp is not on the path
+E_NEED_BACKUP = 11    # write-back: the step's victim has no host copy; back it up, then
+                      # demote it (host.demote_leaf) or drop it (host.drop_subtree)
 
 #: ``insert``'s ``limit`` argument: no check of the values (they are token ids) /
 #: only ``>= 0`` (no allocator bound known)

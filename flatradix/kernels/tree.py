@@ -22,6 +22,7 @@ from .actions import (
     A_FREE_HOST, A_FREE_SLOT, A_REMOVED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, emit,
     out_put_col, out_put_span,
 )
+from .dups import dup_remove, dup_update
 from .order import fix, heap_remove, refresh_host_leaf, refresh_leaf
 from .state import link_child, node_alloc, node_free, tick, unlink_child
 
@@ -119,6 +120,7 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
         nodes[child, HOST_UUID] = 0
         if nodes[child, HOST_HEAP_POS] >= 0:  # an evictable host leaf lost m units
             meta[M_HOST_EVICTABLE] -= m
+        dup_update(nodes, meta, u)  # the new fragment may be a duplicate (the child keeps its place)
     if meta[M_POLICY] == POLICY_TLRU:
         nodes[u, TLRU_CACHED] = nodes[p, TLRU_CACHED] + m
         nodes[u, TLRU_HIST] = nodes[child, TLRU_HIST]
@@ -192,6 +194,7 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
         mamba.evict_component(nodes, meta, s, out, acts)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)
+    dup_remove(nodes, meta, s)
     meta[M_EVICTABLE + FULL] -= n
     meta[M_TOTAL + FULL] -= n
     meta[M_POOL_DEAD] += n
@@ -251,6 +254,7 @@ def delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
         meta[M_HOST_EVICTABLE] -= n
     meta[M_HOST_TOTAL] -= n
     meta[M_POOL_DEAD] += n
+    dup_remove(nodes, meta, s)
     remove_child_entry(nodes, ctab, pool, meta, s)
     p = nodes[s, PARENT]
     unlink_child(nodes, s)

@@ -206,8 +206,8 @@ the tree, and the conservation of all three pools.
 SGLang's HiCache, a host KV pool of ``H`` tokens behind the device pool. The
 cache gets ``init_hicache(host_size=H, hicache_write_policy=write_policy,
 load_back_threshold=...)`` (``write_through``: a node is backed up at its first
-hit; ``write_through_selective``: at its second; ``write_back`` is refused: the
-cache does not build it yet). The scheduler's HiCache calls, as SGLang's:
+hit; ``write_through_selective``: at its second; ``write_back``: only when
+eviction takes it, and host eviction reclaims duplicate host copies first). The scheduler's HiCache calls, as SGLang's:
 
 1. Every scheduler step polls ``check_hicache_events`` (submit the backups the
    completions queued, complete them: a backed-up node is pinned on the device
@@ -270,7 +270,7 @@ HOST_OPS = ("match_prefix", "init_load_back", "inc_lock_ref", "evict", "loading_
             "cache_finished_req", "check_hicache_events")
 
 #: Write policies of the host tier mode (those the cache's host tier builds).
-HOST_WRITE_POLICIES = ("write_through", "write_through_selective")
+HOST_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 #: ``write_policy`` when none is given (SGLang's ``--hicache-write-policy`` default).
 DEFAULT_WRITE_POLICY = "write_through"
 #: ``load_back_threshold`` when none is given: fewer host tokens are recomputed
@@ -845,9 +845,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         (``host_pool_slots``; with ``cache_outputs`` plus the output tokens).
         Not with ``swa_window`` or ``mamba_states``.
     write_policy : str or None
-        Host tier mode: ``"write_through"`` (the default) or
-        ``"write_through_selective"``; ``"write_back"`` is refused (the cache
-        does not build it yet).
+        Host tier mode: ``"write_through"`` (the default),
+        ``"write_through_selective"`` or ``"write_back"``.
     load_back_threshold : int >= 0 or None
         Host tier mode: host hits of fewer tokens are recomputed, not loaded
         (``None``: :data:`DEFAULT_LOAD_BACK_THRESHOLD`, SGLang's 10).
@@ -862,8 +861,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     without ``host_capacity``, the ``"core"`` driver in a hybrid or host tier
     mode, a Mamba page size other than 1 without the extra buffer, the extra
     buffer with ``swa_window`` or fewer than 4 states, an SWA pool below one
-    page, ``host_capacity`` with ``swa_window`` or ``mamba_states``,
-    ``write_policy="write_back"``), ``TypeError`` for a non-int window, state
+    page, ``host_capacity`` with ``swa_window`` or ``mamba_states``),
+    ``TypeError`` for a non-int window, state
     count, host capacity or threshold or a non-bool ``mamba_extra_buffer``, and
     ``MemoryError`` when the pools cannot be allocated.
     """
@@ -944,9 +943,6 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if host_capacity < 0:
             raise ValueError(f"host_capacity must be >= 0 tokens, got {host_capacity}")
         write_policy = DEFAULT_WRITE_POLICY if write_policy is None else write_policy
-        if write_policy == "write_back":
-            raise ValueError("write_policy 'write_back' is not supported: the cache's host tier "
-                             "builds write_through and write_through_selective only")
         if write_policy not in HOST_WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {', '.join(HOST_WRITE_POLICIES)}, "
                              f"got {write_policy!r}")

@@ -1,0 +1,1228 @@
+"""Differential driver for the host tier (HiCache): flatradix against SGLang 0.5.23's
+own ``UnifiedRadixCache`` with HiCache on (``hicache_peer.py``), Full attention only,
+``write_through``, ``write_through_selective`` and ``write_back``.
+
+Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``)::
+
+    export SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never OMP_NUM_THREADS=1 \\
+           PYTHONPATH=$PWD:$VENV/peer_stubs          # from the repository root
+    $VENV/bin/python -m tests.oracle.hicache_driver --config all --backend rust --ops 2000
+    $VENV/bin/python -m tests.oracle.hicache_driver --config p4-wt-lru --backend python \\
+        --ops 20000 --seed 3
+    $VENV/bin/python -m tests.oracle.hicache_driver --replay repro.json
+    $VENV/bin/python -m tests.oracle.hicache_driver --config all --first python --backend rust
+                                 # SGLang's Python core against its Rust core (no flatradix)
+    $VENV/bin/python -m tests.oracle.hicache_driver --self-test --config none --backend rust
+
+A seeded generator produces a stream of raw HiCache calls on small pools (device
+12..48 tokens at page 1, 12..20 pages above; host 8..32 pages) so that eviction
+(demotes of backed-up leaves, deletes of unbacked ones), host eviction, backups
+that find the host pool full and load-backs all happen often:
+
+* ``insert`` with fresh device slots (allocated on both sides in the same order;
+  when the pool is short both evict first), ``prev_prefix_len`` 0 or the matched
+  device prefix (the request's prefix slots replaced by the tree's own, as a
+  scheduler does), ``inserted_len`` 0 / prev / the key's length;
+* ``match`` (keys with partial-page tails too), ``lock`` (``lock()`` or
+  ``inc_lock_ref`` on the match's device node, held across later ops),
+  ``unlock``, ``hlock`` / ``hunlock`` (``inc_host_lock_ref`` on the match's best
+  node, held across later ops; ``dec_host_lock_ref``), ``evict``, ``evict_host``;
+* the ack protocol, each call its own op so acks arrive late and interleaved with
+  everything else: ``flush`` (``flush_pending_backups``), ``wcheck``
+  (``writing_check(finish_count=k)``, k None or a count no larger than the
+  submitted acks, as SGLang's scheduler passes), ``wdrain``
+  (``writing_check(write_back=True)``: submit and complete every backup), ``step``
+  (``check_hicache_events``), ``ready`` (``ready_to_load_host_cache``),
+  ``lcheck`` (``loading_check(finish_count=k)``);
+* ``load``: match + ``init_load_back`` with ``req.last_node`` = the match's device
+  node (SGLang asserts a request), ``mem_quota`` None or small, with or without the
+  scheduler's pins around the call (``lock(last_device_node)``,
+  ``inc_host_lock_ref(best_match)``, ``lock(best_match)``); ``load_back``: match +
+  ``load_back(best_match_node, mem_quota, req)`` on a host hit.
+
+Compared after every op (``normalize.py`` conventions; the accepted differences are
+listed in ``DIFFERENCES`` below):
+
+* every return value: match (``device_prefix_len``, device indices through the
+  slot bijection, ``last_device_node`` / ``last_host_node`` / ``best_match_node``
+  / ``last_visited_node_id`` through the node-id bijection, ``host_hit_length``,
+  ``full_kv_hit_length`` and every other scalar field), insert (``prefix_len``,
+  node, ``total_len`` ...), lock deltas, evicted tokens, ``evict_host``'s count,
+  ``init_load_back``'s (count, node), ``load_back``'s bool,
+  ``ready_to_load_host_cache``'s -1 / not;
+* device slots: a bijection SGLang slot <-> flatradix slot, bound when a slot is
+  handed out (the driver's insert allocations, the caches' own load-back
+  allocations, positionally) and dropped when freed; every free of either cache
+  must be the same slots *in the same order*; allocations and frees must
+  interleave alike (a run of frees, then a run of allocations, ...);
+* host slots: the same bijection for the host pools (bound at each host
+  allocation, positionally); host frees compared as multisets per run;
+* the transfers: each submitted backup / load as (host slot, device slot) pairs,
+  in order, through both bijections (SGLang's at submission; flatradix's at
+  commit, gathered until its submission);
+* sizes: evictable / protected (SGLang ``full_evictable_size`` /
+  ``full_protected_size``), ``total_size()``, device and host pool availability;
+* the protocol state: ``ongoing_write_through`` and ``ongoing_load_back`` keys (in
+  order, through the node-id bijection), the backups queued and not yet
+  submitted, the submitted write / load acks (each ack's node ids);
+* KV events (type, medium, block hashes, token ids, parent, ...) from
+  ``take_events()``, after every op;
+* Python core only: the tree's host tokens (``host_total_size``) and those on
+  evictable host leaves (``host_evictable_size``), from its node arena, after every
+  op; every ``TREE_EVERY`` ops the whole tree node by node, paired by path: device
+  and host slots through the bijections, the pending backup's ack id, ``lock_ref``,
+  host ``lock_ref``, ``hit_count`` (the Rust core exposes no node list);
+* ``is_backuped`` of every node a match or insert returns (but the root);
+* at each episode's end: release every lock, deliver every ack, compare both
+  trees' device values (through the bijection) and both ``sanity_check`` s, then
+  evict everything on both tiers: both pools must be whole again.
+
+The stream is cut into episodes of ``--episode`` ops on fresh caches. The first
+divergence stops a configuration: the op, both sides' values, then the episode
+shrunk by delta debugging (fresh caches per try; the same divergence label must
+come back), printed as a Python literal and written as JSON for ``--replay``.
+Each configuration ends with an ``ORACLE_RESULT {json}`` line.
+"""
+
+import argparse
+import contextlib
+import io
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+
+from .normalize import Divergence, NodeIdMap, coalesce_removed, compare, event_tuples
+
+# Differences accepted on purpose (each is normalised where the comparison is made):
+DIFFERENCES = """
+1. ready_to_load_host_cache's return value: SGLang returns the index of the layer
+   counter it used (its LayerDoneCounter cycles through 3 producers: 0, 1, 2, 0, ...)
+   or -1 when nothing was queued; flatradix has no per-layer counters and returns 0
+   or -1. Compared as `returned >= 0`.
+2. Slot numbers on both tiers: each side has its own allocators with their own
+   free-list orders (SGLang's paged allocator hands out pages, flatradix's
+   TokenToKVPoolAllocator lowest slots first), so slots are compared through
+   bijections built at allocation (see the module docstring), never as numbers.
+3. Node ids: through normalize.NodeIdMap (first appearance binds a pair).
+4. Host frees within one run are compared as multisets: the host slot order inside
+   one eviction is an allocator detail (the eviction order itself is compared
+   through the CPU BlockRemoved events, hash by hash).
+5. Rust core: runs of BlockRemoved are coalesced on both sides (normalize point 4).
+6. SGLang's own sanity_check (run at every CHECK_EVERY-th op and at episode ends)
+   is accepted when its only violations are "Duplicate missing" (Python core) /
+   "Full host coexistence missing" (Rust core): both cores register a node that
+   holds Full KV on both tiers (`full_host_duplicates`) only where such nodes are
+   born (acks, splits, unevicts) and the check expects every settled D+H node
+   there; under write_through some path leaves one out. That registry is read
+   only by write_back's duplicate reclaim (evict_host), which neither side runs
+   here, so nothing observable depends on it. Counted in the stats as
+   `sglang_dup_registry_misses`.
+"""
+
+# Divergences found by this driver and reported, not yet fixed in flatradix. Never
+# accepted by default (the tests fail on them); ``--tolerate NAME,...`` lets an
+# exploratory run go past them to look for more, counting each tolerated case in
+# the stats as ``tolerated:NAME``. Fixed so far (regression tests in
+# tests/test_hicache.py): "host-lock-delta" (inc_host_lock_ref's receipt delta is
+# None, as SGLang's) and "insert-event-order" (a walked node's backup runs at its
+# place among the insert's events, as SGLang's barrier).
+KNOWN = {}
+TOLERATE = set()
+
+# --------------------------------------------------------------------------- configs
+# device / host: pool sizes in tokens (page multiples); min_pages / max_pages: key
+# length bounds in pages (the threshold-10 ones lean long, so host hits reach 10);
+# lbt: load_back_threshold (SGLang's init_hicache sets 10; the driver sets both
+# sides alike); tokens: the key alphabet (small: lots of shared prefixes and splits).
+CONFIGS = {
+    "p1-wt-lru": dict(page_size=1, policy="lru", write_policy="write_through",
+                      device=16, host=20, max_pages=6, lbt=1),
+    "p1-wt-lru-t10": dict(page_size=1, policy="lru", write_policy="write_through",
+                          device=48, host=64, min_pages=6, max_pages=20, lbt=10),
+    "p4-wt-lru": dict(page_size=4, policy="lru", write_policy="write_through",
+                      device=16 * 4, host=18 * 4, max_pages=6, lbt=1),
+    "p2-wts-lru": dict(page_size=2, policy="lru", write_policy="write_through_selective",
+                       device=12 * 2, host=8 * 2, max_pages=6, lbt=1),
+    "p2-wts-lru-t10": dict(page_size=2, policy="lru", write_policy="write_through_selective",
+                           device=20 * 2, host=28 * 2, min_pages=4, max_pages=12, lbt=10),
+    "p1-wt-lfu": dict(page_size=1, policy="lfu", write_policy="write_through",
+                      device=12, host=16, max_pages=6, lbt=1),
+    "p4-wt-fifo": dict(page_size=4, policy="fifo", write_policy="write_through",
+                       device=20 * 4, host=32 * 4, max_pages=6, lbt=10),
+    "p1-wb-lru": dict(page_size=1, policy="lru", write_policy="write_back",
+                      device=16, host=20, max_pages=6, lbt=1),
+    "p4-wb-lru": dict(page_size=4, policy="lru", write_policy="write_back",
+                      device=16 * 4, host=12 * 4, max_pages=6, lbt=1),
+    "p2-wb-lfu-t10": dict(page_size=2, policy="lfu", write_policy="write_back",
+                          device=20 * 2, host=28 * 2, min_pages=4, max_pages=12, lbt=10),
+}
+
+# Self-test: deliberately wrong flatradix façades (FlatSide applies ``mutant``); each
+# must be caught within SELFTEST_OPS ops.
+MUTANTS = {
+    # backs up at the 2nd hit under write_through (threshold 2 instead of 1)
+    "wt-threshold-off-by-one": ("p1-wt-lru", dict(wt_threshold_delta=1)),
+    # loads host hits shorter than load_back_threshold
+    "load-back-threshold-ignored": ("p4-wt-fifo", dict(ignore_lbt=True)),
+    # a backup that finds the host pool short gives up instead of evicting host leaves
+    "backup-no-host-evict": ("p1-wt-lru", dict(backup_no_host_evict=True)),
+    # match_prefix reports host_hit_length 0
+    "host-hit-zero": ("p4-wt-lru", dict(host_hit_zero=True)),
+    # flush_pending_backups submits one ack per backup instead of one merged ack
+    "one-ack-per-backup": ("p1-wt-lfu", dict(ack_per_backup=True)),
+    # write-back host eviction skips the reclaim of duplicate host copies
+    "wb-no-reclaim": ("p4-wb-lru", dict(wb_no_reclaim=True)),
+    # write-back eviction drops every victim instead of backing it up
+    "wb-always-drop": ("p1-wb-lru", dict(wb_always_drop=True)),
+}
+
+SELFTEST_OPS = 2000
+MAX_LOCKS = 4
+MAX_HOST_LOCKS = 3
+CHECK_EVERY = 32
+TREE_EVERY = 4
+QUOTAS = (None, None, None, 1, 2, 4, 8)  # mem_quota in pages (None: no quota)
+WEIGHTS = dict(insert=7, match=3, lock=1, unlock=1, evict=3, evict_host=1, flush=2, wcheck=2,
+               step=1, load=4, load_back=1, ready=2, lcheck=2, hlock=1, hunlock=1, wdrain=1)
+
+
+# --------------------------------------------------------------------------- the two sides
+class FlatSide:
+    """flatradix's ``UnifiedRadixCache`` with its host tier, its own device
+    allocator (``TokenToKVPoolAllocator``) and host pool, every allocation and free
+    the cache makes logged in call order (the driver's own ones are not)."""
+
+    name = "flatradix"
+
+    def __init__(self, cfg):
+        import flatradix
+        from flatradix.kernels import layout as L
+
+        self.fr = flatradix
+        P = self.P = cfg["page_size"]
+        mut = cfg.get("mutant", {})
+        self.log = []
+        self.alloc = flatradix.TokenToKVPoolAllocator(cfg["device"], page_size=P)
+        self._alloc, self._free = self.alloc.alloc, self.alloc.free
+
+        def logged_alloc(n):
+            out = self._alloc(n)
+            if out is not None:
+                self.log.append(("dalloc", np.asarray(out).tolist()))
+            return out
+
+        def logged_free(idx):
+            self.log.append(("dfree", np.asarray(idx).tolist()))
+            return self._free(idx)
+
+        self.alloc.alloc, self.alloc.free = logged_alloc, logged_free
+        self.cache = c = flatradix.UnifiedRadixCache(
+            page_size=P, eviction_policy=cfg["policy"], token_to_kv_pool_allocator=self.alloc,
+            enable_kv_cache_events=True,
+            # tiny initial arrays: table growth and pool compaction run early and often
+            node_capacity=8, pool_capacity=128)
+        # flatradix moves the bytes at commit (the transfer callable); they are
+        # submitted (merged, one ack) at flush / ready: gathered until then
+        self.backups, self.loads = [], []
+
+        def transfer(kind, dev, host):
+            pairs = list(zip(np.asarray(host).tolist(), np.asarray(dev).tolist()))
+            (self.backups if kind == "backup" else self.loads).append(pairs)
+
+        c.init_hicache(host_size=cfg["host"], hicache_write_policy=cfg["write_policy"],
+                       load_back_threshold=cfg["lbt"], transfer=transfer)
+        host = c.mem_pool_host
+        halloc, hfree = host.alloc, host.free
+
+        def logged_halloc(n):
+            out = halloc(n)
+            if out is not None:
+                self.log.append(("halloc", out.tolist()))
+            return out
+
+        def logged_hfree(idx):
+            self.log.append(("hfree", np.asarray(idx).tolist()))
+            return hfree(idx)
+
+        host.alloc, host.free = logged_halloc, logged_hfree
+        # ---- self-test mutants (never in a real configuration)
+        if mut.get("wt_threshold_delta"):
+            c._engine.st.meta[L.M_WT_THRESHOLD] += mut["wt_threshold_delta"]
+        if mut.get("ignore_lbt"):
+            c.load_back_threshold = 0
+        if mut.get("backup_no_host_evict"):
+            run_backup = c._run_backup
+
+            def no_host_evict(slot):
+                c._evict_host_units = lambda n: 0
+                try:
+                    return run_backup(slot)
+                finally:
+                    del c._evict_host_units
+            c._run_backup = no_host_evict
+        if mut.get("wb_no_reclaim"):
+            evict_units = c._evict_host_units
+
+            def no_reclaim(n):  # host eviction as under write-through: no duplicate reclaim
+                meta = c._engine.st.meta
+                meta[L.M_HOST] = L.HOST_WRITE_THROUGH
+                try:
+                    return evict_units(n)
+                finally:
+                    meta[L.M_HOST] = L.HOST_WRITE_BACK
+            c._evict_host_units = no_reclaim
+        if mut.get("wb_always_drop"):
+            c._write_back_backup = lambda nid: False
+        if mut.get("host_hit_zero"):
+            match = c.match_prefix
+            c.match_prefix = lambda params: match(params)._replace(host_hit_length=0)
+        if mut.get("ack_per_backup"):
+            def flush_each():
+                with c._mutex:
+                    for cid in c._write_queue:
+                        c._write_acks.append([cid])
+                    c._write_queue = []
+            c.flush_pending_backups = flush_each
+        c.take_events()
+
+    # -- slots the driver hands to inserts (not logged)
+    def alloc_slots(self, n):
+        out = self._alloc(n)
+        return None if out is None else np.asarray(out).tolist()
+
+    def free_slots(self, slots):
+        self._free(np.asarray(slots, dtype=np.int64))
+
+    def take_log(self):
+        out, self.log = self.log, []
+        return out
+
+    def root(self):
+        return self.cache.root_node_handle()
+
+    def insert(self, toks, value, prev, inserted):
+        fr = self.fr
+        return self.cache.insert(fr.InsertParams(
+            key=fr.RadixKey(np.asarray(toks, dtype=np.int64)),
+            value=np.asarray(value, dtype=np.int64), prev_prefix_len=prev, inserted_len=inserted))
+
+    def match(self, toks):
+        return self.cache.match_prefix(self.fr.MatchPrefixParams(
+            key=self.fr.RadixKey(np.asarray(toks, dtype=np.int64))))
+
+    def path_device_indices(self, node, n):
+        return np.asarray(self.cache.path_device_indices(node))[:n].tolist() if n else []
+
+    def init_load_back(self, best, hit, mem_quota, last_node):
+        req = SimpleNamespace(last_node=last_node)
+        return self.cache.init_load_back(self.fr.InitLoadBackParams(
+            best_match_node=best, host_hit_length=hit, mem_quota=mem_quota, req=req))
+
+    def load_back(self, node, mem_quota, last_node):
+        req = SimpleNamespace(last_node=last_node)
+        return self.cache.load_back(node, mem_quota, req=req)
+
+    def host_lock(self, node):
+        return self.cache.inc_host_lock_ref(node)
+
+    def host_unlock(self, node, h):
+        self.cache.dec_host_lock_ref(node, h.to_dec_params())
+
+    def evict(self, n):
+        return self.cache.evict(self.fr.EvictParams(num_tokens=n)).num_tokens_evicted
+
+    def take_submitted(self):
+        """(backups, loads) submitted since the last call: each a list of (host,
+        device) pairs. flatradix records the pairs at commit; a commit's pairs are
+        submitted once its queue is empty again (flush / ready submit the whole
+        queue; no op both commits and submits)."""
+        c = self.cache
+        b = l = []
+        if self.backups and not c._write_queue:
+            b, self.backups = [p for x in self.backups for p in x], []
+        if self.loads and not c._load_queue:
+            l, self.loads = [p for x in self.loads for p in x], []
+        return b, l
+
+    # -- state views (the queues are private to flatradix's façade: read for the oracle)
+    def sizes(self):
+        c = self.cache
+        return dict(evictable=c.evictable_size(), protected=c.protected_size(),
+                    total=tuple(c.total_size()), device_available=self.alloc.available_size(),
+                    host_available=c.mem_pool_host.available_size())
+
+    def protocol(self):
+        c = self.cache
+        return dict(ongoing_write_through=list(c.ongoing_write_through),
+                    ongoing_load_back=list(c.ongoing_load_back),
+                    write_queue=list(c._write_queue), write_acks=[list(a) for a in c._write_acks],
+                    load_queue=list(c._load_queue), load_acks=[list(a) for a in c._load_acks])
+
+    def host_ledger(self):
+        return self.cache.host_total_size(), self.cache.host_evictable_size()
+
+    def values(self):
+        return np.asarray(self.cache.all_values_flatten()).tolist()
+
+    def tree(self):
+        """{path tokens: (device slots | None, host slots | None, write-through ack id
+        | None, lock_ref, host lock_ref, hit_count)} of every non-root node
+        (flatradix's arrays, read-only)."""
+        from flatradix import inspection
+        from flatradix.kernels import layout as L
+
+        eng = self.cache._engine
+        nodes = eng.st.nodes
+        paths, out = {L.ROOT: ()}, {}
+        with self.cache._mutex:
+            for s, _ in inspection.dfs(nodes):
+                if s == L.ROOT:
+                    continue
+                info = inspection.node_info(eng, s, 0)
+                path = paths[int(nodes[s, L.PARENT])] + tuple(info["key"].tolist())
+                paths[s] = path
+                pending = int(nodes[s, L.WT_PENDING])
+                out[path] = (info["value"].tolist() if not info["evicted"] else None,
+                             info["host_value"].tolist() if info["backuped"] else None,
+                             pending or None, info["lock_ref"], int(nodes[s, L.FULL_HOST_LOCK]),
+                             info["hit_count"])
+        return out
+
+    def check(self):
+        self.cache.sanity_check()
+
+
+class SglSide:
+    """SGLang's cache (``hicache_peer.SglHiCache``) behind the same interface."""
+
+    def __init__(self, cfg, core):
+        from .hicache_peer import SglHiCache
+
+        self.name = f"sglang-{core}"
+        self.core = core
+        self.h = SglHiCache(core, cfg["page_size"], cfg["device"], cfg["host"],
+                            cfg["write_policy"], cfg["policy"], cfg["lbt"])
+        self.cache = self.h.cache
+        self._d2h = self._h2d = 0
+
+    def alloc_slots(self, n):
+        return self.h.alloc_slots(n)
+
+    def free_slots(self, slots):
+        self.h.free_slots(slots)
+
+    def take_log(self):
+        return self.h.take_log()
+
+    def root(self):
+        return self.h.root
+
+    def insert(self, toks, value, prev, inserted):
+        return self.h.insert(toks, value, prev, inserted)
+
+    def match(self, toks):
+        return self.h.match(toks)
+
+    def path_device_indices(self, node, n):
+        return self.h.path_device_indices(node, n)
+
+    def init_load_back(self, best, hit, mem_quota, last_node):
+        return self.h.init_load_back(best, hit, mem_quota, last_node)
+
+    def load_back(self, node, mem_quota, last_node):
+        return self.cache.load_back(node, mem_quota, req=self.h.make_req(last_node))
+
+    def host_lock(self, node):
+        return self.cache.inc_host_lock_ref(node)
+
+    def host_unlock(self, node, h):
+        self.cache.dec_host_lock_ref(node, h.to_dec_params())
+
+    def evict(self, n):
+        return self.h.evict(n)
+
+    def take_submitted(self):
+        e = self.h.engine
+        b = [p for x in e.d2h[self._d2h:] for p in x]
+        l = [p for x in e.h2d[self._h2d:] for p in x]
+        self._d2h, self._h2d = len(e.d2h), len(e.h2d)
+        return b, l
+
+    def sizes(self):
+        c = self.cache
+        return dict(evictable=c.full_evictable_size(), protected=c.full_protected_size(),
+                    total=tuple(c.total_size()), device_available=self.h.alloc.available_size(),
+                    host_available=self.h.host_available())
+
+    def protocol(self):
+        c, h = self.cache, self.h
+        return dict(ongoing_write_through=list(c.ongoing_write_through),
+                    ongoing_load_back=list(c.ongoing_load_back),
+                    write_queue=h.write_queue(), write_acks=h.write_acks(),
+                    load_queue=h.load_queue(), load_acks=h.load_acks())
+
+    def host_ledger(self):
+        return self.h.host_ledger() if self.core == "python" else None
+
+    def values(self):
+        return self.cache.all_values_flatten().tolist()
+
+    def tree(self):
+        """``FlatSide.tree`` from the Python core's node arena (None: Rust core)."""
+        if self.core != "python":
+            return None
+        tc = self.cache.tree_core
+        FULL = self.h.S.ComponentType.FULL
+        paths, out = {}, {}
+
+        def path(n):
+            if n is tc.root_node:
+                return ()
+            if n.id not in paths:
+                paths[n.id] = path(n.parent) + tuple(n.key.token_ids)
+            return paths[n.id]
+
+        for n in tc._node_arena.values():
+            if n is tc.root_node:
+                continue
+            cd = n.component_data[FULL]
+            out[path(n)] = (None if cd.value is None else cd.value.tolist(),
+                            None if cd.host_value is None else cd.host_value.tolist(),
+                            n.write_through_pending_id, cd.lock_ref, cd.host_lock_ref,
+                            n.hit_count)
+        return out
+
+    def check(self):
+        """SGLang's own ``sanity_check``, less one rule (DIFFERENCES 6): its cores'
+        write_back duplicate registry (Python ``full_host_duplicates``, Rust "full
+        host coexistence") can miss a settled D+H node under write_through, which
+        never reads that registry."""
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):  # it prints the tree first
+                self.cache.sanity_check()
+        except AssertionError as e:
+            lines = str(e).splitlines()
+            head = lines[0] if lines else ""
+            n = int(head.split("(")[1].split()[0]) if head.startswith("Sanity check FAILED (") \
+                else -1
+            # Python core: "Duplicate missing: [ids]"; Rust core: "Full host
+            # coexistence missing: [NodeIdx_(n)]" (the same registry)
+            dup = [ln for ln in lines[1:] if ln.strip().startswith(
+                ("Duplicate missing:", "Full host coexistence missing:"))]
+            if n != len(dup) or self.h.cc is None or \
+                    self.cache.cache_controller.write_policy == "write_back":
+                raise
+            self.dup_registry_misses = getattr(self, "dup_registry_misses", 0) + 1
+
+
+# --------------------------------------------------------------------------- executor
+class SlotMap:
+    """Bijection first-side slot <-> second-side slot for one tier (device or host),
+    for the slots currently handed out."""
+
+    def __init__(self, tier):
+        self.tier = tier
+        self.a2b, self.b2a = {}, {}
+
+    def bind(self, what, a, b):
+        if len(a) != len(b):
+            raise Divergence(f"{what}.{self.tier}_alloc_len", f"first={a} second={b}")
+        for x, y in zip(a, b):
+            if x in self.a2b or y in self.b2a:
+                raise Divergence(f"{what}.{self.tier}_slot_accounting",
+                                 f"slot handed out while held: first {x} "
+                                 f"(held: {x in self.a2b}), second {y} (held: {y in self.b2a})")
+            self.a2b[x] = y
+            self.b2a[y] = x
+
+    def to_a(self, what, bs):
+        try:
+            return [self.b2a[y] for y in bs]
+        except KeyError as e:
+            raise Divergence(f"{what}.{self.tier}_slot_unknown",
+                             f"second side's slot {e.args[0]} was never handed out") from None
+
+    def release(self, what, a, b, ordered):
+        ma = self.to_a(what, b)
+        if (ma if ordered else sorted(ma)) != (list(a) if ordered else sorted(a)):
+            raise Divergence(f"{what}.{self.tier}_frees",
+                             f"first={list(a)} second={list(b)} (second mapped: {ma})")
+        for y in b:
+            x = self.b2a.pop(y)
+            del self.a2b[x]
+
+
+def _runs(log, tier):
+    """A side's log entries of one tier as runs: [(kind, slots)], consecutive
+    entries of the same kind merged."""
+    out = []
+    for kind, slots in log:
+        if kind[0] != tier:
+            continue
+        k = kind[1:]
+        if out and out[-1][0] == k:
+            out[-1][1].extend(slots)
+        else:
+            out.append((k, list(slots)))
+    return out
+
+
+def _atoms(events):
+    """Events as a sorted multiset, removals split per block (tolerating
+    ``insert-event-order``: the same events, in another order or grouping)."""
+    out = []
+    for e in events:
+        if e[0] == "Removed":
+            out.extend(("Removed", h, e[2]) for h in e[1])
+        else:
+            out.append(e)
+    return sorted(out, key=repr)
+
+
+def _match_fields(m):
+    """The MatchResult fields besides indices and nodes."""
+    return (m.device_prefix_len, m.host_hit_length, m.full_kv_hit_length, m.swa_host_hit_length,
+            m.swa_branching_seqlen, m.mamba_host_hit_length, m.mamba_branching_seqlen,
+            m.cache_protected_len, m.full_device_match_len)
+
+
+class Executor:
+    """Applies ops to both sides and compares them. Every decision it takes
+    depends only on the ops and on values already found equal, so an op list
+    replays identically on fresh caches; ops that do not apply (an unlock with no
+    lock held) are skipped, so the shrinker may delete ops freely."""
+
+    def __init__(self, cfg, backend, first="flatradix"):
+        self.cfg = cfg
+        self.P = cfg["page_size"]
+        self.a, self.b = self._both(
+            "construct",
+            lambda: FlatSide(cfg) if first == "flatradix" else SglSide(cfg, first),
+            lambda: SglSide(cfg, backend))
+        self.coalesce = backend == "rust" or first == "rust"
+        self.ids = NodeIdMap()
+        self.root_a = self.a.root()
+        self.ids.bind("root", self.root_a, self.b.root())
+        self.dev = SlotMap("device")
+        self.host = SlotMap("host")
+        self.locks = []
+        self.host_locks = []
+        self.nops = 0
+        self.stats = Counter()
+        self._sync("init")
+
+    # ----------------------------------------------------------- helpers
+    def _both(self, what, fa, fb):
+        """Call one operation on each side; an exception on either is a divergence."""
+        try:
+            x = fa()
+        except Exception as e:  # noqa: BLE001 - any error is a finding
+            x = e
+        try:
+            y = fb()
+        except Exception as e:  # noqa: BLE001
+            y = e
+        if isinstance(x, Exception) or isinstance(y, Exception):
+            ea = f"{type(x).__name__}: {x}" if isinstance(x, Exception) else "ok"
+            eb = f"{type(y).__name__}: {y}" if isinstance(y, Exception) else "ok"
+            side = ("both" if isinstance(x, Exception) and isinstance(y, Exception)
+                    else "first" if isinstance(x, Exception) else "second")
+            err = x if isinstance(x, Exception) else y
+            raise Divergence(f"{what}.raised.{side}.{type(err).__name__}",
+                             f"{self.a.name if hasattr(self, 'a') else 'first'}: {ea} | "
+                             f"SGLang: {eb}")
+        return x, y
+
+    def _tolerated(self, name):
+        if name in TOLERATE:
+            self.stats[f"tolerated:{name}"] += 1
+            return True
+        return False
+
+    def bind_node(self, what, x, y):
+        self.ids.bind(what, x, y)
+
+    def _drain(self, what):
+        """Replay both sides' allocation / free logs into the slot bijections."""
+        la, lb = self.a.take_log(), self.b.take_log()
+        for tier, smap, ordered in (("d", self.dev, True), ("h", self.host, False)):
+            ra, rb = _runs(la, tier), _runs(lb, tier)
+            compare(f"{what}.{smap.tier}_alloc_free_runs",
+                    [(k, len(s)) for k, s in ra], [(k, len(s)) for k, s in rb])
+            for (k, sa), (_, sb) in zip(ra, rb):
+                if k == "alloc":
+                    smap.bind(what, sa, sb)
+                    self.stats[f"{smap.tier}_alloc_slots"] += len(sa)
+                else:
+                    smap.release(what, sa, sb, ordered)
+                    self.stats[f"{smap.tier}_free_slots"] += len(sa)
+                    if tier == "h" and what.startswith("insert"):  # a backup made room
+                        self.stats["insert_host_evict_slots"] += len(sa)
+
+    def _map_nodes(self, what, xs, ys):
+        compare(f"{what}.len", len(xs), len(ys))
+        for x, y in zip(xs, ys):
+            self.bind_node(what, x, y)
+
+    def _sync(self, what):
+        self._drain(what)
+        (ba, la), (bb, lb) = self.a.take_submitted(), self.b.take_submitted()
+        for kind, pa, pb in (("backup", ba, bb), ("load", la, lb)):
+            if pa or pb:
+                if kind == "backup" and self.cfg["write_policy"] == "write_back":
+                    # write-back backs a victim up at eviction and then frees its device
+                    # slots; host room for it may come from host copies freed in the
+                    # same op; either tier's slots may be handed out again within the op,
+                    # so the bijections are rebound before this comparison: compare the
+                    # amount backed up here; every node's device and host slots are
+                    # compared by the whole-tree checks, the order by the CPU events
+                    compare(f"{what}.submitted_backup_tokens", len(pa), len(pb))
+                    self.stats["submitted_backup_tokens"] += len(pa)
+                    continue
+                mb = [(self.host.b2a.get(hh, ("?", hh)), self.dev.b2a.get(d, ("?", d)))
+                      for hh, d in pb]
+                compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
+                self.stats[f"submitted_{kind}_tokens"] += len(pa)
+        compare(f"{what}.sizes", self.a.sizes(), self.b.sizes())
+        pa, pb = self.a.protocol(), self.b.protocol()
+        for k in ("ongoing_write_through", "ongoing_load_back", "write_queue", "load_queue"):
+            self._map_nodes(f"{what}.{k}", pa[k], pb[k])
+        for k in ("write_acks", "load_acks"):
+            compare(f"{what}.{k}.shape", [len(x) for x in pa[k]], [len(x) for x in pb[k]])
+            for xa, xb in zip(pa[k], pb[k]):
+                self._map_nodes(f"{what}.{k}", xa, xb)
+        ha, hb = self.a.host_ledger(), self.b.host_ledger()
+        if ha is not None and hb is not None:
+            compare(f"{what}.host_ledger(host_total,host_evictable)", ha, hb)
+        ea = event_tuples(self.a.cache.take_events())
+        eb = event_tuples(self.b.cache.take_events())
+        if self.coalesce:
+            ea, eb = coalesce_removed(ea), coalesce_removed(eb)
+        if not (ea != eb and what == "insert" and _atoms(ea) == _atoms(eb)
+                and self._tolerated("insert-event-order")):
+            compare(f"{what}.events", ea, eb)
+        for e in ea:
+            self.stats[f"event_{e[0]}_{e[6] if e[0] == 'Stored' else e[2]}"] += 1
+
+    def _tree(self, what):
+        """Node by node (paired by path): device and host slots through the
+        bijections, the pending backup's ack id (a node id), lock_ref, host
+        lock_ref, hit_count. Python core only (the Rust core exposes no node list)."""
+        tb = self.b.tree()
+        if tb is None:
+            return
+        ta = self.a.tree()
+        compare(f"{what}.tree.paths", sorted(ta), sorted(tb))
+        for path, (da, ha, pa, *rest_a) in ta.items():
+            db, hb, pb, *rest_b = tb[path]
+            if (da is None) != (db is None) or (da is not None and da != self.dev.to_a(what, db)):
+                raise Divergence(f"{what}.tree.device_value",
+                                 f"node {path}: first={da} second={db}")
+            if (ha is None) != (hb is None) or \
+                    (ha is not None and ha != [self.host.b2a.get(x) for x in hb]):
+                raise Divergence(f"{what}.tree.host_value", f"node {path}: first={ha} second={hb}")
+            if pa is None or pb is None:
+                compare(f"{what}.tree.write_through_pending@{path}", pa, pb)
+            else:
+                self.bind_node(f"{what}.tree.write_through_pending", pa, pb)
+            compare(f"{what}.tree.(lock_ref,host_lock_ref,hit_count)@{path}", rest_a, rest_b)
+        self.stats["tree_checks"] += 1
+
+    def apply(self, op):
+        kind = op[0]
+        getattr(self, "op_" + kind)(*op[1:])
+        self._sync(kind)
+        self.nops += 1
+        self.stats[kind] += 1
+        if self.nops % CHECK_EVERY == 0:
+            self._both("sanity_check", self.a.check, self.b.check)
+            self.stats["sglang_dup_registry_misses"] = getattr(self.b, "dup_registry_misses", 0)
+        if self.nops % TREE_EVERY == 0:
+            self._tree("tree")
+
+    # ----------------------------------------------------------- ops
+    def _match(self, what, toks):
+        ma, mb = self._both(what, lambda: self.a.match(toks), lambda: self.b.match(toks))
+        compare(f"{what}.fields(device_prefix_len,host_hit_length,full_kv_hit_length,...)",
+                _match_fields(ma), _match_fields(mb))
+        n = ma.device_prefix_len
+        ia, ib = self._both(f"{what}.indices",
+                            lambda: self.a.path_device_indices(ma.last_device_node, n),
+                            lambda: self.b.path_device_indices(mb.last_device_node, n))
+        if n:
+            compare(f"{what}.device_indices(path_device_indices)", ia,
+                    self.dev.to_a(what, ib))
+            # flatradix's MatchResult carries device_indices too (SGLang's has none):
+            # they must be the path's
+            if getattr(ma, "device_indices", None) is not None:
+                compare(f"{what}.device_indices(first side)",
+                        np.asarray(ma.device_indices).tolist(), ia)
+        self.bind_node(f"{what}.last_device_node", ma.last_device_node, mb.last_device_node)
+        self.bind_node(f"{what}.last_host_node", ma.last_host_node, mb.last_host_node)
+        self.bind_node(f"{what}.best_match_node", ma.best_match_node, mb.best_match_node)
+        if ma.last_visited_node_id is None or mb.last_visited_node_id is None:
+            compare(f"{what}.last_visited_node_id", ma.last_visited_node_id,
+                    mb.last_visited_node_id)
+        else:
+            self.bind_node(f"{what}.last_visited_node_id", ma.last_visited_node_id,
+                           mb.last_visited_node_id)
+        for f in ("last_device_node", "best_match_node"):
+            self._backuped(f"{what}.{f}", getattr(ma, f), getattr(mb, f))
+        self.stats["match_device_tokens"] += n
+        self.stats["match_host_tokens"] += ma.host_hit_length
+        return ma, mb
+
+    def _backuped(self, what, na, nb):
+        """``is_backuped`` of a (non-root) node on both sides."""
+        if na == self.root_a:
+            return
+        xa, xb = self._both(f"{what}.is_backuped", lambda: self.a.cache.is_backuped(na),
+                            lambda: self.b.cache.is_backuped(nb))
+        compare(f"{what}.is_backuped", bool(xa), bool(xb))
+
+    def op_match(self, toks):
+        self._match("match", toks)
+
+    def _alloc(self, what, n):
+        xa, xb = self._both(what, lambda: self.a.alloc_slots(n), lambda: self.b.alloc_slots(n))
+        if (xa is None) != (xb is None):
+            raise Divergence(f"{what}.alloc_failed", f"first={xa} second={xb}")
+        if xa is not None:
+            self.dev.bind(what, xa, xb)
+        return xa, xb
+
+    def _driver_free(self, what, xa, xb):
+        self._both(what, lambda: self.a.free_slots(xa), lambda: self.b.free_slots(xb))
+        self.dev.release(what, xa, xb, True)
+
+    def op_insert(self, toks, use_prev, il_pick):
+        n = len(toks)
+        va, vb = self._alloc("insert.alloc", n)
+        if va is None:
+            ea, eb = self._both("insert.evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
+            compare("insert.evict.num_evicted", ea, eb)
+            self._drain("insert.evict")
+            va, vb = self._alloc("insert.alloc", n)
+            if va is None:
+                self.stats["insert_noalloc"] += 1
+                return
+        ma, mb = self._match("insert.match", toks)
+        prev = ma.device_prefix_len if use_prev else 0
+        il = (0, prev, n)[il_pick]
+        if prev:
+            # the request's prefix slots are the tree's: give back the fresh ones
+            pa = self.a.path_device_indices(ma.last_device_node, prev)
+            pb = self.b.path_device_indices(mb.last_device_node, prev)
+            self._driver_free("insert.prefix_free", va[:prev], vb[:prev])
+            va[:prev], vb[:prev] = pa, pb
+        ra, rb = self._both("insert", lambda: self.a.insert(toks, va, prev, il),
+                            lambda: self.b.insert(toks, vb, prev, il))
+        compare("insert.prefix_len", ra.prefix_len, rb.prefix_len)
+        compare("insert.total_len", ra.total_len, rb.total_len)
+        self.bind_node("insert.last_device_node", ra.last_device_node, rb.last_device_node)
+        self._backuped("insert.last_device_node", ra.last_device_node, rb.last_device_node)
+        self.stats["insert_tokens"] += n
+
+    def op_lock(self, toks, kind):
+        ma, mb = self._match("lock.match", toks)
+        if len(self.locks) >= MAX_LOCKS:
+            return
+        na, nb = ma.last_device_node, mb.last_device_node
+        if kind == 0:
+            ha, hb = self._both("lock", lambda: self.a.cache.lock(na),
+                                lambda: self.b.cache.lock(nb))
+            self.locks.append((0, na, nb, ha, hb))
+        else:
+            ra, rb = self._both("inc_lock_ref", lambda: self.a.cache.inc_lock_ref(na),
+                                lambda: self.b.cache.inc_lock_ref(nb))
+            compare("inc_lock_ref.delta", ra.delta, rb.delta)
+            self.locks.append((1, na, nb, ra.to_dec_params(), rb.to_dec_params()))
+
+    def _unlock(self, k):
+        kind, na, nb, ha, hb = self.locks.pop(k % len(self.locks))
+        if kind == 0:
+            self._both("unlock", lambda: self.a.cache.unlock(ha), lambda: self.b.cache.unlock(hb))
+        else:
+            self._both("dec_lock_ref", lambda: self.a.cache.dec_lock_ref(na, ha),
+                       lambda: self.b.cache.dec_lock_ref(nb, hb))
+
+    def op_unlock(self, k):
+        if self.locks:
+            self._unlock(k)
+
+    def op_unlock_all(self):
+        while self.locks:
+            self._unlock(len(self.locks) - 1)
+        while self.host_locks:
+            self._hunlock(len(self.host_locks) - 1)
+
+    def op_hlock(self, toks):
+        """``inc_host_lock_ref`` on the match's best node, held across later ops."""
+        ma, mb = self._match("hlock.match", toks)
+        if len(self.host_locks) >= MAX_HOST_LOCKS:
+            return
+        na, nb = ma.best_match_node, mb.best_match_node
+        ra, rb = self._both("inc_host_lock_ref", lambda: self.a.host_lock(na),
+                            lambda: self.b.host_lock(nb))
+        if not (ra.delta != rb.delta and self._tolerated("host-lock-delta")):
+            compare("inc_host_lock_ref.delta", ra.delta, rb.delta)
+        compare("inc_host_lock_ref.locked", bool(ra.component_host_lock_uuids),
+                bool(rb.component_host_lock_uuids))
+        self.host_locks.append((na, nb, ra, rb))
+        if not ra.component_host_lock_uuids:
+            # nothing locked (no host copy): the node may be deleted by a later
+            # eviction, and releasing a receipt on a deleted node is a misuse (SGLang's
+            # Rust core panics and poisons its mutex): release it now
+            self._hunlock(len(self.host_locks) - 1)
+            self.stats["hlock_empty"] += 1
+
+    def _hunlock(self, k):
+        na, nb, ra, rb = self.host_locks.pop(k % len(self.host_locks))
+        self._both("dec_host_lock_ref", lambda: self.a.host_unlock(na, ra),
+                   lambda: self.b.host_unlock(nb, rb))
+
+    def op_hunlock(self, k):
+        if self.host_locks:
+            self._hunlock(k)
+
+    def op_evict(self, n):
+        ea, eb = self._both("evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
+        compare("evict.num_evicted", ea, eb)
+        self.stats["evicted_tokens"] += ea
+
+    def op_evict_host(self, n):
+        ea, eb = self._both("evict_host", lambda: self.a.cache.evict_host(n),
+                            lambda: self.b.cache.evict_host(n))
+        compare("evict_host.num_evicted", ea, eb)
+        self.stats["evict_host_tokens"] += ea
+        self.stats["evict_host_nonzero"] += ea > 0
+
+    def op_flush(self):
+        self._both("flush_pending_backups", self.a.cache.flush_pending_backups,
+                   self.b.cache.flush_pending_backups)
+
+    def op_wcheck(self, fc):
+        # SGLang's scheduler never passes more than the acks submitted (its own
+        # writing_check pops that many); the queues were found equal at the last sync
+        if fc is not None:
+            fc = min(fc, len(self.b.protocol()["write_acks"]))
+        self._both("writing_check", lambda: self.a.cache.writing_check(finish_count=fc),
+                   lambda: self.b.cache.writing_check(finish_count=fc))
+
+    def op_wdrain(self):
+        """``writing_check(write_back=True)``: submit what is queued, then complete
+        every backup (blocking)."""
+        self._both("writing_check(write_back=True)",
+                   lambda: self.a.cache.writing_check(write_back=True),
+                   lambda: self.b.cache.writing_check(write_back=True))
+
+    def op_lcheck(self, fc):
+        if fc is not None:
+            fc = min(fc, len(self.b.protocol()["load_acks"]))
+        self._both("loading_check", lambda: self.a.cache.loading_check(finish_count=fc),
+                   lambda: self.b.cache.loading_check(finish_count=fc))
+
+    def op_step(self):
+        self._both("check_hicache_events", self.a.cache.check_hicache_events,
+                   self.b.cache.check_hicache_events)
+
+    def op_ready(self):
+        ra, rb = self._both("ready_to_load_host_cache", self.a.cache.ready_to_load_host_cache,
+                            self.b.cache.ready_to_load_host_cache)
+        # DIFFERENCES 1: SGLang cycles its producer index 0, 1, 2; flatradix returns 0
+        compare("ready_to_load_host_cache.submitted(>=0)", ra >= 0, rb >= 0)
+
+    def op_load(self, toks, quota, pins):
+        """match + init_load_back as the scheduler's PrefillAdder does it: with
+        ``pins``, lock(last_device_node), a host lock and lock(best_match_node) are
+        held around the call (``inc_host_lock_ref(best_match_node)`` in between)."""
+        ma, mb = self._match("load.match", toks)
+        q = None if quota is None else quota * self.P
+        if pins:
+            la, lb = self._both("load.pin_last", lambda: self.a.cache.lock(ma.last_device_node),
+                                lambda: self.b.cache.lock(mb.last_device_node))
+            ha, hb = self._both("load.pin_host", lambda: self.a.host_lock(ma.best_match_node),
+                                lambda: self.b.host_lock(mb.best_match_node))
+            ka, kb = self._both("load.pin_best", lambda: self.a.cache.lock(ma.best_match_node),
+                                lambda: self.b.cache.lock(mb.best_match_node))
+        ra, rb = self._both(
+            "init_load_back",
+            lambda: self.a.init_load_back(ma.best_match_node, ma.host_hit_length, q,
+                                          ma.last_device_node),
+            lambda: self.b.init_load_back(mb.best_match_node, mb.host_hit_length, q,
+                                          mb.last_device_node))
+        if pins:
+            self._both("load.unpin", lambda: (self.a.cache.unlock(ka),
+                                              self.a.host_unlock(ma.best_match_node, ha),
+                                              self.a.cache.unlock(la)),
+                       lambda: (self.b.cache.unlock(kb),
+                                self.b.host_unlock(mb.best_match_node, hb),
+                                self.b.cache.unlock(lb)))
+        compare("init_load_back.loaded", ra[0], rb[0])
+        self.bind_node("init_load_back.node", ra[1], rb[1])
+        self.stats["load_tokens"] += ra[0]
+        self.stats["load_nonzero"] += ra[0] > 0
+        self.stats["load_declined_with_host_hit"] += ra[0] == 0 and ma.host_hit_length > 0
+
+    def op_load_back(self, toks, quota):
+        ma, mb = self._match("load_back.match", toks)
+        if ma.host_hit_length == 0:
+            return
+        q = None if quota is None else quota * self.P
+        ra, rb = self._both(
+            "load_back",
+            lambda: self.a.load_back(ma.best_match_node, q, ma.last_device_node),
+            lambda: self.b.load_back(mb.best_match_node, q, mb.last_device_node))
+        compare("load_back.loaded", bool(ra), bool(rb))
+        self.stats["load_back_true"] += bool(ra)
+
+    def op_content(self):
+        """Both trees' device values (through the bijection) and both sanity checks."""
+        va, vb = self._both("content", self.a.values, self.b.values)
+        compare("content.all_values_flatten(sorted, mapped)", sorted(va),
+                sorted(self.dev.to_a("content", vb)))
+        self._both("content.sanity_check", self.a.check, self.b.check)
+        self._tree("content")
+        self.stats["sglang_dup_registry_misses"] = getattr(self.b, "dup_registry_misses", 0)
+
+
+WIND_DOWN = [("unlock_all",), ("step",), ("ready",), ("lcheck", None), ("step",), ("content",),
+             ("evict", 1 << 30), ("evict_host", 1 << 30), ("content",)]
+
+
+class Generator:
+    def __init__(self, cfg, rng):
+        self.cfg = cfg
+        self.rng = rng
+        P = self.P = cfg["page_size"]
+        self.min_pages = cfg.get("min_pages", 1)
+        self.max_pages = cfg["max_pages"]
+        self.bases = [[rng.randrange(1, 6) for _ in range(self.max_pages * P)]
+                      for _ in range(rng.choice((2, 3, 4)))]
+        self.kinds = list(WEIGHTS)
+        self.weights = [WEIGHTS[k] for k in self.kinds]
+
+    def key(self, tail=False):
+        r, P = self.rng, self.P
+        lo = self.min_pages if r.random() < 0.7 else 1
+        k = list(r.choice(self.bases)[:r.randint(lo, self.max_pages) * P])
+        if r.random() < 0.3 and len(k) > P:
+            k[-r.randint(1, P)] = r.randrange(6, 9)
+        if tail and r.random() < 0.3:
+            k += [r.randrange(1, 9) for _ in range(r.randint(1, P + 1))]
+        return tuple(k)
+
+    def next(self):
+        r, P = self.rng, self.P
+        kind = r.choices(self.kinds, self.weights)[0]
+        if kind == "insert":
+            return ("insert", self.key(), r.random() < 0.5, r.randrange(3))
+        if kind == "match":
+            return ("match", self.key(tail=True))
+        if kind == "lock":
+            return ("lock", self.key(tail=True), r.randrange(2))
+        if kind == "hlock":
+            return ("hlock", self.key(tail=True))
+        if kind in ("unlock", "hunlock"):
+            return (kind, r.randrange(1 << 16))
+        if kind == "unlock":
+            return ("unlock", r.randrange(1 << 16))
+        if kind == "evict":
+            return ("evict", r.randint(1, 6 * P))
+        if kind == "evict_host":
+            return ("evict_host", r.randint(1, 8 * P))
+        if kind in ("wcheck", "lcheck"):
+            return (kind, None if r.random() < 0.4 else r.randrange(4))
+        if kind == "load":
+            return ("load", self.key(tail=True), r.choice(QUOTAS), r.random() < 0.5)
+        if kind == "load_back":
+            return ("load_back", self.key(tail=True), r.choice(QUOTAS))
+        return (kind,)
+
+
+# --------------------------------------------------------------------------- running
+def episode_seed(seed, config, backend, ep):
+    h = hashlib.sha256(f"hicache/{seed}/{config}/{ep}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def replay(cfg, backend, ops, first="flatradix"):
+    """Run ``ops`` on fresh caches; return the Divergence raised, or None."""
+    try:
+        ex = Executor(cfg, backend, first)
+        for op in ops:
+            ex.apply(op)
+    except Divergence as d:
+        return d
+    return None
+
+
+def shrink(cfg, backend, ops, sig, budget_s, log=print, first="flatradix"):
+    """Delta-debug ``ops`` to a short list that still raises a divergence labelled
+    ``sig`` (complement removal at growing granularity; then key tuples cut)."""
+    t_end = time.monotonic() + budget_s
+    tries = 0
+
+    def fails(cand):
+        nonlocal tries
+        tries += 1
+        d = replay(cfg, backend, cand, first)
+        return d is not None and d.sig == sig
+
+    cur = list(ops)
+    n = 2
+    while len(cur) >= 2 and time.monotonic() < t_end:
+        chunk = max(1, len(cur) // n)
+        removed = False
+        start = 0
+        while start < len(cur) and time.monotonic() < t_end:
+            cand = cur[:start] + cur[start + chunk:]
+            if cand and fails(cand):
+                cur = cand
+                removed = True
+            else:
+                start += chunk
+        if removed:
+            n = max(n - 1, 2)
+        elif chunk == 1:
+            break
+        else:
+            n = min(len(cur), n * 2)
+    return cur, tries, time.monotonic() < t_end
+
+
+def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log=print, cfg=None,
+               first="flatradix"):
+    cfg = dict(CONFIGS[name] if cfg is None else cfg)
+    t0 = time.monotonic()
+    done = ep = 0
+    stats = Counter()
+    result = dict(config=name, backend=backend, seed=seed, episode=episode)
+    while done < total_ops:
+        n = min(episode, total_ops - done)
+        gen = Generator(cfg, random.Random(episode_seed(seed, name, backend, ep)))
+        ops = [gen.next() for _ in range(n)] + WIND_DOWN
+        ex = None
+        i = -1
+        try:
+            ex = Executor(cfg, backend, first)
+            for i, op in enumerate(ops):
+                ex.apply(op)
+        except Divergence as d:
+            bad = ops[:i + 1] if i >= 0 else []
+            log(f"DIVERGENCE {name}/{backend} episode {ep} op #{i}: {d}")
+            log(f"  op: {ops[i]!r}" if i >= 0 else "  (constructing the caches)")
+            small, tries, complete = shrink(cfg, backend, bad, d.sig, shrink_s, log, first)
+            again = replay(cfg, backend, small, first)
+            repro = dict(config=name, backend=backend, sig=d.sig, cfg=cfg,
+                         detail=str(again) if again else str(d), ops=small, first=first)
+            path = None
+            if repro_dir:
+                os.makedirs(repro_dir, exist_ok=True)
+                path = os.path.join(repro_dir, f"hicache-repro-{name}-{backend}-{seed}-{ep}.json")
+                with open(path, "w") as fh:
+                    json.dump(repro, fh)
+            log(f"SHRUNK to {len(small)} ops ({tries} replays, "
+                f"{'minimal' if complete else 'time budget hit'}):")
+            log(f"  divergence: {again if again else d}")
+            log("  ops = " + repr(small))
+            if path:
+                log(f"  written to {path}; replay: python -m tests.oracle.hicache_driver "
+                    f"--replay {path}")
+            if ex is not None:
+                stats.update(ex.stats)
+            result.update(ops=done + max(i, 0), divergences=1, sig=d.sig,
+                          reproducer=dict(repro, path=path),
+                          seconds=round(time.monotonic() - t0, 1), stats=dict(stats))
+            return result
+        stats.update(ex.stats)
+        done += n
+        ep += 1
+    result.update(ops=done, divergences=0, episodes=ep, seconds=round(time.monotonic() - t0, 1),
+                  stats=dict(stats))
+    return result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="all",
+                    help="name, comma list, 'all' or 'none': " + ", ".join(CONFIGS))
+    ap.add_argument("--backend", default="python", choices=("python", "rust"))
+    ap.add_argument("--ops", type=int, default=2000, help="operations per configuration")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--episode", type=int, default=1000, help="ops per fresh pair of caches")
+    ap.add_argument("--shrink-seconds", type=float, default=300)
+    ap.add_argument("--repro-dir", default=os.environ.get(
+        "FLATRADIX_ORACLE_REPRO_DIR", os.path.join(tempfile.gettempdir(), "flatradix-oracle-repro")))
+    ap.add_argument("--replay", help="a reproducer JSON written by a failing run")
+    ap.add_argument("--self-test", action="store_true",
+                    help="also check that every deliberately wrong flatradix (MUTANTS) is caught")
+    ap.add_argument("--selftest-ops", type=int, default=SELFTEST_OPS)
+    ap.add_argument("--first", default="flatradix", choices=("flatradix", "python", "rust"),
+                    help="the side compared with --backend's: flatradix, or one of SGLang's "
+                         "own cores (checks the driver's protocol without flatradix)")
+    ap.add_argument("--tolerate", default="",
+                    help="comma list of KNOWN divergences to go past (exploratory runs only): "
+                         + ", ".join(KNOWN))
+    args = ap.parse_args(argv)
+    for name in filter(None, args.tolerate.split(",")):
+        if name not in KNOWN:
+            ap.error(f"unknown --tolerate {name!r}; known: {', '.join(KNOWN)}")
+        TOLERATE.add(name)
+
+    if args.replay:
+        with open(args.replay) as fh:
+            rep = json.load(fh)
+        ops = [tuple(tuple(x) if isinstance(x, list) else x for x in op) for op in rep["ops"]]
+        d = replay(dict(rep["cfg"]), rep["backend"], ops, rep.get("first", "flatradix"))
+        print(f"{len(ops)} ops on {rep['config']}/{rep['backend']}: {d if d else 'no divergence'}")
+        return 1 if d else 0
+
+    names = (list(CONFIGS) if args.config == "all" else [] if args.config == "none"
+             else args.config.split(","))
+    for nm in names:
+        if nm not in CONFIGS:
+            ap.error(f"unknown config {nm!r}; known: {', '.join(CONFIGS)}")
+    failed = 0
+    if args.self_test:
+        # a mutant must be caught for its own fault, not by a KNOWN divergence of
+        # flatradix itself: those are gone past while the mutants run
+        saved = set(TOLERATE)
+        TOLERATE.update(KNOWN)
+        st = {}
+        for mname, (base, mut) in MUTANTS.items():
+            res = run_config(f"mutant:{mname}", args.backend, args.seed, args.selftest_ops,
+                             args.episode, 2, None, log=lambda *a: None,
+                             cfg=dict(CONFIGS[base], mutant=mut))
+            st[mname] = dict(caught=bool(res["divergences"]), after_ops=res["ops"],
+                             sig=res.get("sig"))
+            print(f"mutant {mname}: {'caught' if res['divergences'] else 'MISSED'} after "
+                  f"{res['ops']} ops ({res.get('sig')})", flush=True)
+            failed += not res["divergences"]
+        TOLERATE.clear()
+        TOLERATE.update(saved)
+        print("ORACLE_SELFTEST " + json.dumps(st), flush=True)
+    for nm in names:
+        res = run_config(nm, args.backend, args.seed, args.ops, args.episode, args.shrink_seconds,
+                         args.repro_dir, first=args.first)
+        res["first"] = args.first
+        if TOLERATE:
+            res["tolerated"] = sorted(TOLERATE)
+        failed += res["divergences"]
+        print(f"{nm}/{args.backend}: {res['ops']} ops, {res['divergences']} divergences, "
+              f"{res['seconds']} s", flush=True)
+        print("ORACLE_RESULT " + json.dumps(res, default=str), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""SGLang 0.5.23's ``UnifiedRadixCache`` with HiCache on, run on CPU (Full attention
+only): the peer ``hicache_driver.py`` compares flatradix's host tier against.
+
+Runs only in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``), with
+``SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never OMP_NUM_THREADS=1``.
+
+What is SGLang's own and what is a test double
+----------------------------------------------
+SGLang's own: the tree (its Python ``UnifiedTreeCore`` or its Rust
+``RustUnifiedTreeCore``), ``UnifiedRadixCache`` with its HiCache glue
+(``init_hicache`` -> ``HybridCacheController``), the device KV pool
+(``MHATokenToKVPool``: 1 layer, 1 head, head_dim 8, fp16, on CPU) and its
+allocator (``TokenToKVPoolAllocator`` at page 1, ``PagedTokenToKVPoolAllocator``
+above, with SGLang's ``debug_mode`` page checks on), the host pool
+(``MHATokenToKVPoolHost``, layout ``page_first_direct``, io backend ``direct``) and
+its slot allocator, the write / load queues and their ack queues.
+
+Test doubles (the two CUDA-only steps):
+
+* pinning the host buffer (``cudaHostRegister``) is skipped;
+* the controller's ``l2_transfer_engine`` is ``FakeL2Engine``: it moves no bytes,
+  records every submitted transfer as (host slot, device slot) pairs, and returns
+  completion events that are complete at once. Acks still arrive late: a backup
+  is only submitted by ``flush_pending_backups`` and delivered by ``writing_check``,
+  a load only submitted by ``ready_to_load_host_cache`` and delivered by
+  ``loading_check`` -- separate calls in the driver's op stream.
+
+Recording (the allocators still do their real work):
+
+* ``log``: every device free / device allocation made *by SGLang* (load-back) /
+  host allocation / host free, interleaved in call order, as
+  ``("dfree" | "dalloc" | "halloc" | "hfree", [slots])``. The driver's own
+  allocations and frees (``alloc_slots`` / ``free_slots``) are not logged.
+* ``engine.d2h`` / ``engine.h2d``: the submitted transfers.
+
+The host pool is sized exactly ``host_tokens``: SGLang sizes it
+``(int(device * hicache_ratio) // P + 1) * P``, so the ratio is picked to land on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from array import array
+from types import SimpleNamespace
+
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+os.environ.setdefault("SGLANG_RUST_BUILD_MODE", "never")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_S = None
+
+
+def sgl():
+    """Import SGLang once, publish server args, install the pinning double."""
+    global _S
+    if _S is not None:
+        return _S
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import torch
+
+    torch.set_num_threads(1)
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    server_args = ServerArgs(model_path="dummy")
+    set_global_server_args_for_scheduler(server_args)
+
+    import sglang.srt.mem_cache.pool_host.common as pool_host_common
+
+    pool_host_common._cuda_host_register = lambda *a, **k: None  # double 1
+
+    # the names below are handed out through locals() (S.<name>)
+
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: F401
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        EvictParams,
+        InitLoadBackParams,
+        InsertParams,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.l2_transfer import TransferCompletion
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.runtime_context import get_context
+
+    _S = SimpleNamespace(**locals())
+    return _S
+
+
+class FakeEvent:
+    """A completion event that is complete at once (duck-types torch.cuda.Event)."""
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def record(self, *a, **k):
+        pass
+
+    def wait(self, *a, **k):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+class FakeL2Engine:
+    """Stands where ``L2TransferEngine`` stands: moves no bytes, records each
+    submission as a list of (host slot, device slot) pairs."""
+
+    def __init__(self, S):
+        import torch
+
+        self.S = S
+        self.device_to_host_stream = torch.cpu.Stream()
+        self.host_to_device_stream = torch.cpu.Stream()
+        self.d2h = []
+        self.h2d = []
+
+    @staticmethod
+    def _pairs(transfers):
+        out = []
+        for t in transfers:
+            out.extend(zip(t.host_indices.tolist(), t.device_indices.tolist()))
+        return out
+
+    def submit_device_to_host(self, transfers):
+        self.d2h.append(self._pairs(transfers))
+        return self.S.TransferCompletion(FakeEvent(), FakeEvent(), False)
+
+    def submit_host_to_device(self, transfers, *, transfer_layer_id_max, start_event=None,
+                              on_layer_done=None):
+        if on_layer_done is not None:
+            for layer_id in range(transfer_layer_id_max):
+                on_layer_done(layer_id)
+        self.h2d.append(self._pairs(transfers))
+        return self.S.TransferCompletion(FakeEvent(), FakeEvent(), False)
+
+
+class SglHiCache:
+    """SGLang's cache + pools + controller, and the calls a scheduler makes."""
+
+    def __init__(self, core, page_size, device_tokens, host_tokens, write_policy,
+                 eviction_policy="lru", load_back_threshold=None):
+        S = self.S = sgl()
+        import torch
+
+        self.torch = torch
+        P = self.page_size = page_size
+        if device_tokens % P or host_tokens % P or host_tokens < P:
+            raise ValueError("device_tokens and host_tokens must be page multiples")
+        ratio = (host_tokens - P + 0.5) / device_tokens
+        S.get_context().override(
+            "flatradix-hicache-oracle", hicache_write_policy=write_policy,
+            hicache_io_backend="direct", hicache_mem_layout="page_first_direct",
+            hicache_ratio=ratio, hicache_size=0, hicache_storage_backend=None,
+            hicache_host_memory_mode="cache")
+        self.kv = S.MHATokenToKVPool(size=device_tokens, page_size=P, dtype=torch.float16,
+                                     head_num=1, head_dim=8, layer_num=1, device="cpu",
+                                     enable_memory_saver=False)
+        if P == 1:
+            self.alloc = S.TokenToKVPoolAllocator(device_tokens, torch.float16, "cpu", self.kv,
+                                                  False)
+        else:
+            self.alloc = S.PagedTokenToKVPoolAllocator(device_tokens, P, torch.float16, "cpu",
+                                                       self.kv, False)
+            self.alloc.debug_mode = True
+        self.device_tokens = device_tokens
+        self.log = []
+        self._quiet = False  # the driver's own allocations / frees are not logged
+        depth = [0]
+
+        def wrap(name, to_slots):
+            real = getattr(self.alloc, name)
+
+            def logged(idx, *a, _real=real, **k):
+                if depth[0] == 0 and not self._quiet:
+                    self.log.append(("dfree", to_slots(idx)))
+                depth[0] += 1
+                try:
+                    return _real(idx, *a, **k)
+                finally:
+                    depth[0] -= 1
+
+            setattr(self.alloc, name, logged)
+
+        for name in ("free", "free_full", "free_segment", "free_full_segment"):
+            wrap(name, lambda idx: idx.tolist())
+        wrap("free_page_ids",
+             lambda pages: [int(p) * P + j for p in pages.tolist() for j in range(P)])
+        real_alloc = self.alloc.alloc
+
+        def logged_alloc(n, *a, _real=real_alloc, **k):
+            out = _real(n, *a, **k)
+            if not self._quiet and out is not None:
+                self.log.append(("dalloc", out.tolist()))
+            return out
+
+        self.alloc.alloc = logged_alloc
+        self.rtp = S.ReqToTokenPool(size=4, max_context_len=max(64, device_tokens + host_tokens),
+                                    device="cpu", enable_memory_saver=False)
+        self.params = S.CacheInitParams(
+            disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
+            page_size=P, eviction_policy=eviction_policy, enable_kv_cache_events=True,
+            tree_components=(S.ComponentType.FULL,), tree_core_backend=core)
+        self.cache = S.UnifiedRadixCache(self.params)
+        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[core]
+        if type(self.cache.tree_core).__name__ != want:
+            raise RuntimeError(f"got {type(self.cache.tree_core).__name__}, not {want}")
+        self.core = core
+        self.cache.init_hicache(S.server_args, self.params)
+        if load_back_threshold is not None:
+            self.cache.load_back_threshold = load_back_threshold
+        self.cc = self.cache.cache_controller
+        self.engine = FakeL2Engine(S)  # double 2
+        self.cc.l2_transfer_engine = self.engine
+        self.host_group = self.cc.mem_pool_host
+        self.host_pool = self.host_group.anchor_entry.host_pool
+        if self.host_pool.size != host_tokens:
+            raise RuntimeError(f"host pool has {self.host_pool.size} slots, wanted {host_tokens}")
+        real_halloc, real_hfree = self.host_pool.alloc, self.host_pool.free
+
+        def logged_halloc(n, *a, _real=real_halloc, **k):
+            out = _real(n, *a, **k)
+            if out is not None:
+                self.log.append(("halloc", out.tolist()))
+            return out
+
+        def logged_hfree(idx, _real=real_hfree):
+            self.log.append(("hfree", idx.tolist()))
+            return _real(idx)
+
+        self.host_pool.alloc = logged_halloc
+        self.host_pool.free = logged_hfree
+        self.cache.take_events()  # the construction's AllBlocksCleared
+        self._rid = 0
+
+    # ------------------------------------------------------------ slots
+    def key(self, tokens):
+        return self.S.RadixKey(array("q", tokens), None)
+
+    def alloc_slots(self, n):
+        """``n`` fresh device slots (n a page multiple), or None; not logged."""
+        self._quiet = True
+        try:
+            out = self.alloc.alloc(n)
+        finally:
+            self._quiet = False
+        return None if out is None else out.tolist()
+
+    def free_slots(self, slots):
+        self._quiet = True
+        try:
+            self.alloc.free(self.torch.as_tensor(slots, dtype=self.torch.int64))
+        finally:
+            self._quiet = False
+
+    def take_log(self):
+        out, self.log = self.log, []
+        return out
+
+    @property
+    def root(self):
+        return self.cache.root_node_handle()
+
+    # ------------------------------------------------------------ tree ops
+    def insert(self, tokens, value, prev_prefix_len, inserted_len):
+        return self.cache.insert(self.S.InsertParams(
+            key=self.key(tokens), value=self.torch.as_tensor(value, dtype=self.torch.int64),
+            prev_prefix_len=prev_prefix_len, inserted_len=inserted_len))
+
+    def match(self, tokens):
+        return self.cache.match_prefix(self.S.MatchPrefixParams(key=self.key(tokens)))
+
+    def path_device_indices(self, node, n):
+        return self.cache.path_device_indices(node)[:n].tolist() if n else []
+
+    def make_req(self, last_node):
+        """The request fields ``init_load_back`` reads (as the scheduler sets them)."""
+        self._rid += 1
+        return SimpleNamespace(rid=f"r{self._rid}", last_node=last_node, swa_host_hit_length=0,
+                               mamba_host_hit_length=0, auxiliary_swa_host_hit_length=0,
+                               kv=SimpleNamespace(mamba_pool_idx=None, holds_mamba=False))
+
+    def init_load_back(self, best, hit, mem_quota, last_node):
+        return self.cache.init_load_back(self.S.InitLoadBackParams(
+            best_match_node=best, host_hit_length=hit, mem_quota=mem_quota,
+            req=self.make_req(last_node)))
+
+    def evict(self, n):
+        return self.cache.evict(self.S.EvictParams(num_tokens=n)).num_tokens_evicted
+
+    # ------------------------------------------------------------ state views
+    def write_queue(self):
+        """Backups committed, not yet submitted: their ack ids, in queue order."""
+        return [i for op in self.cc.write_queue for i in op.node_ids]
+
+    def write_acks(self):
+        return [list(a.node_ids) for a in self.cc.ack_write_queue]
+
+    def load_queue(self):
+        return [i for op in self.cc.load_queue for i in op.node_ids]
+
+    def load_acks(self):
+        return [list(a.node_ids) for a in self.cc.ack_load_queue]
+
+    def host_available(self):
+        return self.host_group.available_size()
+
+    def host_ledger(self):
+        """Python core only: (host tokens in the tree, of them on evictable host leaves)."""
+        tc = self.cache.tree_core
+        FULL = self.S.ComponentType.FULL
+        total = leaf = 0
+        for n in tc._node_arena.values():
+            if n is tc.root_node:
+                continue
+            hv = n.component_data[FULL].host_value
+            if hv is None:
+                continue
+            total += len(hv)
+            if n in tc.evictable_host_leaves:
+                leaf += len(hv)
+        return total, leaf
