@@ -443,8 +443,7 @@ class HiCacheMixin:
                     self._transfer("load", self._vals.out(dev), host)
                 except Exception:
                     # nothing committed: the slots and the locks go back
-                    alloc.free(self._vals.out(dev) if not getattr(
-                        alloc, "index_kind", "torch") == "numpy" else dev)
+                    self._vals.free(dev)
                     self.dec_lock_ref(nid, lock.to_dec_params())
                     self.dec_host_lock_ref(nid, hlock)
                     raise

@@ -28,16 +28,17 @@ from .actions import (
     acts_room, emit, out_put_col,
 )
 from .layout import (
-    E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, F_ALIVE, FULL_HOST_LOCK, HOST_UUID,
-    M_HOST_UUID_NEXT, DUP_NEXT, FIRST_CHILD, HEAP_POS, HOST_HEAP_POS, HOST_WRITE_BACK, LOCK_REF,
-    M_DUP_HEAD, M_EVICT_DONE, M_EVICT_WALK, M_HOST, N_COMPONENTS, N_TIERS, NCHILD, NEXT_SIB, NIL, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS, FULL, FULL_DEV, FULL_LOCK,
-    HEAP_HOST, KEY_LEN, KEY_OFF, LOAD_PENDING, M_EVENTS, M_EVICTABLE, M_HEAP_N, M_HOST_TOTAL, M_HWM,
-    M_NACTS, M_NOUT, M_PROTECTED, M_TOTAL, NDEVCHILD, OK, PARENT, ROOT, WT_PENDING,
+    DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS, FULL,
+    FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
+    HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LOAD_PENDING, LOCK_REF, M_DUP_HEAD, M_EVENTS,
+    M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST, M_HOST_TOTAL, M_HOST_UUID_NEXT, M_HWM,
+    M_NACTS, M_NOUT, NCHILD, NEXT_SIB, NIL, N_COMPONENTS, N_TIERS, OK, PARENT, ROOT,
+    WT_PENDING,
 )
 from .dups import dup_remove, dup_update
 from .order import refresh_leaf
 from .state import need, resolve
-from .tree import delete_host_leaf, delete_leaf, demote
+from .tree import delete_host_leaf, delete_leaf, demote, restore_device
 
 #: Status: a plan / commit whose node is not in the state the step needs (a
 #: backup of a node without device data, a load of a node already on the device,
@@ -180,6 +181,23 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
     return OK, k
 
 
+@helper
+def _host_only_path(nodes, s):
+    """The host-only nodes from ``s`` up to the first device node (what a load-back
+    restores): ``(status, units, nodes)``; ``E_HOST_STATE`` when one of them is
+    being loaded already."""
+    units = 0
+    k = 0
+    a = s
+    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
+        if nodes[a, LOAD_PENDING] != 0:
+            return E_HOST_STATE, 0, 0
+        units += nodes[a, KEY_LEN]
+        k += 1
+        a = nodes[a, PARENT]
+    return OK, units, k
+
+
 @kernel
 def load_plan(nodes, ctab, pool, heap, meta, nid, out):
     """What a load-back to node ``nid`` copies (SGLang ``build_load_back_spec``):
@@ -190,15 +208,9 @@ def load_plan(nodes, ctab, pool, heap, meta, nid, out):
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0, 0
-    units = 0
-    k = 0
-    a = s
-    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
-        if nodes[a, LOAD_PENDING] != 0:
-            return E_HOST_STATE, 0, 0
-        units += nodes[a, KEY_LEN]
-        k += 1
-        a = nodes[a, PARENT]
+    st, units, k = _host_only_path(nodes, s)
+    if st != OK:
+        return st, 0, 0
     if out.shape[0] < units:
         need(meta, 0, 0, units, 0)
         return E_CAPACITY, 0, 0
@@ -230,15 +242,9 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, act
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
-    units = 0
-    k = 0
-    a = s
-    while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
-        if nodes[a, LOAD_PENDING] != 0:
-            return E_HOST_STATE, 0
-        units += nodes[a, KEY_LEN]
-        k += 1
-        a = nodes[a, PARENT]
+    st, units, k = _host_only_path(nodes, s)
+    if st != OK:
+        return st, 0
     if units != dev_slots.shape[0]:
         return E_HOST_LEN, units
     events = meta[M_EVENTS] != 0
@@ -249,23 +255,9 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, act
     i = k
     a = s
     while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
-        n = nodes[a, KEY_LEN]
-        dst = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, FULL_DEV]
-        src = dev_slots[end - n:end]
-        for j in range(n):
-            dst[j] = src[j]
-        end -= n
-        nodes[a, FLAGS] |= F_HAS_FULL_DEV
-        nodes[a, LOAD_PENDING] = load_id
-        if nodes[a, FULL_LOCK] > 0:
-            meta[M_PROTECTED + FULL] += n
-        else:
-            meta[M_EVICTABLE + FULL] += n
-        meta[M_TOTAL + FULL] += n
         p = nodes[a, PARENT]
-        nodes[p, NDEVCHILD] += 1
-        refresh_leaf(nodes, heap, meta, a)
-        refresh_leaf(nodes, heap, meta, p)
+        nodes[a, LOAD_PENDING] = load_id  # pinned: a duplicate only at the ack
+        end -= restore_device(nodes, pool, heap, meta, a, dev_slots, end - nodes[a, KEY_LEN])
         i -= 1
         if events:
             out[i] = a
@@ -409,7 +401,6 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
     # count and check the subtree below s (host-only nodes: s is a device leaf)
     k = 0
     units = 0
-    top = 0
     x = nodes[s, FIRST_CHILD]
     while x != NIL:  # iterative pre-order walk of the subtree below s
         for j in range(N_COMPONENTS * N_TIERS):

@@ -7,16 +7,15 @@ from .actions import (
 )
 from .children import find_child
 from .layout import (
-    C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, F_HAS_FULL_DEV, F_HAS_FULL_HOST, FIRST_CHILD, FLAGS,
-    FULL, FULL_LOCK, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, M_HOST, M_PROTECTED,
-    M_TOTAL, M_WT_THRESHOLD, NDEVCHILD, OK, PARENT, PRIORITY, ROOT, FULL_DEV,
-    VALUES_UNCHECKED,
+    C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
+    F_HAS_FULL_HOST, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
+    M_COMPONENTS, M_EVENTS, M_HOST, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, M_WT_THRESHOLD, OK,
+    PRIORITY, ROOT, VALUES_UNCHECKED,
 )
 from .dups import dup_update
-from .order import fix, refresh_leaf
+from .order import fix
 from .state import has_room, need, node_id, tick
-from .tree import add_leaf, copy_values, edge_match_len, split_node
+from .tree import add_leaf, copy_values, edge_match_len, restore_device, split_node
 
 
 #: ``insert``'s ``flags`` bits.
@@ -32,25 +31,12 @@ def _wants_backup(nodes, meta, s):
 
 
 @helper
-def unevict(nodes, pool, heap, meta, s, value, start, m):
-    """The host-only node ``s`` (``m`` units, at key position ``start``) takes
-    ``value[start:start + m]`` as its Full device value: device ledgers credited
-    (protected when it is locked), the parent counts a device child again."""
-    dst = pool[nodes[s, KEY_OFF]:nodes[s, KEY_OFF] + m, FULL_DEV]
-    v = value[start:start + m]
-    for j in range(m):
-        dst[j] = v[j]
-    nodes[s, FLAGS] |= F_HAS_FULL_DEV
-    if nodes[s, FULL_LOCK] > 0:
-        meta[M_PROTECTED + FULL] += m
-    else:
-        meta[M_EVICTABLE + FULL] += m
-    meta[M_TOTAL + FULL] += m
-    p = nodes[s, PARENT]
-    nodes[p, NDEVCHILD] += 1
-    refresh_leaf(nodes, heap, meta, p)
-    refresh_leaf(nodes, heap, meta, s)
-    dup_update(nodes, meta, s)  # a backed-up node taking fresh KV is a duplicate at once
+def unevict(nodes, pool, heap, meta, s, value, start):
+    """SGLang ``_unevict_node_on_insert``: the host-only node ``s`` (at key position
+    ``start``) takes the insert's slots as its device value (``tree.restore_device``)
+    and is a duplicate at once."""
+    restore_device(nodes, pool, heap, meta, s, value, start)
+    dup_update(nodes, meta, s)
 
 
 @kernel
@@ -156,7 +142,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         if host_on and not (nodes[child, FLAGS] & F_HAS_FULL_DEV):
             # a host-only node takes the caller's slots as its device value
             # (SGLang ``_unevict_node_on_insert``): adopted, not duplicates
-            unevict(nodes, pool, heap, meta, child, value, length, m)
+            unevict(nodes, pool, heap, meta, child, value, length)
             if track:
                 emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, m, 0)
             if meta[M_EVENTS]:

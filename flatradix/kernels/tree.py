@@ -10,20 +10,19 @@ from ..components import full, mamba, swa
 from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
-    C_SWA, CREATION, F_ALIVE, F_HAS, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FLAGS, FULL,
-    FULL_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS, HIT_COUNT, HOST, HOST_HEAP_POS, KEY_LEN, KEY_OFF,
-    LAST_ACCESS, LOAD_PENDING, M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE,
-    M_HOST_TOTAL, M_POLICY, M_POOL_DEAD, M_POOL_TOP, M_TOTAL, F_HAS_FULL_HOST, WT_PENDING,
-    HOST_UUID,
-    NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, POLICY_TLRU, PREV_SIB,
-    PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
+    CREATION, C_SWA, FIRST_CHILD, FLAGS, FULL, FULL_DEV, FULL_LOCK, F_ALIVE, F_HAS,
+    F_HAS_FULL_DEV, F_HAS_SWA_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS, HIT_COUNT, HOST,
+    HOST_HEAP_POS, HOST_UUID, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, M_COMPONENTS,
+    M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, M_POLICY, M_POOL_DEAD,
+    M_POOL_TOP, M_PROTECTED, M_TOTAL, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT,
+    POLICY_TLRU, PREV_SIB, PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK, WT_PENDING,
 )
 from .actions import (
     A_FREE_HOST, A_FREE_SLOT, A_REMOVED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, emit,
     out_put_col, out_put_span,
 )
 from .dups import dup_remove, dup_update
-from .order import fix, heap_remove, refresh_host_leaf, refresh_leaf
+from .order import fix, heap_remove, refresh_leaf
 from .state import link_child, node_alloc, node_free, tick, unlink_child
 
 # Value-presence bits a split's upper part inherits (Mamba state stays below).
@@ -234,6 +233,31 @@ def demote(nodes, pool, heap, meta, s, out, acts):
     refresh_leaf(nodes, heap, meta, p)
     refresh_leaf(nodes, heap, meta, s)
     return n
+
+
+@helper
+def restore_device(nodes, pool, heap, meta, s, value, start):
+    """The inverse of ``demote``: the host-only node ``s`` takes
+    ``value[start:start + len]`` as its Full device value; device ledgers credited
+    (protected when it is locked), the parent counts a device child again, both
+    re-checked for the leaf heaps. Returns its length. (An insert taking the node
+    over, a load-back restoring it.)"""
+    m = nodes[s, KEY_LEN]
+    dst = pool[nodes[s, KEY_OFF]:nodes[s, KEY_OFF] + m, FULL_DEV]
+    v = value[start:start + m]
+    for j in range(m):
+        dst[j] = v[j]
+    nodes[s, FLAGS] |= F_HAS_FULL_DEV
+    if nodes[s, FULL_LOCK] > 0:
+        meta[M_PROTECTED + FULL] += m
+    else:
+        meta[M_EVICTABLE + FULL] += m
+    meta[M_TOTAL + FULL] += m
+    p = nodes[s, PARENT]
+    nodes[p, NDEVCHILD] += 1
+    refresh_leaf(nodes, heap, meta, p)
+    refresh_leaf(nodes, heap, meta, s)
+    return m
 
 
 @helper
