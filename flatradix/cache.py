@@ -157,6 +157,17 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         Mamba only: the request pool keeps extra (ping-pong) state slots so a
         checkpoint can be cached at any chunk boundary. Without it only the
         sequence-end state exists and ``page_size`` must be 1 (SGLang's rule).
+    enable_mamba_extra_buffer_lazy : bool, keyword-only
+        Mamba with the extra buffer only (SGLang's ``--mamba-radix-cache-strategy
+        extra_buffer_lazy``, a server-wide flag there): requests start with one
+        track slot and the scheduler adds the second at a track boundary (see
+        ``HybridReqToTokenPool``, which must be built alike: ``ValueError``).
+        The cache's own difference: when a running request's checkpoint finds
+        the state pool empty, the Mamba part of ``req.lock`` is released (and
+        the receipt marks MAMBA skipped) before one state is evicted, so the
+        request's matched state may be the one evicted (SGLang
+        ``MambaComponent._alloc_mamba_slot``; not when the lock's SWA part was
+        released early, which released its Mamba part already).
     mamba_max_states_per_path : int, keyword-only
         Mamba only: -1 (default, SGLang's ``--mamba-max-states-per-path``) keeps
         every state; ``c >= 1`` caps the states on a root-to-node path: after an
@@ -219,7 +230,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                  enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16,
                  kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None,
                  mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False,
-                 mamba_max_states_per_path=-1):
+                 mamba_max_states_per_path=-1, enable_mamba_extra_buffer_lazy=False):
         if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
             raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
         self.page_size = int(page_size)
@@ -263,6 +274,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         if chunk < 1:
             raise ValueError(f"mamba_cache_chunk_size must be >= 1, got {chunk}")
         extra = as_flag(enable_mamba_extra_buffer, "enable_mamba_extra_buffer")
+        lazy = as_flag(enable_mamba_extra_buffer_lazy, "enable_mamba_extra_buffer_lazy")
+        if lazy and not (self._mamba and extra):
+            raise ValueError("enable_mamba_extra_buffer_lazy needs ComponentType.MAMBA and "
+                             "enable_mamba_extra_buffer=True (it is the extra buffer's lazy "
+                             "variant)")
         path_cap = as_int(mamba_max_states_per_path, "mamba_max_states_per_path")
         if path_cap == 0 or path_cap < -1:
             raise ValueError("mamba_max_states_per_path must be -1 (unlimited) or >= 1, got "
@@ -285,6 +301,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                                  f"built with enable_mamba_extra_buffer={bool(pool_extra)}: "
                                  "the request path needs both alike (a pool with ping-pong "
                                  "track buffers exactly when the cache caches their states)")
+            pool_lazy = getattr(req_to_token_pool, "enable_mamba_extra_buffer_lazy", None)
+            if pool_lazy is not None and bool(pool_lazy) != lazy:
+                raise ValueError(f"enable_mamba_extra_buffer_lazy={lazy} but req_to_token_pool "
+                                 "was built with enable_mamba_extra_buffer_lazy="
+                                 f"{bool(pool_lazy)}: build both alike")
             if not extra and self.page_size != 1 and not disable_flag:
                 raise ValueError(f"page_size={self.page_size}: a Mamba cache without "
                                  "enable_mamba_extra_buffer caches only sequence-end states and "
@@ -294,6 +315,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         self._early_mask = L.C_SWA | (L.C_MAMBA if self._mamba and self._swa else 0)
         self.mamba_cache_chunk_size = chunk
         self.enable_mamba_extra_buffer = extra
+        self.enable_mamba_extra_buffer_lazy = lazy
         self._path_cap = path_cap
         #: The grid a branching Mamba checkpoint lands on (tokens).
         self.mamba_checkpoint_grid = chunk * self.page_size // math.gcd(chunk, self.page_size)

@@ -319,17 +319,40 @@ class HybridReqToTokenPool(ReqToTokenPool):
     ``req.mamba_last_track_seqlen`` and ``req.mamba_prev_track_seqlen`` (the
     token lengths those states were taken at; ``None``: none since the last
     checkpoint); the cache donates tracked entries to the tree.
+
+    ``enable_mamba_extra_buffer_lazy`` (SGLang's ``--mamba-radix-cache-strategy
+    extra_buffer_lazy``; needs the extra buffer and a 2-entry buffer, as SGLang
+    needs the overlap scheduler): a request starts with one track slot, entry 0
+    (``mamba_ping_pong_empty == [False, True]``, the empty entry's slot -1,
+    ``mamba_last_track_idx`` 0), so ``mamba_initial_tracking_slots`` is 1 instead
+    of 2. The scheduler fills the other entry at a track boundary with
+    ``set_mamba_ping_pong_slot`` (a slot from ``mamba_allocator.alloc(1)``, no
+    eviction) and empties the entry it stops tracking with
+    ``set_mamba_ping_pong_slot(req, idx, -1)`` after freeing its slot; the cache
+    (``enable_mamba_extra_buffer_lazy=True`` on ``UnifiedRadixCache`` too) then
+    releases a running request's Mamba lock before it evicts a state for the
+    request's fork (SGLang ``MambaComponent._alloc_mamba_slot``).
     """
 
     def __init__(self, size, max_context_len, mamba_size, index_kind="numpy", device="cpu",
-                 enable_mamba_extra_buffer=False, mamba_ping_pong_track_buffer_size=2):
+                 enable_mamba_extra_buffer=False, mamba_ping_pong_track_buffer_size=2,
+                 enable_mamba_extra_buffer_lazy=False):
         self.enable_mamba_extra_buffer = as_flag(enable_mamba_extra_buffer,
                                                  "enable_mamba_extra_buffer")
         track = as_count(mamba_ping_pong_track_buffer_size, "mamba_ping_pong_track_buffer_size")
         if track not in (1, 2):
             raise ValueError("mamba_ping_pong_track_buffer_size must be 1 or 2, got "
                              f"{track}")
+        lazy = as_flag(enable_mamba_extra_buffer_lazy, "enable_mamba_extra_buffer_lazy")
+        if lazy and not (self.enable_mamba_extra_buffer and track == 2):
+            raise ValueError("enable_mamba_extra_buffer_lazy needs enable_mamba_extra_buffer=True "
+                             "and mamba_ping_pong_track_buffer_size=2 (SGLang: the lazy extra "
+                             "buffer requires the overlap scheduler's two track entries)")
         self.mamba_ping_pong_track_buffer_size = track
+        self.enable_mamba_extra_buffer_lazy = lazy
+        #: track slots a request is given at admission (SGLang's name): 1 when lazy
+        self.mamba_initial_tracking_slots = (0 if not self.enable_mamba_extra_buffer
+                                             else 1 if lazy else track)
         self.mamba_allocator = MambaSlotAllocator(mamba_size, index_kind, device)
         super().__init__(size, max_context_len, index_kind, device)
 
@@ -347,19 +370,69 @@ class HybridReqToTokenPool(ReqToTokenPool):
         ping = self.enable_mamba_extra_buffer and getattr(
             kv, "mamba_ping_pong_track_buffer", None) is None
         n = self.mamba_ping_pong_track_buffer_size
-        got = self.mamba_allocator.alloc(int(own) + (n if ping else 0))
+        k = self.mamba_initial_tracking_slots
+        got = self.mamba_allocator.alloc(int(own) + (k if ping else 0))
         if got is None:  # one call: all or nothing, even with other threads allocating
             return False
         got = np.asarray(got, dtype=np.int64).reshape(-1)
         if own:
             kv.mamba_pool_idx = int(got[0])
         if ping:
-            kv.mamba_ping_pong_track_buffer = got[int(own):].copy()
-            kv.mamba_ping_pong_empty = [False] * n
+            buf = np.full(n, -1, dtype=np.int64)
+            buf[:k] = got[int(own):]
+            kv.mamba_ping_pong_track_buffer = buf
+            kv.mamba_ping_pong_empty = [False] * k + [True] * (n - k)
             kv.mamba_next_track_idx = 0
-            kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
+            kv.mamba_last_track_idx = (0 if self.enable_mamba_extra_buffer_lazy
+                                       else self.get_mamba_ping_pong_other_idx(0))
             kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None
         return True
+
+    def set_mamba_ping_pong_slot(self, req, idx, value):
+        """Put a state slot into track entry ``idx`` of ``req``'s ping-pong buffer, or
+        empty the entry (``value == -1``; the caller frees its slot). SGLang's
+        name: the lazy extra buffer's scheduler fills the second entry at a track
+        boundary and empties the entry it stops tracking. ``value``: an int, or a
+        one-element slot array / tensor (``mamba_allocator.alloc(1)``'s answer or
+        its element). Sets ``mamba_ping_pong_track_buffer[idx]`` and
+        ``mamba_ping_pong_empty[idx]``; allocates and frees nothing. O(1).
+        ``ValueError`` naming the argument, nothing changed: the request has no
+        buffer, ``idx`` is not an entry, the slot lies outside the state pool or
+        was not handed out, or it is the request's own slot or its other entry's."""
+        kv = getattr(req, "kv", req)
+        buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
+        if buf is None:
+            raise ValueError("req.mamba_ping_pong_track_buffer is None: the request has no "
+                             "track buffer (alloc_mamba gives it one)")
+        size = self.mamba_ping_pong_track_buffer_size
+        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < size:
+            raise ValueError(f"idx must be a track entry 0..{size - 1}, got {idx!r}")
+        idx = int(idx)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            value = np.array([int(value)], dtype=np.int64)
+        elif getattr(value, "ndim", None) == 0 and hasattr(value, "reshape"):
+            value = value.reshape(1)  # a 0-d tensor (SGLang's form: new_slot[0])
+        v = as_int64(value, "value").reshape(-1)
+        if v.size != 1:
+            raise ValueError(f"value must be one state slot or -1, got {v.size} values")
+        slot = int(v[0])
+        if slot != -1:
+            alloc = self.mamba_allocator
+            if not 1 <= slot <= alloc.size:
+                raise ValueError(f"value: slot {slot} is outside the state pool [1, {alloc.size}]")
+            held = getattr(alloc, "is_held", None)
+            if callable(held) and not bool(held([slot])[0]):
+                raise ValueError(f"value: slot {slot} was not handed out by mamba_allocator")
+            own = getattr(kv, "mamba_pool_idx", None)
+            taken = {int(buf[p]) for p in range(size)
+                     if p != idx and not kv.mamba_ping_pong_empty[p]}
+            if own is not None:
+                taken.add(int(np.asarray(own).reshape(-1)[0]))
+            if slot in taken:
+                raise ValueError(f"value: slot {slot} is already the request's own state or "
+                                 "its other track entry")
+        buf[idx] = slot
+        kv.mamba_ping_pong_empty[idx] = slot == -1
 
     def get_mamba_ping_pong_other_idx(self, idx):
         """The other entry of a 2-entry buffer (the same one of a 1-entry buffer)."""

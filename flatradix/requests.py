@@ -27,7 +27,7 @@ import numpy as np
 
 from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
 from .kernels import layout as L
-from .types import ComponentType, EvictParams, RadixKey, TreeLock
+from .types import ComponentType, DecLockRefParams, EvictParams, RadixKey, TreeLock
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -260,12 +260,26 @@ class RequestCachingMixin:
             mp.copy_from(src_t, dst_t)
         return slot
 
-    def _mamba_alloc_slot(self):
+    def _mamba_alloc_slot(self, req=None):
         """A fresh state slot (SGLang ``_alloc_mamba_slot``): one state is evicted
-        first when the pool is empty (``RuntimeError`` when none is evictable)."""
+        first when the pool is empty (``RuntimeError`` when none is evictable).
+        Lazy extra buffer, for a request's checkpoint (``req``): before that
+        eviction the Mamba part of ``req.lock`` is released and its receipt
+        marks MAMBA skipped (unless the lock skipped it already or released its
+        SWA window early), so the final unlock does not release it again."""
         alloc = self._vals.mamba
         dst = alloc.alloc(1)
         if dst is None:
+            lock = getattr(req, "lock", None) if self.enable_mamba_extra_buffer_lazy else None
+            if lock is not None and not lock.swa_released:
+                skipped = tuple(lock.receipt.skipped_lock_components)
+                if ComponentType.MAMBA not in skipped:
+                    others = tuple(c for c in self.components if c != ComponentType.MAMBA)
+                    r = lock.receipt
+                    self.dec_lock_ref(lock.node, DecLockRefParams(
+                        r.node_id, others, dict(getattr(r, "component_lock_uuids", None) or {}),
+                        dict(getattr(r, "component_host_lock_uuids", None) or {})))
+                    lock.receipt.skipped_lock_components = skipped + (ComponentType.MAMBA,)
             self.evict(EvictParams(num_tokens=0, mamba_num=1))
             dst = alloc.alloc(1)
             if dst is None:
@@ -522,6 +536,11 @@ class RequestCachingMixin:
         key ends at ``req.mamba_last_track_seqlen`` (0 cached when no state was
         tracked since the last checkpoint; see ``HybridReqToTokenPool``), and the
         pool must have the ping-pong track buffers (``TypeError`` otherwise).
+        With ``enable_mamba_extra_buffer_lazy`` a running request's fork on an
+        empty state pool first releases the Mamba part of ``req.lock`` (its
+        receipt then skips MAMBA), so the request's matched state may be
+        evicted for it; when nothing is evictable even then, the
+        ``RuntimeError`` leaves that part released.
         """
         self._need_pools("checkpoint")
         self._check_req_type(req)
@@ -602,7 +621,7 @@ class RequestCachingMixin:
                     mslot = self._vals.mamba_slot(kv.mamba_ping_pong_track_buffer[keep],
                                                   "req.mamba_ping_pong_track_buffer")
                 else:
-                    fresh = self._mamba_alloc_slot()
+                    fresh = self._mamba_alloc_slot(req)
                     mslot = self._vals.mamba_slot(
                         self.req_to_token_pool.donate_mamba_ping_pong_slot(
                             req, self._vals.mamba_out(fresh)),

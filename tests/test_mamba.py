@@ -1120,3 +1120,169 @@ def test_ping_pong_pool_api_refusals():
         pool.donate_mamba_ping_pong_slot(req, np.array([], dtype=np.int64))
     pool.free_mamba_cache(req, 1)
     assert pool.mamba_allocator.available_size() == 7    # entry 1 kept (the tree's now)
+
+
+# ---------------------------------------------------------------- lazy extra buffer
+class LazyEnv(ExtraEnv):
+    """``ExtraEnv`` with SGLang's lazy extra buffer: one track slot at admission."""
+
+    def __init__(self, states=16, chunk=64):
+        from flatradix import Req
+
+        self.alloc = TokenToKVPoolAllocator(4096, page_size=16)
+        self.pool = HybridReqToTokenPool(4, 512, mamba_size=states, enable_mamba_extra_buffer=True,
+                                         enable_mamba_extra_buffer_lazy=True)
+        self.ma = self.pool.mamba_allocator
+        self.cache = UnifiedRadixCache(
+            page_size=16, tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, mamba_cache_chunk_size=chunk,
+            enable_mamba_extra_buffer=True, enable_mamba_extra_buffer_lazy=True)
+        self.Req = Req
+
+    def track_decode(self, req, seqlen):
+        """A decode step at a track boundary, as SGLang's lazy scheduler runs it: a
+        slot for the empty entry (none when the pool is empty: in place), the
+        state written there, the entry it stopped tracking freed and emptied."""
+        other = 1 - req.mamba_next_track_idx
+        got = self.ma.alloc(1)
+        if got is not None:
+            self.pool.set_mamba_ping_pong_slot(req, other, got)
+            req.mamba_next_track_idx = other
+        req.mamba_last_track_idx = req.mamba_next_track_idx
+        req.mamba_last_track_seqlen = seqlen
+        old = 1 - req.mamba_next_track_idx
+        if not req.mamba_ping_pong_empty[old]:
+            self.ma.free(req.mamba_ping_pong_track_buffer[old:old + 1])
+            self.pool.set_mamba_ping_pong_slot(req, old, -1)
+
+
+def test_lazy_pool_gives_one_track_slot_and_fills_the_other_on_demand():
+    env = LazyEnv()
+    assert env.pool.mamba_initial_tracking_slots == 1
+    req = env.admit(range(100))
+    e0 = int(req.mamba_ping_pong_track_buffer[0])
+    assert req.mamba_ping_pong_track_buffer.tolist() == [e0, -1]
+    assert req.mamba_ping_pong_empty == [False, True]
+    assert (req.mamba_next_track_idx, req.mamba_last_track_idx) == (0, 0)
+    assert env.ma.available_size() == 16 - 2               # own + one track slot
+    env.grow(req, 64)
+    env.track_decode(req, 64)                              # entry 1 filled, entry 0 emptied
+    e1 = int(req.mamba_ping_pong_track_buffer[1])
+    assert req.mamba_ping_pong_track_buffer.tolist() == [-1, e1] and e1 != e0
+    assert req.mamba_ping_pong_empty == [True, False] and req.mamba_last_track_idx == 1
+    assert env.ma.available_size() == 16 - 2 and not env.ma.is_held([e0])[0]
+    assert env.cache.checkpoint(req, 64) == 64             # donates entry 1, a fresh slot in
+    assert env.cache.all_mamba_values_flatten().tolist() == [e1]
+    assert req.mamba_ping_pong_empty == [True, False] and env.ma.available_size() == 16 - 3
+    env.grow(req, 100)
+    env.cache.release_kv_cache(req)                        # nothing tracked since: all back
+    assert env.ma.available_size() == 16 - 1 and env.cache.total_size() == (64, 1)
+    env.cache.sanity_check()
+    # the non-lazy pool is unchanged: two track slots up front
+    assert HybridReqToTokenPool(2, 16, mamba_size=4, enable_mamba_extra_buffer=True) \
+        .mamba_initial_tracking_slots == 2
+
+
+def _full_pool_with_one_cached_state(env):
+    """The tree holds [0, 64) with one state; a running request matched it (its
+    lock holds that state) and tracked a state at 128; the state pool is empty."""
+    a = env.admit(range(100))
+    env.grow(a, 100)
+    env.track_decode(a, 64)
+    env.cache.release_kv_cache(a)
+    req = env.admit(range(200))
+    assert req.cache_protected_len == 64
+    env.grow(req, 128)
+    env.track_decode(req, 128)
+    env.ma.alloc(env.ma.available_size())                  # other requests took the rest
+    return req
+
+
+def test_lazy_fork_on_an_empty_pool_releases_the_request_mamba_lock_first():
+    # SGLang MambaComponent._alloc_mamba_slot with the lazy buffer: the request's
+    # own matched state (its only evictable candidate) is evicted for its fork
+    env = LazyEnv(states=4)
+    req = _full_pool_with_one_cached_state(env)
+    old = req.last_node
+    assert env.cache.mamba_evictable_size() == 0           # locked by the request
+    assert env.cache.checkpoint(req, 128) == 128
+    assert env.cache.mamba_evictable_size() == 0 and env.cache.mamba_protected_size() == 1
+    assert env.cache.total_size()[1] == 1                  # [0,64)'s state evicted, [64,128)'s new
+    assert env.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(64))))) \
+        .device_prefix_len == 0                            # no state left at 64
+    assert req.last_node != old
+    env.cache.sanity_check()
+    env.grow(req, 200)
+    env.cache.release_kv_cache(req)                        # the receipt skip: no double release
+    env.cache.sanity_check()
+    assert env.cache.protected_size() == 0 and env.cache.mamba_protected_size() == 0
+
+
+def test_non_lazy_fork_on_the_same_empty_pool_finds_nothing_evictable():
+    env = ExtraEnv(states=5)
+    a = env.admit(range(100))
+    env.grow(a, 100)
+    env.track(a, 64)
+    env.cache.release_kv_cache(a)
+    req = env.admit(range(200))
+    env.grow(req, 128)
+    env.track(req, 128)
+    env.ma.alloc(env.ma.available_size())
+    before = snap(env)
+    with pytest.raises(RuntimeError, match="no state is evictable"):
+        env.cache.checkpoint(req, 128)
+    assert snap(env) == before
+
+
+def test_lazy_lock_release_skips_a_lock_without_its_mamba_part():
+    env = LazyEnv(states=4)
+    req = _full_pool_with_one_cached_state(env)
+    env.cache.unlock(req.lock)                             # re-lock as a decode hold
+    req.lock = env.cache.lock(req.last_node, skip_lock_components=(MAMBA,))
+    assert env.cache.mamba_evictable_size() == 1
+    assert env.cache.checkpoint(req, 128) == 128           # evicts the unlocked state
+    assert env.cache.total_size()[1] == 1
+    env.grow(req, 200)
+    env.cache.release_kv_cache(req)
+    env.cache.sanity_check()
+    assert env.cache.protected_size() == 0 and env.cache.mamba_protected_size() == 0
+
+
+def test_set_mamba_ping_pong_slot_refusals_change_nothing():
+    env = LazyEnv()
+    req = env.admit(range(40))
+    own, e0 = req.mamba_pool_idx, int(req.mamba_ping_pong_track_buffer[0])
+    stranger = env.ma.alloc(1)
+    free = int(env.ma.alloc(1)[0])
+    env.ma.free(np.array([free]))
+    for idx, value, msg in ((2, stranger, "track entry 0..1"), (True, stranger, "track entry"),
+                            (1, free, "not handed out"), (1, 0, "outside the state pool"),
+                            (1, 99, "outside the state pool"), (1, own, "already the request"),
+                            (1, e0, "already the request"), (1, np.array([1, 2]), "one state slot")):
+        with pytest.raises(ValueError, match=msg):
+            env.pool.set_mamba_ping_pong_slot(req, idx, value)
+        assert req.mamba_ping_pong_track_buffer.tolist() == [e0, -1]
+        assert req.mamba_ping_pong_empty == [False, True]
+    with pytest.raises(ValueError, match="no track buffer"):
+        env.pool.set_mamba_ping_pong_slot(env.Req(origin_input_ids=[1]), 0, stranger)
+
+
+@pytest.mark.parametrize("pool_kw, cache_kw, msg", [
+    (dict(enable_mamba_extra_buffer_lazy=True), {}, "needs enable_mamba_extra_buffer=True"),
+    (dict(enable_mamba_extra_buffer=True, enable_mamba_extra_buffer_lazy=True,
+          mamba_ping_pong_track_buffer_size=1), {}, "track_buffer_size=2"),
+    (dict(enable_mamba_extra_buffer=True), dict(enable_mamba_extra_buffer=True,
+                                                enable_mamba_extra_buffer_lazy=True),
+     "req_to_token_pool was built with enable_mamba_extra_buffer_lazy=False"),
+    (dict(enable_mamba_extra_buffer=True, enable_mamba_extra_buffer_lazy=True),
+     dict(enable_mamba_extra_buffer=True), "enable_mamba_extra_buffer_lazy=False but"),
+    (dict(), dict(enable_mamba_extra_buffer_lazy=True), "needs ComponentType.MAMBA and"),
+])
+def test_lazy_flag_refused_where_it_does_not_apply(pool_kw, cache_kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        pool = HybridReqToTokenPool(2, 64, mamba_size=4, **pool_kw)
+        UnifiedRadixCache(page_size=16, tree_components=(FULL, MAMBA), req_to_token_pool=pool,
+                          token_to_kv_pool_allocator=TokenToKVPoolAllocator(256, page_size=16),
+                          **cache_kw)
+    with pytest.raises(ValueError, match="needs ComponentType.MAMBA"):
+        UnifiedRadixCache(page_size=16, enable_mamba_extra_buffer_lazy=True)

@@ -31,15 +31,18 @@ every op (``normalize.py`` lists the only differences accepted):
 * Mamba configurations (``MAMBA_CONFIGS``): every insert donates a state
   slot (``mamba_value``), the same number to both engines from one free list,
   and ``mamba_exist`` is compared (the caller then frees the slot, through each
-  side's ``mamba_allocator``); with ``requests`` (FULL+MAMBA, page 1, no extra
-  buffer) each admitted request draws its own state slot from that list through
+  side's ``mamba_allocator``); with ``requests`` (every Mamba configuration)
+  each admitted request draws its own state slot from that list through
   both libraries' ``mamba_allocator`` (SGLang: ``HybridReqToTokenPool.alloc``),
   each checkpoint of a running request forks it into the next armed slot
   (``mamba_allocator.alloc(1)``; when the budget says the pool is full the
   allocator answers None and both evict one state first, compared like every
   eviction), and the slots allocated (in order), the slot each request holds
   after every admission / checkpoint / finish (normalize.py point 8) and the
-  frees are compared;
+  frees are compared; with the extra buffer the request's ping-pong track
+  slots too (``engines.track`` plays the model runner's tracking; lazy:
+  ``engines.track_lazy``, one track slot at admission and the second taken at
+  a decode boundary while the budget has room);
   locks with / without the state (``skip_lock_components=(MAMBA,)``), through
   ``lock()`` or ``inc_lock_ref``, released by ``unlock()`` or ``dec_lock_ref``,
   and a Mamba-only release of a held lock (``release_mamba``); ``evict`` with
@@ -133,11 +136,11 @@ CONFIGS.update(SWA_CONFIGS)
 # ``mamba_budget``: the state pool's size in states (inserts evict ``mamba_num``
 # to stay under it). EAGLE + Mamba: SGLang builds no bigram tree (``is_eagle`` is
 # ignored when Mamba is configured), so keys are plain. ``requests``: the request
-# path (admit / extend / decode / finish) runs at page 1 without the extra buffer
-# and without SWA (each request holds its own state slot; a running request's
-# checkpoint forks it, a finished one donates it); with the extra buffer or SWA
-# flatradix refuses the request path, so those run raw inserts with donated state
-# slots, matches, locks and evictions only (``requests: False``).
+# path (admit / extend / decode / finish) runs in every Mamba configuration,
+# mixed with raw inserts of donated state slots, matches, locks and evictions.
+# Without the extra buffer each request holds its own state slot (a running
+# request's checkpoint forks it, a finished one donates it); with it the tracked
+# ping-pong entry is donated. ``mamba_lazy``: SGLang's lazy extra buffer.
 MAMBA_CONFIGS = {
     "p1-mamba-lru": dict(page_size=1, policy="lru", mamba_chunk=64, mamba_budget=24),
     "p1-mamba-lfu": dict(page_size=1, policy="lfu", mamba_chunk=8, mamba_budget=16),
@@ -166,6 +169,13 @@ MAMBA_CONFIGS = {
     "p16-swa32-mamba-cap2-lru": dict(page_size=16, policy="lru", swa_window=32, swa_budget=0.6,
                                      mamba_chunk=32, mamba_extra_buffer=True, mamba_budget=14,
                                      mamba_path_cap=2),
+    # the lazy extra buffer (SGLang's extra_buffer_lazy strategy): one track slot
+    # per request, the second taken at a decode boundary without eviction
+    "p16-mamba-lazy-lru": dict(page_size=16, policy="lru", mamba_chunk=32,
+                               mamba_extra_buffer=True, mamba_lazy=True, mamba_budget=18),
+    "p16-swa32-mamba-lazy-lfu": dict(page_size=16, policy="lfu", swa_window=32, swa_budget=0.6,
+                                     mamba_chunk=64, mamba_extra_buffer=True, mamba_lazy=True,
+                                     mamba_budget=10),
 }
 for _c in MAMBA_CONFIGS.values():
     _c["requests"] = True
@@ -207,6 +217,9 @@ MUTANTS = {
     "mamba-finish-keeps-none": ("p64-mamba-c16-fifo", dict(finish_keeps_none=True)),
     # FULL+SWA+MAMBA with the extra buffer: the SWA window behind the tracked state freed
     "swa-retain-floor-dropped": ("p16-swa32-mamba-cap2-lru", dict(drop_retain_floor=True)),
+    # the lazy extra buffer: a full pool's fork evicting without releasing the
+    # request's Mamba lock first (the extra buffer's rule)
+    "mamba-lazy-keeps-lock": ("p16-mamba-lazy-lru", dict(lazy_keeps_lock=True)),
 }
 
 # (extra_key, cache_salt) namespaces; index 0 is the default namespace.
@@ -315,6 +328,7 @@ class Executor:
         self.eagle = cfg.get("eagle", False) and not self.mamba
         self.requests = cfg.get("requests", True)
         self.extra = self.mamba and bool(cfg.get("mamba_extra_buffer"))
+        self.lazy = self.extra and bool(cfg.get("mamba_lazy"))
         if self.mamba:  # the checkpoint grid lcm(chunk, page)
             self.grid = cfg["mamba_chunk"] * cfg["page_size"] // math.gcd(cfg["mamba_chunk"],
                                                                           cfg["page_size"])
@@ -460,7 +474,7 @@ class Executor:
     def _mamba_used(self):
         """States in the pool: the tree's and the live requests' own."""
         sizes = self.f.sizes()
-        return sizes[-2] + sizes[-1] + sum((r.mslot is not None) + len(r.pp)
+        return sizes[-2] + sizes[-1] + sum((r.mslot is not None) + sum(x >= 0 for x in r.pp)
                                            for r in self.reqs.values())
 
     def _make_mamba_room(self, n=1):
@@ -770,8 +784,8 @@ class Executor:
             return
         ns = NAMESPACES[nsi]
         # the request's own state slot, with the extra buffer its two ping-pong track
-        # slots too (a full pool evicts first)
-        n_states = 1 + 2 * self.extra
+        # slots too (lazy: one; a full pool evicts first)
+        n_states = 1 + (1 if self.lazy else 2) * self.extra
         if self.mamba:
             self._make_mamba_room(n_states)
             self._arm_mamba(n_states)
@@ -784,8 +798,9 @@ class Executor:
             compare("admit.mamba_allocs.count", len(got), n_states)
             mslot = got[0]
             if self.extra:
-                compare("admit.mamba_ping_pong", self.f.req_ping_pong(rid), got[1:])
-                compare("admit.mamba_ping_pong(SGLang)", self.s.req_ping_pong(rid), got[1:])
+                want = got[1:] + [-1] * self.lazy  # lazy: the second entry empty
+                compare("admit.mamba_ping_pong", self.f.req_ping_pong(rid), want)
+                compare("admit.mamba_ping_pong(SGLang)", self.s.req_ping_pong(rid), want)
             compare("admit.req_mamba_pool_idx", self.f.req_mamba(rid), mslot)
             compare("admit.req.kv.mamba_pool_idx(SGLang)", self.s.req_mamba(rid), mslot)
         compare("admit.prefix_len", fl, sl)
@@ -797,7 +812,7 @@ class Executor:
         r.protected = r.extend_end = r.committed = r.admitted = fl
         r.mslot = mslot
         if self.extra:
-            r.pp = list(got[1:])
+            r.pp = list(got[1:]) + [-1] * self.lazy
         self.reqs[rid] = r
         self.stats["admit_hit_tokens"] += fl
         self.stats["admit_tokens"] += len(prompt)
@@ -821,12 +836,22 @@ class Executor:
         self._both("progress", lambda: self.f.req_progress(r.rid, r.output, r.committed),
                    lambda: self.s.req_progress(r.rid, r.output, r.committed))
 
-    def _track(self, r, seqlen):
+    def _track(self, r, seqlen, decode=False):
         """Extra buffer: the model runner saved the state at ``seqlen`` tokens into
         the request's next ping-pong entry (SGLang's non-lazy tracking: last entry
-        = next, next flips, prev seqlen = last)."""
-        self._both("track", lambda: self.f.req_track(r.rid, seqlen),
-                   lambda: self.s.req_track(r.rid, seqlen))
+        = next, next flips, prev seqlen = last). Lazy (``engines.track_lazy``): a
+        decode step first takes a slot for the empty entry while the budget has
+        room (no eviction), then frees the entry it stopped tracking."""
+        if self.lazy and decode:
+            self._arm_mamba(max(0, self.cap_mamba - self._mamba_used()))
+        self._both("track", lambda: self.f.req_track(r.rid, seqlen, decode),
+                   lambda: self.s.req_track(r.rid, seqlen, decode))
+        if self.lazy and decode:
+            got = self._take_mamba_allocs("track")
+            self.stats["mamba_lazy_prealloc" if got else "mamba_lazy_in_place"] += 1
+            pp = self.f.req_ping_pong(r.rid)
+            compare("track.mamba_ping_pong", pp, self.s.req_ping_pong(r.rid))
+            r.pp = pp
         r.track = seqlen
         self.stats["mamba_tracked"] += 1
 
@@ -922,7 +947,7 @@ class Executor:
         c0 = r.committed
         self._grow(r, r.committed + k)  # KV of the previously sampled tokens
         if self.extra and r.committed // self.grid > c0 // self.grid:
-            self._track(r, r.committed // self.grid * self.grid)
+            self._track(r, r.committed // self.grid * self.grid, decode=True)
         r.output.extend(toks[:k])
         self._progress(r)
         if ckpt:

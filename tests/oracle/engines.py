@@ -259,6 +259,36 @@ def track(req, seqlen):
     kv.mamba_last_track_seqlen = seqlen
 
 
+def track_lazy(pool, req, seqlen, decode):
+    """The model runner's tracking with the lazy extra buffer (SGLang
+    ``ScheduleBatch`` / result processor, no overlap lookahead, no speculation).
+
+    A prefill chunk writes the state at ``seqlen`` into the entry it tracks, in
+    place (the entry becomes the last one, nothing flips). A decode step at a
+    track boundary first gives the empty other entry a slot from
+    ``mamba_allocator.alloc(1)`` (no eviction: on a full pool the state is
+    written in place) and tracks into it; afterwards the entry it stopped
+    tracking is freed and emptied (SGLang ``mamba_lazy_prealloc_at_boundary`` /
+    ``mamba_lazy_post_decode_at_boundary``). The previous seqlen stays None."""
+    kv = getattr(req, "kv", req)
+    if decode:
+        other = 1 - kv.mamba_next_track_idx
+        if kv.mamba_ping_pong_empty[other]:
+            got = pool.mamba_allocator.alloc(1)
+            if got is not None:
+                pool.set_mamba_ping_pong_slot(req, other, got[0])
+                kv.mamba_next_track_idx = other
+            else:
+                kv.mamba_last_track_seqlen = None
+    kv.mamba_last_track_idx = kv.mamba_next_track_idx
+    kv.mamba_last_track_seqlen = seqlen
+    if decode:
+        old = 1 - kv.mamba_next_track_idx
+        if not kv.mamba_ping_pong_empty[old]:
+            pool.mamba_allocator.free(kv.mamba_ping_pong_track_buffer[old:old + 1])
+            pool.set_mamba_ping_pong_slot(req, old, -1)
+
+
 def mamba_idx(req):
     """A request's ``mamba_pool_idx`` (``req.kv`` on SGLang's Req) as an int, or None."""
     v = getattr(getattr(req, "kv", req), "mamba_pool_idx", None)
@@ -333,13 +363,15 @@ class FlatEngine(_SameCalls):
             # request's state), with the recording allocator in place of its free list
             self.rtp = flatradix.HybridReqToTokenPool(
                 size=max_reqs, max_context_len=max_ctx, mamba_size=2,
-                enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False))
+                enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False),
+                enable_mamba_extra_buffer_lazy=cfg.get("mamba_lazy", False))
             self.malloc = _FlatRecordingMambaAllocator(cfg["mamba_space"])
             self.rtp.mamba_allocator = self.malloc
             kw.pop("components", None)
             kw.update(tree_components=mamba_components(cfg, flatradix.ComponentType),
                       mamba_cache_chunk_size=mut.get("mamba_chunk", cfg["mamba_chunk"]),
                       enable_mamba_extra_buffer=cfg.get("mamba_extra_buffer", False),
+                      enable_mamba_extra_buffer_lazy=cfg.get("mamba_lazy", False),
                       mamba_max_states_per_path=mut.get("mamba_path_cap",
                                                                 cfg.get("mamba_path_cap", -1)))
             if mut.get("donate_other"):  # self-test: the checkpoint donates the stale entry
@@ -371,6 +403,8 @@ class FlatEngine(_SameCalls):
             self.cache._mamba_fork = lambda own: own
         if mut.get("drop_retain_floor"):  # self-test: SWA slides past a tracked state
             self.cache._swa_retain_floor = lambda req: None
+        if mut.get("lazy_keeps_lock"):  # self-test: the fork's eviction keeps the Mamba lock
+            self.cache.enable_mamba_extra_buffer_lazy = False
 
     # ------------------------------------------------------------ tree ops
     def root(self):
@@ -631,11 +665,14 @@ class FlatEngine(_SameCalls):
     def req_ping_pong(self, rid):
         return ping_pong(self.reqs[rid])
 
-    def req_track(self, rid, seqlen):
+    def req_track(self, rid, seqlen, decode=False):
         req = self.reqs[rid]
         if self.mut.get("track_no_flip"):  # self-test: the state lands in the entry just donated
             req.mamba_next_track_idx = 1 - req.mamba_next_track_idx
-        track(req, seqlen)
+        if self.cfg.get("mamba_lazy"):
+            track_lazy(self.rtp, req, seqlen, decode)
+        else:
+            track(req, seqlen)
 
     def req_release(self, rid, insert):
         """``cache_finished_req``; returns the request's ``mamba_pool_idx`` afterwards."""
@@ -809,7 +846,7 @@ def _sgl():
         def available_size(self):
             return self._available()
 
-    def make_hybrid_req_pool(size, max_ctx, extra_buffer, mamba_space):
+    def make_hybrid_req_pool(size, max_ctx, extra_buffer, mamba_space, lazy=False):
         """SGLang's real ``HybridReqToTokenPool`` (what ``MambaComponent`` asserts),
         with the smallest Mamba2 state shapes (one layer, a few bytes per slot) and
         a recording ``mamba_allocator`` in place of its slot free list. Its state
@@ -825,7 +862,8 @@ def _sgl():
             max_context_len=max_ctx,
             device="cpu", enable_memory_saver=False,
             cache_params=Mamba2CacheParams(shape=shape, layers=[0]), mamba_layer_ids=[0],
-            enable_mamba_extra_buffer=extra_buffer, speculative_num_draft_tokens=3)
+            enable_mamba_extra_buffer=extra_buffer, enable_mamba_extra_buffer_lazy=lazy,
+            speculative_num_draft_tokens=3)
         pool.mamba_allocator = RecordingMambaAllocator(mamba_space)
         return pool
 
@@ -888,9 +926,17 @@ class SglEngine(_SameCalls):
             if get_exec().mamba.mamba_max_states_per_path != cap:
                 raise RuntimeError(f"mamba_max_states_per_path did not become {cap}")
             extra = cfg.get("mamba_extra_buffer", False)
-            self.rtp = S["make_hybrid_req_pool"](max_reqs, max_ctx, extra, cfg["mamba_space"])
+            # the lazy extra buffer is a server-wide flag in SGLang, derived once
+            # when the config is published (--mamba-radix-cache-strategy
+            # extra_buffer_lazy): set on the published leaf, as publication would
+            lazy = bool(cfg.get("mamba_lazy", False))
+            get_exec().mamba._set("enable_mamba_extra_buffer_lazy", lazy)
+            if get_exec().mamba.enable_mamba_extra_buffer_lazy != lazy:
+                raise RuntimeError(f"enable_mamba_extra_buffer_lazy did not become {lazy}")
+            self.rtp = S["make_hybrid_req_pool"](max_reqs, max_ctx, extra, cfg["mamba_space"],
+                                                 lazy)
             self.malloc = self.rtp.mamba_allocator
-            kw.update(enable_mamba_extra_buffer=extra)
+            kw.update(enable_mamba_extra_buffer=extra, enable_mamba_extra_buffer_lazy=lazy)
         else:
             self.rtp = S["ReqToTokenPool"](size=max_reqs, max_context_len=max_ctx, device="cpu",
                                            enable_memory_saver=False)
@@ -1093,5 +1139,8 @@ class SglEngine(_SameCalls):
     def req_ping_pong(self, rid):
         return ping_pong(self.reqs[rid])
 
-    def req_track(self, rid, seqlen):
-        track(self.reqs[rid], seqlen)
+    def req_track(self, rid, seqlen, decode=False):
+        if self.cfg.get("mamba_lazy"):
+            track_lazy(self.rtp, self.reqs[rid], seqlen, decode)
+        else:
+            track(self.reqs[rid], seqlen)

@@ -45,7 +45,8 @@ CONFIGS = ("p1-lru", "p16-lru", "p64-lru", "p1-lfu", "p16-fifo", "p1-mru", "p16-
            "p1-mamba-lru", "p1-mamba-lfu", "p16-mamba-lru", "p16-mamba-c24-lfu",
            "p64-mamba-priority", "p64-mamba-c16-fifo", "p16-mamba-slru", "p1-eagle-mamba-lru",
            "p1-mamba-cap2-lru", "p16-mamba-cap1-lfu",          # the per-path state cap
-           "p1-swa16-mamba-lru", "p64-swa127-mamba-lru", "p16-swa32-mamba-cap2-lru")
+           "p1-swa16-mamba-lru", "p64-swa127-mamba-lru", "p16-swa32-mamba-cap2-lru",
+           "p16-mamba-lazy-lru", "p16-swa32-mamba-lazy-lfu")       # the lazy extra buffer
 # Configurations flatradix may still refuse to build (SGLang builds them): an
 # expected failure while the driver reports exactly that refusal, a pass once built.
 NOT_BUILT_YET = ()
