@@ -999,23 +999,8 @@ def main(argv=None):
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
-    # abspath, not realpath: a venv's python is a symlink to the base interpreter
-    py = args.sglang_python
-    if py and os.path.abspath(py) != os.path.abspath(sys.executable):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-        env.setdefault("SGLANG_RUST_BUILD_MODE", "never")
-        env.setdefault("OMP_NUM_THREADS", "1")
-        rest, skip = [], False
-        for a in sys.argv[1:]:
-            if skip:
-                skip = False
-            elif a == "--sglang-python":
-                skip = True
-            elif not a.startswith("--sglang-python="):
-                rest.append(a)
-        os.execve(args.sglang_python, [args.sglang_python, os.path.abspath(__file__)] + rest, env)
+    if args.sglang_python:
+        E.reexec_under(args.sglang_python, __file__, ROOT)
 
     if args.quick:
         args.num_seqs, args.rounds, args.no_profile = 600, 1, True

@@ -675,18 +675,8 @@ def main(argv=None):
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
-    if args.sglang_python and os.path.realpath(args.sglang_python) != os.path.realpath(sys.executable):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-        rest, skip = [], False
-        for a in sys.argv[1:]:
-            if skip:
-                skip = False
-            elif a == "--sglang-python":
-                skip = True
-            elif not a.startswith("--sglang-python="):
-                rest.append(a)
-        os.execve(args.sglang_python, [args.sglang_python, os.path.abspath(__file__)] + rest, env)
+    if args.sglang_python:
+        E.reexec_under(args.sglang_python, __file__, ROOT)
 
     if args.quick:
         args.num_seqs, args.kv_size, args.rounds = 1000, 100_000, 1

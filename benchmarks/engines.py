@@ -210,6 +210,36 @@ def prepare_sglang_env():
     logging.disable(logging.WARNING)
 
 
+def reexec_under(python, script, root, extra_args=()):
+    """Run ``script`` again under ``python`` (the SGLang oracle venv's interpreter),
+    with ``root`` and the venv's ``peer_stubs`` on ``PYTHONPATH``, SGLang's CPU
+    environment set and ``--sglang-python`` dropped from the arguments;
+    ``extra_args`` go first. Returns (does nothing) when this process already
+    runs in that venv: the venv prefixes are compared, not the interpreters'
+    paths (a venv's ``python`` is a symlink to the base interpreter, so
+    ``realpath`` would call every venv the same)."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    if os.path.realpath(venv) == os.path.realpath(sys.prefix):
+        return
+    env = dict(os.environ)
+    stubs = os.path.join(venv, "peer_stubs")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, stubs if os.path.isdir(stubs) else None,
+                                                    env.get("PYTHONPATH")) if p)
+    env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    env.setdefault("SGLANG_RUST_BUILD_MODE", "never")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    rest, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--sglang-python":
+            skip = True
+        elif not a.startswith("--sglang-python="):
+            rest.append(a)
+    print(f"re-running under {python}", flush=True)
+    os.execve(python, [python, os.path.abspath(script), *extra_args] + rest, env)
+
+
 def sglang_available():
     prepare_sglang_env()
     try:

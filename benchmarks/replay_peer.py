@@ -539,28 +539,6 @@ def machine_info():
     return info
 
 
-def _reexec(python):
-    """Run this script again under ``python`` (the oracle venv's), repo on PYTHONPATH."""
-    env = dict(os.environ)
-    venv = os.path.dirname(os.path.dirname(python))
-    stubs = os.path.join(venv, "peer_stubs")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, stubs if os.path.isdir(stubs) else None,
-                                                    env.get("PYTHONPATH")) if p)
-    env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    env.setdefault("SGLANG_RUST_BUILD_MODE", "never")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    rest, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif a == "--sglang-python":
-            skip = True
-        elif not a.startswith("--sglang-python="):
-            rest.append(a)
-    sys.stdout.flush()
-    os.execve(python, [python, os.path.abspath(__file__), "--no-reexec"] + rest, env)
-
-
 def _sglang_importable():
     import importlib.util
 
@@ -610,11 +588,8 @@ def main(argv=None):
         if py is None and not _sglang_importable():
             cand = os.path.join(E.SGLANG_VENV_DEFAULT, "bin", "python")
             py = cand if os.path.exists(cand) else None
-        # (a venv's python is a symlink to the base interpreter: compare prefixes, not paths)
-        venv = os.path.dirname(os.path.dirname(os.path.abspath(py))) if py else None
-        if py and os.path.realpath(venv) != os.path.realpath(sys.prefix):
-            print(f"re-running under {py}", flush=True)
-            _reexec(py)
+        if py:
+            E.reexec_under(py, __file__, ROOT, ("--no-reexec",))
     have_sglang = _sglang_importable()
     names = args.engines or (["flatradix-req", "sglang-rust"] if have_sglang else ["flatradix-req"])
     names = [x for n in names for x in ([f"flatradix-req/{c}" for c in args.prompt]
