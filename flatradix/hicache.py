@@ -27,15 +27,16 @@ from collections import deque
 
 import numpy as np
 
-from ._cast import as_count, as_flag, as_int, as_node_id
+from ._cast import as_count, as_flag, as_int, as_int64, as_node_id
 from .errors import LockRefError
-from .types import ComponentType, DecLockRefResult, IncLockRefResult
+from .types import ComponentType, DecLockRefResult, IncLockRefResult, InsertResult
 from .executor import execute
 from .kernels import host as K
 from .kernels import layout as L
 from .kernels.evict import evict_end as _k_evict_end
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
+from .kernels.query import resolve_slot as _k_resolve
 
 _EMPTY = np.empty(0, dtype=np.int64)
 #: Largest host pool (tokens), as the device pools' bound.
@@ -360,6 +361,83 @@ class HiCacheMixin:
             raise LockRefError(f"dec_host_lock_ref: node {nid} holds no host lock of the "
                                f"receipt's segment (boundary {stamp})")
         return DecLockRefResult()
+
+    # ------------------------------------------------------------------ storage refill
+    def insert_host(self, node, key, host_value, hash_value=None):
+        """Add ``key`` with the host slots ``host_value`` below ``node`` (SGLang's tree
+        ``insert_host``, spec §8.6: a storage prefetch's refill of the host tier).
+
+        ``node``: the anchor, a NodeId (the match's ``last_host_node``); ``key``: a
+        ``RadixKey`` of page-aligned length in the anchor's namespace (the tokens
+        after the anchor); ``host_value``: int64 1-D host slots of
+        ``mem_pool_host`` (one per token, handed out by ``alloc`` and not given to
+        the tree yet). ``hash_value``: the storage page hashes (``len(key) //
+        page_size`` of them) SGLang keeps on the nodes; accepted and checked for
+        length, not stored: flatradix derives the event block hashes from the
+        tokens, which for SGLang's storage hashing are the same.
+
+        The walk touches the anchor and each matched node, splits a partially
+        matched one and, under write-through (either kind), gives a node without
+        a host copy its part of ``host_value`` (CPU ``BlockStored``); the rest
+        becomes a new host-only node (CPU ``BlockStored``) -- dropped under
+        write-through when the node it would hang from (not the root) has no host
+        copy. Under write-back matched nodes take nothing.
+
+        Returns an ``InsertResult``: ``prefix_len`` (write-back: the matched length;
+        write-through: the length of matched nodes that already had a host copy),
+        ``total_len`` (the key's length), ``inserted_host_node`` (the new node,
+        else the node the key ended on when it holds a host copy, else None) and
+        ``host_insert_dropped``. Mutation: the tree and the host ledgers; nothing
+        is freed. The caller frees ``host_value[:prefix_len]`` to
+        ``mem_pool_host`` (all of it when dropped), as SGLang's controller does.
+
+        Errors, nothing changed: ``ValueError`` without a host tier, for a key
+        that is not page-aligned or not in the anchor's namespace, a
+        ``host_value`` of another length, a host slot outside the pool, not handed
+        out, or given twice, a ``hash_value`` of another length; ``TypeError``
+        for a non-``RadixKey`` key; ``NodeAccessError`` for a stale anchor.
+        O(len(key)).
+        """
+        self._check_host("insert_host")
+        nid = as_node_id(node, "node")
+        units, n, nk, _ = self._key(key, "key")
+        if n != units.shape[0]:
+            raise ValueError(f"key: {units.shape[0]} units is not a multiple of page_size="
+                             f"{self.page_size} (storage refills whole pages)")
+        host = as_int64(host_value, "host_value")
+        if host.ndim != 1 or host.shape[0] != n:
+            raise ValueError(f"host_value must be 1-D with one host slot per key unit ({n}), "
+                             f"got shape {tuple(host.shape)}")
+        pool = self._host
+        if n and (host.min() < 0 or host.max() >= pool.size or not pool._held[host].all()
+                  or np.unique(host).shape[0] != n):
+            raise ValueError(f"host_value: host slots must lie in 0..{pool.size - 1}, be handed "
+                             "out by mem_pool_host and be distinct")
+        if hash_value is not None:
+            if isinstance(hash_value, (str, bytes)) or not hasattr(hash_value, "__len__"):
+                raise TypeError("hash_value must be a list of page hashes or None, got "
+                                f"{type(hash_value).__name__}")
+            if len(hash_value) != n // self.page_size:
+                raise ValueError(f"hash_value has {len(hash_value)} page hashes, the key "
+                                 f"{n // self.page_size} pages")
+        eng = self._engine
+        with self._mutex:
+            nodes = eng.st.nodes
+            slot = int(_k_resolve(nodes, eng.meta, nid))
+            if slot < 0:
+                raise self._stale(nid)
+            ns = eng.ns.get(nk)
+            if slot != L.ROOT and (ns is None or int(nodes[slot, L.NS]) != ns):
+                raise ValueError("key: its namespace (extra_key, cache_salt) is not the anchor "
+                                 "node's")
+            if ns is None:
+                ns = eng.ns.intern(nk)
+            st, plen, inserted, dropped = eng.call(K.insert_host, nid, units, host, n, ns)
+            assert st == L.OK, st
+            execute(eng.actions(), eng.out, None, None, self._sink)
+        return InsertResult(prefix_len=int(plen), total_len=n,
+                            inserted_host_node=None if inserted < 0 else int(inserted),
+                            host_insert_dropped=bool(dropped))
 
     def is_backuped(self, node):
         """Whether ``node`` holds a Full host value (SGLang ``is_backuped``)."""

@@ -162,6 +162,8 @@ class InsertResult(NamedTuple):
     took ownership of (``n`` the page-aligned key length) — or ``{}`` when the
     insert adopted nothing; ``None`` without tracking and for an empty
     page-aligned key (both as SGLang 0.5.23).
+    ``inserted_host_node`` / ``host_insert_dropped``: ``insert_host`` only (the
+    host node holding the key's end; the refill was dropped).
     """
 
     prefix_len: int = 0
@@ -171,6 +173,8 @@ class InsertResult(NamedTuple):
     swa_branch_inserted: bool = False
     adopted_ranges: Optional[dict] = None
     duplicate_indices: Any = None
+    inserted_host_node: Optional[int] = None
+    host_insert_dropped: bool = False
 
 
 @dataclass

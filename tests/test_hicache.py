@@ -731,7 +731,8 @@ _BASES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [5, 5, 6, 6, 7, 7, 8, 8]
 
 class HostTierMachine(RuleBasedStateMachine):
     """The host tier under a random schedule: backups, demotes, write-back backups and
-    drops, host eviction and duplicate reclaim, load-backs, host locks, and the ack
+    drops, host eviction and duplicate reclaim, load-backs, host locks, storage
+    refills (``insert_host``), and the ack
     calls (flush / writing_check / ready / loading_check with counts) at arbitrary
     points, so acks arrive late and interleaved. Invariant after every step: both
     tiers' slots partition exactly -- device: free (allocator) + cached (tree) +
@@ -806,6 +807,27 @@ class HostTierMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.cache is not None)
     def evict_host(self, n):
         self.cache.evict_host(n)
+
+    @rule(b=st.integers(0, 3), cut=st.integers(0, 8), extra=st.integers(1, 3),
+          anchor_pages=st.integers(0, 4))
+    @precondition(lambda self: self.cache is not None)
+    def insert_host(self, b, cut, extra, anchor_pages):
+        """A storage refill: host slots for ``toks[a:cut + extra pages]`` below the
+        node a match of ``toks[:a]`` ends on (a prefetch anchor, possibly above
+        nodes cached since); the slots the result leaves to the caller go back."""
+        P = self.page
+        toks = _BASES[b][:cut] + [7] * (extra * P)
+        a = min(anchor_pages * P, (len(toks) // P - 1) * P)
+        n = (len(toks) - a) // P * P
+        if a < 0 or n <= 0:
+            return
+        anchor = match(self.cache, toks[:a]).best_match_node if a else \
+            self.cache.root_node_handle()
+        h = self.cache.mem_pool_host.alloc(n)
+        if h is None:
+            return
+        r = self.cache.insert_host(anchor, RadixKey(toks[a:a + n]), h)
+        self.cache.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
 
     @rule(what=st.sampled_from(["flush", "wcheck", "ready", "lcheck", "step"]),
           k=st.integers(0, 2))
@@ -969,3 +991,142 @@ def test_fresh_user_bad_inputs_name_the_argument():
         with pytest.raises(err, match=what):
             fresh.init_hicache(**kw)
     assert not fresh.enable_hicache
+
+
+# ---------------------------------------------------------------------- insert_host
+def _same_state(before, after):
+    for k in before:
+        if isinstance(before[k], np.ndarray):
+            assert np.array_equal(before[k], after[k]), k
+        else:
+            assert before[k] == after[k], k
+
+
+def _backed(cache, alloc, tokens):
+    """Insert ``tokens`` twice (write_through_selective backs up at the second hit)
+    and complete the backup: one device + host node."""
+    r, _ = put(cache, alloc, tokens)
+    cache.insert(InsertParams(key=RadixKey(list(tokens)), value=alloc.alloc(len(tokens))))
+    cache.check_hicache_events()
+    return r.last_device_node
+
+
+def test_insert_host_refills_walked_nodes_and_adds_a_host_only_leaf():
+    cache, alloc = make(host=100, policy="write_through_selective")
+    a = _backed(cache, alloc, range(10))                      # [0,10): device + host
+    put(cache, alloc, range(20))                              # [10,20): device only
+    assert cache.host_total_size() == 10
+    cache.take_events()
+    h = cache.mem_pool_host.alloc(30)
+    r = cache.insert_host(cache.root_node_handle(), RadixKey(list(range(30))), h)
+    # [0,10) had a host copy: prefix 10 (the caller frees h[:10]); [10,20) takes
+    # h[10:20]; [20,30) becomes a host-only leaf with h[20:30]
+    assert (r.prefix_len, r.total_len, r.host_insert_dropped) == (10, 30, False)
+    assert r.inserted_host_node not in (None, a)
+    cache.mem_pool_host.free(h[:10])
+    assert cache.host_total_size() == 30 and cache.host_evictable_size() == 10
+    assert sorted(cache.all_host_values_flatten().tolist()) == sorted(
+        list(range(0, 10)) + h[10:].tolist())  # the first backup took host slots 0..9
+    # the refill and the new leaf, parent first (the sink coalesces a chain into one event)
+    assert media(cache.take_events()) == [("BlockStored", "CPU_PINNED", list(range(10, 30)))]
+    m = match(cache, range(30))
+    assert (m.device_prefix_len, m.host_hit_length) == (20, 10)
+    assert m.last_host_node == r.inserted_host_node
+    check_partition(cache, alloc, cache.mem_pool_host)
+    # the refilled node is a duplicate now: a device eviction demotes it, not deletes it
+    assert cache.evict(10).num_tokens_evicted == 10
+    assert (match(cache, range(30)).device_prefix_len, match(cache, range(30)).host_hit_length) \
+        == (10, 20)
+    check_partition(cache, alloc, cache.mem_pool_host)
+
+
+def test_insert_host_dropped_below_a_node_without_a_host_copy():
+    cache, alloc = make(host=100, policy="write_through_selective")
+    d = put(cache, alloc, range(100, 110))[0].last_device_node  # device only
+    h = cache.mem_pool_host.alloc(10)
+    before = cache._snapshot()
+    r = cache.insert_host(d, RadixKey(list(range(110, 120))), h)
+    assert (r.prefix_len, r.inserted_host_node, r.host_insert_dropped) == (0, None, True)
+    after = cache._snapshot()
+    # no node, key or value changed (only the anchor's access time: it is touched)
+    for k in ("ctab", "pool"):
+        assert np.array_equal(before[k], after[k]), k
+    assert cache.host_total_size() == 0 and cache.node_count() == 1
+    cache.mem_pool_host.free(h)                               # dropped: all go back
+    check_partition(cache, alloc, cache.mem_pool_host)
+
+
+def test_insert_host_never_refills_below_a_device_only_anchor():
+    # a prefetch anchored on a device-only node, with a child cached meanwhile:
+    # SGLang refills the child and leaves a host copy under a node without one
+    # (its sanity check fails, its Rust core panics at a later eviction);
+    # flatradix drops the refill
+    cache, alloc = make(host=100, policy="write_through_selective")
+    put(cache, alloc, range(200, 220))                        # one node, device only
+    e = match(cache, range(200, 210)).last_device_node        # split: [200,210) + [210,220)
+    h = cache.mem_pool_host.alloc(20)
+    r = cache.insert_host(e, RadixKey(list(range(210, 230))), h)
+    assert (r.prefix_len, r.inserted_host_node, r.host_insert_dropped) == (0, None, True)
+    assert cache.host_total_size() == 0
+    cache.mem_pool_host.free(h)
+    assert cache.evict(20).num_tokens_evicted == 20           # both still plain device nodes
+    check_partition(cache, alloc, cache.mem_pool_host)
+
+
+def test_insert_host_split_and_write_back_rules():
+    cache, alloc = make(host=100, policy="write_through_selective")
+    a = _backed(cache, alloc, range(10))
+    h = cache.mem_pool_host.alloc(5)
+    r = cache.insert_host(cache.root_node_handle(), RadixKey(list(range(5))), h)
+    # the walk ends inside [0,10): split; the upper part holds a host copy already
+    assert (r.prefix_len, r.host_insert_dropped) == (5, False)
+    assert r.inserted_host_node not in (None, a) and cache.node_count() == 2
+    cache.mem_pool_host.free(h)
+    check_partition(cache, alloc, cache.mem_pool_host)
+    # write-back: walked nodes take nothing, prefix_len is the matched length, and
+    # the rest hangs below a node without a host copy
+    cache, alloc = make(host=100, policy="write_back")
+    put(cache, alloc, range(10))
+    h = cache.mem_pool_host.alloc(20)
+    r = cache.insert_host(cache.root_node_handle(), RadixKey(list(range(20))), h)
+    assert (r.prefix_len, r.host_insert_dropped) == (10, False)
+    cache.mem_pool_host.free(h[:10])
+    assert cache.host_total_size() == 10
+    m = match(cache, range(20))
+    assert (m.device_prefix_len, m.host_hit_length) == (10, 10)
+    # and the refill loads back like any host-only node
+    loaded, node = cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+    assert loaded == 10 and match(cache, range(20)).device_prefix_len == 20
+    cache.loading_check()
+    check_partition(cache, alloc, cache.mem_pool_host)
+
+
+def test_insert_host_refuses_bad_input_and_changes_nothing():
+    from flatradix import NodeAccessError
+
+    cache, alloc = make(page=2, host=100, policy="write_through_selective")
+    a = _backed(cache, alloc, range(10))
+    h = cache.mem_pool_host.alloc(4)
+    free = cache.mem_pool_host.alloc(1)
+    cache.mem_pool_host.free(free)
+    before = cache._snapshot()
+    root = cache.root_node_handle()
+    for args, exc, msg in [
+        ((root, RadixKey([1, 2, 3]), h[:3]), ValueError, "multiple of page_size"),
+        ((root, RadixKey([1, 2, 3, 4]), h[:2]), ValueError, "one host slot per key unit"),
+        ((root, RadixKey([1, 2]), np.array([h[0], free[0]])), ValueError, "handed out"),
+        ((root, RadixKey([1, 2]), np.array([h[0], h[0]])), ValueError, "distinct"),
+        ((root, RadixKey([1, 2]), np.array([h[0], 1000])), ValueError, "lie in"),
+        ((root, [1, 2], h[:2]), TypeError, "RadixKey"),
+        ((a, RadixKey([1, 2], extra_key="lora"), h[:2]), ValueError, "namespace"),
+        ((a + (1 << 40), RadixKey([1, 2]), h[:2]), NodeAccessError, "node"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            cache.insert_host(*args)
+    with pytest.raises(ValueError, match="page hashes"):
+        cache.insert_host(root, RadixKey([1, 2, 3, 4]), h, hash_value=["x"])
+    _same_state(before, cache._snapshot())
+    plain, palloc = UnifiedRadixCache(), None
+    with pytest.raises(ValueError, match="no host tier"):
+        plain.insert_host(plain.root_node_handle(), RadixKey([1]), np.array([0]))
+    del palloc

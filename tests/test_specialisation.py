@@ -83,7 +83,7 @@ WORKLOAD = textwrap.dedent("""
         c.evict_device_end(CT.SWA)
         c.evict(F.EvictParams(num_tokens=8, swa_num_tokens=1 << 20))
         c.sanity_check()
-    # HiCache (host tier): backup, ack, demote, host hit, load-back, host eviction
+    # HiCache (host tier): backup, ack, demote, host hit, load-back, host eviction, refill
     for page in (1, 16):
         alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
         c = F.UnifiedRadixCache(page_size=page, token_to_kv_pool_allocator=alloc,
@@ -101,6 +101,10 @@ WORKLOAD = textwrap.dedent("""
         c.loading_check()
         c.evict(F.EvictParams(num_tokens=1 << 20))
         c.evict_host(1 << 20)
+        # a storage refill below the root (numpy slots, from the host pool)
+        h = c.mem_pool_host.alloc(len(toks))
+        r = c.insert_host(c.root_node_handle(), F.RadixKey(toks), h)
+        c.mem_pool_host.free(h[:r.prefix_len])
         c.sanity_check()
         # write-back: backup at eviction and demote; with the host full, a dropped subtree
         alloc = F.TokenToKVPoolAllocator(4096, page_size=page)

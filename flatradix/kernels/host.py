@@ -30,15 +30,19 @@ from .actions import (
 from .layout import (
     DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS, FULL,
     FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
-    HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LOAD_PENDING, LOCK_REF, M_DUP_HEAD, M_EVENTS,
-    M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST, M_HOST_TOTAL, M_HOST_UUID_NEXT, M_HWM,
-    M_NACTS, M_NOUT, NCHILD, NEXT_SIB, NIL, N_COMPONENTS, N_TIERS, OK, PARENT, ROOT,
-    WT_PENDING,
+    HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
+    M_DUP_HEAD, M_EVENTS, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST, M_HOST_TOTAL,
+    M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
+    N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
+from .children import find_child
 from .dups import dup_remove, dup_update
-from .order import refresh_leaf
-from .state import need, resolve
-from .tree import delete_host_leaf, delete_leaf, demote, restore_device
+from .order import fix, refresh_leaf
+from .state import has_room, need, node_id, resolve, tick
+from .tree import (
+    add_host_leaf, delete_host_leaf, delete_leaf, demote, edge_match_len, restore_device,
+    split_node,
+)
 
 #: Status: a plan / commit whose node is not in the state the step needs (a
 #: backup of a node without device data, a load of a node already on the device,
@@ -491,3 +495,100 @@ def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
         refresh_leaf(nodes, heap, meta, a)
         a = nodes[a, PARENT]
     return OK, k
+
+
+@kernel
+def insert_host(nodes, ctab, pool, heap, meta, nid, key, host_value, n, ns, out, acts):
+    """SGLang ``insert_host`` (spec §8.6, the storage-prefetch refill): add
+    ``key[:n]`` (n page-aligned) with ``host_value[:n]`` (int64 host slots, one per
+    unit) below node ``nid`` in namespace ``ns``.
+
+    The anchor is touched (a fresh tick); the walk below it touches each node,
+    splits a partially matched one, and, under write-through (either kind), gives
+    a walked node without a host copy the matching host slots (``A_STORED``
+    medium CPU with events on; a duplicate at once when it is on the device) --
+    unless its parent (not the root) has no host copy either, which only a
+    device-only anchor allows: the refill is then dropped (flatradix; SGLang
+    refills and leaves a host copy below a node without one, which its own
+    sanity check rejects and its Rust core panics on at a later eviction).
+    The unmatched rest becomes a new host-only leaf (``A_STORED`` medium CPU)
+    with the parent's priority -- except under write-through when the node it
+    would hang from (not the root) has no host copy: the refill is then dropped.
+    Under write-back walked nodes take nothing and the rest always becomes a leaf.
+
+    Returns ``(status, prefix_len, inserted_host_node_id, dropped)``:
+    ``prefix_len`` is the matched length under write-back, and under
+    write-through the length of walked nodes that already had a host copy (the
+    caller frees ``host_value[:prefix_len]``; everything when dropped);
+    ``inserted_host_node_id`` the new leaf, else the node the key ended on when
+    it is not the root and has a host copy, else -1. ``E_STALE`` for a dead
+    anchor; E_CAPACITY (``meta[M_NEED_*]``: 2 slots, ``n`` pool rows, action
+    rows) with nothing changed.
+    """
+    acts_begin(meta, 0)
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0, -1, 0
+    page = meta[M_PAGE]
+    need_acts = min(n // page + 1, meta[M_NLIVE]) + 2
+    if acts.shape[0] < need_acts:
+        need(meta, 0, 0, 0, need_acts)
+        return E_CAPACITY, 0, -1, 0
+    if not has_room(nodes, ctab, pool, meta, 2, n):
+        return E_CAPACITY, 0, -1, 0
+    events = meta[M_EVENTS] != 0
+    write_back = meta[M_HOST] == HOST_WRITE_BACK
+    hc = pool.shape[1] - 1
+    nodes[s, LAST_ACCESS] = tick(meta)
+    fix(nodes, heap, meta, s)
+    if n == 0:
+        return OK, 0, -1, 0
+    node = s
+    length = 0
+    host_prefix = 0
+    refilled = -1
+    while length < n:
+        child = find_child(nodes, ctab, pool, node, ns, key, length, page)
+        if child < 0:
+            break
+        nodes[child, LAST_ACCESS] = tick(meta)
+        m = edge_match_len(nodes, pool, child, key, length, n, page)
+        if m < nodes[child, KEY_LEN]:
+            child = split_node(nodes, ctab, pool, heap, meta, child, m)
+        fix(nodes, heap, meta, child)
+        if not write_back:
+            if not (nodes[child, FLAGS] & F_HAS_FULL_HOST):
+                p = nodes[child, PARENT]
+                if p != ROOT and not (nodes[p, FLAGS] & F_HAS_FULL_HOST):
+                    # a device-only anchor: a host copy here would hang below a node
+                    # without one (SGLang refills it and breaks its own write-through
+                    # invariant); dropped like a new node there
+                    return OK, host_prefix, -1, 1
+                off = nodes[child, KEY_OFF]
+                dst = pool[off:off + m, hc]
+                src = host_value[length:length + m]
+                for j in range(m):
+                    dst[j] = src[j]
+                nodes[child, FLAGS] |= F_HAS_FULL_HOST
+                meta[M_HOST_TOTAL] += m
+                refresh_leaf(nodes, heap, meta, child)
+                refresh_leaf(nodes, heap, meta, nodes[child, PARENT])
+                dup_update(nodes, meta, child)
+                if events:
+                    emit(acts, meta, A_STORED, FULL, SRC_POOL, child, m, MEDIUM_CPU)
+                refilled = child
+            elif refilled < 0:
+                host_prefix += m
+        length += m
+        node = child
+    prefix = length if write_back else host_prefix
+    if length == n:
+        got = node != ROOT and (refilled >= 0 or (nodes[node, FLAGS] & F_HAS_FULL_HOST) != 0)
+        return OK, prefix, node_id(nodes, node) if got else -1, 0
+    if node != ROOT and not write_back and not (nodes[node, FLAGS] & F_HAS_FULL_HOST):
+        return OK, prefix, -1, 1
+    leaf = add_host_leaf(nodes, ctab, pool, heap, meta, node, ns, key, host_value, length, n,
+                         nodes[node, PRIORITY])
+    if events:
+        emit(acts, meta, A_STORED, FULL, SRC_POOL, leaf, n - length, MEDIUM_CPU)
+    return OK, prefix, node_id(nodes, leaf), 0

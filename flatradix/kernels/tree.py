@@ -1,6 +1,7 @@
 """Shared tree mutations used by several entry kernels: node split, new leaf, leaf delete.
 
-``split_node`` and ``add_leaf`` are written by the insert path (and match, for a
+``split_node`` and ``add_leaf`` are written by the insert path (``add_host_leaf``
+by ``insert_host``) (and match, for a
 split); ``delete_leaf`` by every eviction path. They keep the child table, the
 sibling lists, the NCHILD / NDEVCHILD counters, the size ledgers and the
 eviction heap consistent.
@@ -11,11 +12,12 @@ from ._jit import helper
 from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
 from .layout import (
     CREATION, C_SWA, FIRST_CHILD, FLAGS, FULL, FULL_DEV, FULL_LOCK, F_ALIVE, F_HAS,
-    F_HAS_FULL_DEV, F_HAS_SWA_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS, HIT_COUNT, HOST,
-    HOST_HEAP_POS, HOST_UUID, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, M_COMPONENTS,
-    M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, M_POLICY, M_POOL_DEAD,
-    M_POOL_TOP, M_PROTECTED, M_TOTAL, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT,
-    POLICY_TLRU, PREV_SIB, PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK, WT_PENDING,
+    F_HAS_FULL_DEV, F_HAS_FULL_HOST, F_HAS_SWA_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS,
+    HIT_COUNT, HOST, HOST_HEAP_POS, HOST_UUID, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING,
+    M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, M_POLICY,
+    M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
+    PARENT, POLICY_TLRU, PREV_SIB, PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
+    WT_PENDING,
 )
 from .actions import (
     A_FREE_HOST, A_FREE_SLOT, A_REMOVED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, emit,
@@ -142,20 +144,59 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
     for i in range(length):
         ptok[i] = k[i]
         pval[i] = v[i]
+    _link_leaf(nodes, ctab, pool, heap, meta, parent, s, ns, length, priority,
+               F_ALIVE | F_HAS_FULL_DEV)
+    nodes[parent, NDEVCHILD] += 1
+    meta[M_EVICTABLE + FULL] += length
+    meta[M_TOTAL + FULL] += length
+    refresh_leaf(nodes, heap, meta, parent)
+    refresh_leaf(nodes, heap, meta, s)
+    return s
+
+
+@helper
+def add_host_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, host_value, start, n, priority):
+    """Create a host-only leaf under ``parent`` holding ``key[start:n]`` with
+    ``host_value[start:n]`` as its Full host value (SGLang ``insert_host``'s new
+    node): no device value, the host ledger credited, both nodes re-checked for
+    the leaf heaps. The pool's device column of its rows is 0 (unused)."""
+    s = node_alloc(nodes, meta)
+    length = n - start
+    top = meta[M_POOL_TOP]
+    ptok = pool[top:top + length, TOK]
+    pdev = pool[top:top + length, FULL_DEV]
+    phost = pool[top:top + length, pool.shape[1] - 1]
+    k = key[start:n]
+    h = host_value[start:n]
+    for i in range(length):
+        ptok[i] = k[i]
+        pdev[i] = 0
+        phost[i] = h[i]
+    _link_leaf(nodes, ctab, pool, heap, meta, parent, s, ns, length, priority,
+               F_ALIVE | F_HAS_FULL_HOST)
+    meta[M_HOST_TOTAL] += length
+    refresh_leaf(nodes, heap, meta, parent)
+    refresh_leaf(nodes, heap, meta, s)
+    return s
+
+
+@helper
+def _link_leaf(nodes, ctab, pool, heap, meta, parent, s, ns, length, priority, flags):
+    """The part of a new leaf both kinds share, after its ``length`` pool rows were
+    written at ``M_POOL_TOP``: the rows taken, the node's fields, the sibling
+    list, the child table, and (TLRU) the cached depth and the path's history."""
+    top = meta[M_POOL_TOP]
     meta[M_POOL_TOP] = top + length
     nodes[s, KEY_OFF] = top
     nodes[s, KEY_LEN] = length
     nodes[s, NS] = ns
-    nodes[s, FLAGS] = F_ALIVE | F_HAS_FULL_DEV
+    nodes[s, FLAGS] = flags
     nodes[s, LAST_ACCESS] = tick(meta)
     nodes[s, CREATION] = tick(meta)
     nodes[s, PRIORITY] = priority
     link_child(nodes, parent, s)
     nodes[parent, NCHILD] += 1
-    nodes[parent, NDEVCHILD] += 1
     add_child_entry(ctab, meta, parent, ns, edge_page_key(nodes, pool, meta, s), s)
-    meta[M_EVICTABLE + FULL] += length
-    meta[M_TOTAL + FULL] += length
     if meta[M_POLICY] == POLICY_TLRU:
         depth = nodes[parent, TLRU_CACHED] + length
         nodes[s, TLRU_CACHED] = depth
@@ -165,9 +206,6 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
             nodes[a, TLRU_HIST] = depth
             fix(nodes, heap, meta, a)
             a = nodes[a, PARENT]
-    refresh_leaf(nodes, heap, meta, parent)
-    refresh_leaf(nodes, heap, meta, s)
-    return s
 
 
 @helper

@@ -182,6 +182,8 @@ MUTANTS = {
     "wb-no-reclaim": ("p4-wb-lru", dict(wb_no_reclaim=True)),
     # write-back eviction drops every victim instead of backing it up
     "wb-always-drop": ("p1-wb-lru", dict(wb_always_drop=True)),
+    # insert_host under write-through runs the write-back rules (no refill, no drop)
+    "insert-host-as-write-back": ("p2-wts-lru", dict(insert_host_as_wb=True)),
 }
 
 SELFTEST_OPS = 2000
@@ -191,7 +193,8 @@ CHECK_EVERY = 32
 TREE_EVERY = 4
 QUOTAS = (None, None, None, 1, 2, 4, 8)  # mem_quota in pages (None: no quota)
 WEIGHTS = dict(insert=7, match=3, lock=1, unlock=1, evict=3, evict_host=1, flush=2, wcheck=2,
-               step=1, load=4, load_back=1, ready=2, lcheck=2, hlock=1, hunlock=1, wdrain=1)
+               step=1, load=4, load_back=1, ready=2, lcheck=2, hlock=1, hunlock=1, wdrain=1,
+               insert_host=2)
 
 
 # --------------------------------------------------------------------------- the two sides
@@ -281,6 +284,17 @@ class FlatSide:
             c._evict_host_units = no_reclaim
         if mut.get("wb_always_drop"):
             c._write_back_backup = lambda nid: False
+        if mut.get("insert_host_as_wb"):
+            insert_host = c.insert_host
+
+            def as_write_back(*a, **k):
+                meta = c._engine.st.meta
+                old, meta[L.M_HOST] = meta[L.M_HOST], L.HOST_WRITE_BACK
+                try:
+                    return insert_host(*a, **k)
+                finally:
+                    meta[L.M_HOST] = old
+            c.insert_host = as_write_back
         if mut.get("host_hit_zero"):
             match = c.match_prefix
             c.match_prefix = lambda params: match(params)._replace(host_hit_length=0)
@@ -332,6 +346,18 @@ class FlatSide:
 
     def host_lock(self, node):
         return self.cache.inc_host_lock_ref(node)
+
+    def host_alloc(self, n):
+        out = self.cache.mem_pool_host.alloc(n)  # logged halloc
+        return None if out is None else out.tolist()
+
+    def host_free(self, slots):
+        if slots:
+            self.cache.mem_pool_host.free(np.asarray(slots, dtype=np.int64))
+
+    def insert_host(self, anchor, toks, host_slots, path_toks):
+        return self.cache.insert_host(anchor, self.fr.RadixKey(np.asarray(toks, dtype=np.int64)),
+                                      np.asarray(host_slots, dtype=np.int64))
 
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
@@ -442,6 +468,15 @@ class SglSide:
 
     def host_lock(self, node):
         return self.cache.inc_host_lock_ref(node)
+
+    def host_alloc(self, n):
+        return self.h.host_alloc(n)
+
+    def host_free(self, slots):
+        self.h.host_free(slots)
+
+    def insert_host(self, anchor, toks, host_slots, path_toks):
+        return self.h.insert_host(anchor, toks, host_slots, path_toks)
 
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
@@ -665,7 +700,7 @@ class Executor:
                 else:
                     smap.release(what, sa, sb, ordered)
                     self.stats[f"{smap.tier}_free_slots"] += len(sa)
-                    if tier == "h" and what.startswith("insert"):  # a backup made room
+                    if tier == "h" and what == "insert":  # a backup made room
                         self.stats["insert_host_evict_slots"] += len(sa)
 
     def _map_nodes(self, what, xs, ys):
@@ -791,6 +826,70 @@ class Executor:
 
     def op_match(self, toks):
         self._match("match", toks)
+
+    def op_insert_host(self, toks, pages, back):
+        """A storage prefetch's refill (SGLang ``_handle_prefetch_result``): after a
+        match, up to ``pages`` pages of ``toks`` past its device + host hit get
+        fresh host slots and are inserted below ``last_host_node``
+        (``insert_host``); the caller then frees the slots the result leaves to it
+        (``host_value[:prefix_len]``, all of them when dropped). A full host pool
+        skips the refill on both sides. ``back`` > 0: the prefetch started
+        ``back`` pages earlier on the path (others inserted below its anchor
+        meanwhile): the anchor is the ``last_host_node`` of a match that far up,
+        and the walk meets the nodes cached since (refills, splits)."""
+        ma, mb = self._match("insert_host.match", toks)
+        P = self.P
+        depth = ma.device_prefix_len + ma.host_hit_length
+        n = min((len(toks) - depth) // P, pages) * P
+        if n <= 0:
+            return
+        if back and depth:
+            cut = max(0, depth - back * P)
+            n += depth - cut
+            depth = cut
+            if cut:
+                ma, mb = self._match("insert_host.match_anchor", toks[:cut])
+                compare("insert_host.anchor_depth", ma.device_prefix_len + ma.host_hit_length,
+                        cut)
+                ba, bb = self._both("insert_host.anchor_backuped",
+                                    lambda: self.a.cache.is_backuped(ma.last_host_node),
+                                    lambda: self.b.cache.is_backuped(mb.last_host_node))
+                compare("insert_host.anchor_backuped", bool(ba), bool(bb))
+                if not ba and self.cfg["write_policy"] != "write_back":
+                    # SGLang refills the nodes below a device-only anchor and breaks its
+                    # own write-through invariant (a host copy under a parent without
+                    # one: its sanity check fails, the Rust core panics at a later
+                    # eviction); flatradix drops the refill there (tests/test_hicache.py)
+                    self.stats["insert_host_unbacked_anchor_skipped"] += 1
+                    return
+            else:
+                ma = SimpleNamespace(last_host_node=self.root_a)
+                mb = SimpleNamespace(last_host_node=self.b.root())
+        xa, xb = self._both("insert_host.host_alloc", lambda: self.a.host_alloc(n),
+                            lambda: self.b.host_alloc(n))
+        if (xa is None) != (xb is None):
+            raise Divergence("insert_host.host_alloc_failed", f"first={xa} second={xb}")
+        if xa is None:
+            self.stats["insert_host_no_room"] += 1
+            return
+        path, rest = toks[:depth + n], toks[depth:depth + n]
+        ra, rb = self._both("insert_host", lambda: self.a.insert_host(
+            ma.last_host_node, rest, xa, path), lambda: self.b.insert_host(
+            mb.last_host_node, rest, xb, path))
+        compare("insert_host.(prefix_len,total_len,host_insert_dropped)",
+                (ra.prefix_len, ra.total_len, bool(ra.host_insert_dropped)),
+                (rb.prefix_len, rb.total_len, bool(rb.host_insert_dropped)))
+        if ra.inserted_host_node is None or rb.inserted_host_node is None:
+            compare("insert_host.inserted_host_node", ra.inserted_host_node,
+                    rb.inserted_host_node)
+        else:
+            self.bind_node("insert_host.inserted_host_node", ra.inserted_host_node,
+                           rb.inserted_host_node)
+        k = n if ra.host_insert_dropped else ra.prefix_len
+        self._both("insert_host.host_free", lambda: self.a.host_free(xa[:k]),
+                   lambda: self.b.host_free(xb[:k]))
+        self.stats["insert_host_dropped" if ra.host_insert_dropped else "insert_host_tokens"] += (
+            n if ra.host_insert_dropped else n - ra.prefix_len)
 
     def _alloc(self, what, n):
         xa, xb = self._both(what, lambda: self.a.alloc_slots(n), lambda: self.b.alloc_slots(n))
@@ -1028,6 +1127,8 @@ class Generator:
             return ("insert", self.key(), r.random() < 0.5, r.randrange(3))
         if kind == "match":
             return ("match", self.key(tail=True))
+        if kind == "insert_host":
+            return ("insert_host", self.key(), r.randint(1, 4), r.choice((0, 0, 1, 2, 4)))
         if kind == "lock":
             return ("lock", self.key(tail=True), r.randrange(2))
         if kind == "hlock":

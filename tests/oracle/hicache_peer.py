@@ -298,6 +298,32 @@ class SglHiCache:
     def evict(self, n):
         return self.cache.evict(self.S.EvictParams(num_tokens=n)).num_tokens_evicted
 
+    def host_alloc(self, n):
+        """``n`` host slots from the host pool (logged ``halloc``), or None."""
+        out = self.host_pool.alloc(n)
+        return None if out is None else out.tolist()
+
+    def host_free(self, slots):
+        if slots:
+            self.host_pool.free(self.torch.as_tensor(slots, dtype=self.torch.int64))
+
+    def insert_host(self, anchor, tokens, host_slots, path_tokens):
+        """The storage prefetch's refill as SGLang's ``_handle_prefetch_result`` runs
+        it: the tree's ``insert_host`` with the pages' storage hashes (SGLang's own
+        ``get_storage_hash_str`` over the whole path, so they are the hashes its
+        tree would compute), then the walk's cache actions (a split of a pending
+        backup). The caller frees the host slots the result leaves to it."""
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        P = self.page_size
+        hashes = get_storage_hash_str(self.key(path_tokens), None, page_size=P)
+        hashes = hashes[(len(path_tokens) - len(tokens)) // P:]
+        res = self.cache.tree_core.insert_host(
+            anchor, self.key(tokens), self.torch.as_tensor(host_slots, dtype=self.torch.int64),
+            hashes)
+        self.cache._apply_cache_actions(res.cache_actions)
+        return res
+
     # ------------------------------------------------------------ state views
     def write_queue(self):
         """Backups committed, not yet submitted: their ack ids, in queue order."""

@@ -42,7 +42,8 @@ BACKENDS = ("python", "rust")
 CONFIGS = ("p1-wt-lru", "p1-wt-lru-t10", "p4-wt-lru", "p2-wts-lru", "p2-wts-lru-t10",
            "p1-wt-lfu", "p4-wt-fifo", "p1-wb-lru", "p4-wb-lru", "p2-wb-lfu-t10")
 MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-host-evict",
-           "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop")
+           "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop",
+           "insert-host-as-write-back")
 
 
 def _env():
