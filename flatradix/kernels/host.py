@@ -35,13 +35,11 @@ from .layout import (
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
-from .children import find_child
 from .dups import dup_remove, dup_update
 from .order import fix, refresh_leaf
 from .state import has_room, need, node_id, resolve, tick
 from .tree import (
-    add_host_leaf, delete_host_leaf, delete_leaf, demote, edge_match_len, restore_device,
-    split_node,
+    add_host_leaf, delete_host_leaf, delete_leaf, demote, restore_device, walk_child,
 )
 
 #: Status: a plan / commit whose node is not in the state the step needs (a
@@ -548,13 +546,9 @@ def insert_host(nodes, ctab, pool, heap, meta, nid, key, host_value, n, ns, out,
     host_prefix = 0
     refilled = -1
     while length < n:
-        child = find_child(nodes, ctab, pool, node, ns, key, length, page)
+        child, m = walk_child(nodes, ctab, pool, heap, meta, node, ns, key, length, n, page)
         if child < 0:
             break
-        nodes[child, LAST_ACCESS] = tick(meta)
-        m = edge_match_len(nodes, pool, child, key, length, n, page)
-        if m < nodes[child, KEY_LEN]:
-            child = split_node(nodes, ctab, pool, heap, meta, child, m)
         fix(nodes, heap, meta, child)
         if not write_back:
             if not (nodes[child, FLAGS] & F_HAS_FULL_HOST):

@@ -5,7 +5,6 @@ from ._jit import helper, kernel
 from .actions import (
     A_ADOPTED, A_BACKUP, A_FREE_KV, A_STORED, MEDIUM_GPU, SRC_IN, SRC_POOL, acts_begin, emit,
 )
-from .children import find_child
 from .layout import (
     C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
     F_HAS_FULL_HOST, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
@@ -15,7 +14,7 @@ from .layout import (
 from .dups import dup_update
 from .order import fix
 from .state import has_room, need, node_id, tick
-from .tree import add_leaf, copy_values, edge_match_len, restore_device, split_node
+from .tree import add_leaf, copy_values, restore_device, walk_child
 
 
 #: ``insert``'s ``flags`` bits.
@@ -129,13 +128,9 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     node = ROOT
     length = 0
     while length < n:
-        child = find_child(nodes, ctab, pool, node, ns, key, length, page)
+        child, m = walk_child(nodes, ctab, pool, heap, meta, node, ns, key, length, n, page)
         if child < 0:
             break
-        nodes[child, LAST_ACCESS] = tick(meta)
-        m = edge_match_len(nodes, pool, child, key, length, n, page)
-        if m < nodes[child, KEY_LEN]:
-            child = split_node(nodes, ctab, pool, heap, meta, child, m)
         off = nodes[child, KEY_OFF]
         if priority > nodes[child, PRIORITY]:
             nodes[child, PRIORITY] = priority

@@ -9,7 +9,9 @@ eviction heap consistent.
 
 from ..components import full, mamba, swa
 from ._jit import helper
-from .children import add_child_entry, edge_page_key, remove_child_entry, repoint_child_entry
+from .children import (
+    add_child_entry, edge_page_key, find_child, remove_child_entry, repoint_child_entry,
+)
 from .layout import (
     CREATION, C_SWA, FIRST_CHILD, FLAGS, FULL, FULL_DEV, FULL_LOCK, F_ALIVE, F_HAS,
     F_HAS_FULL_DEV, F_HAS_FULL_HOST, F_HAS_SWA_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS,
@@ -129,6 +131,23 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
     nodes[child, LAST_ACCESS] = tick(meta)
     fix(nodes, heap, meta, child)
     return u
+
+
+@helper
+def walk_child(nodes, ctab, pool, heap, meta, node, ns, key, length, n, page):
+    """One step of an insert-style walk below ``node`` (``insert``,
+    ``insert_host``): the child whose edge starts with ``key[length:]``'s page,
+    touched with a fresh tick and split where ``key[:n]`` leaves its edge.
+    Returns ``(child, units matched)``, or ``(-1, 0)`` when no child matches.
+    Needs room for one split."""
+    child = find_child(nodes, ctab, pool, node, ns, key, length, page)
+    if child < 0:
+        return -1, 0
+    nodes[child, LAST_ACCESS] = tick(meta)
+    m = edge_match_len(nodes, pool, child, key, length, n, page)
+    if m < nodes[child, KEY_LEN]:
+        child = split_node(nodes, ctab, pool, heap, meta, child, m)
+    return child, m
 
 
 @helper
