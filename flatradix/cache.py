@@ -1022,7 +1022,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """The validated receipt's ``(skip mask, SWA boundary)`` (checks only)."""
         if receipt is None:
             if self._swa or self._mamba:
-                raise ReceiptError(f"{name}: an {'SWA' if self._swa else 'Mamba'} cache needs "
+                raise ReceiptError(f"{name}: {'an SWA' if self._swa else 'a Mamba'} cache needs "
                                    "the lock's receipt (the IncLockRefResult, or lock() / its "
                                    "TreeLock): it says which components the lock took")
             return 0, 0
@@ -1471,8 +1471,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def sanity_check(self):
         """Recompute every invariant (tree links, child table, lock counts, the
         evictable-leaf heap, size ledgers incl. evictable + protected == total,
-        free lists, pool accounting) in one kernel; with Mamba, that no state slot
-        is held by two nodes. Raises ``CacheInvariantError``
+        the free node-slot list, the accounting of the tree's own pool rows) in one
+        kernel; with Mamba, that no state slot is held by two nodes. The tree is
+        not compared with the allocators (a slot the tree holds but an allocator
+        lists as free, or a host slot on two nodes, is not seen here: the tests'
+        partition checks do that). Raises ``CacheInvariantError``
         (an ``AssertionError``) naming the failed check and node. O(tree)."""
         with self._mutex:
             code, slot = _k_check(*self._engine.st)

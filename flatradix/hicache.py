@@ -391,6 +391,10 @@ class HiCacheMixin:
         is freed. The caller frees ``host_value[:prefix_len]`` to
         ``mem_pool_host`` (all of it when dropped), as SGLang's controller does.
 
+        Not checked (no owner is kept per host slot, as ``insert``'s device
+        slots): a host slot the tree already holds; the host tier's slots are then
+        owned twice and a later host eviction fails in ``HostKVPool.free``.
+
         Errors, nothing changed: ``ValueError`` without a host tier, for a key
         that is not page-aligned or not in the anchor's namespace, a
         ``host_value`` of another length, a host slot outside the pool, not handed

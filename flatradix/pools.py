@@ -389,50 +389,88 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return True
 
     def set_mamba_ping_pong_slot(self, req, idx, value):
-        """Put a state slot into track entry ``idx`` of ``req``'s ping-pong buffer, or
-        empty the entry (``value == -1``; the caller frees its slot). SGLang's
-        name: the lazy extra buffer's scheduler fills the second entry at a track
-        boundary and empties the entry it stops tracking. ``value``: an int, or a
-        one-element slot array / tensor (``mamba_allocator.alloc(1)``'s answer or
-        its element). Sets ``mamba_ping_pong_track_buffer[idx]`` and
+        """Fill the empty track entry ``idx`` of ``req``'s ping-pong buffer with a
+        state slot, or empty a filled one (``value == -1``; the caller frees its
+        slot first). SGLang's name: the lazy extra buffer's scheduler fills the
+        second entry at a track boundary and empties the entry it stops tracking.
+        ``value``: an int, or a one-element slot array / tensor
+        (``mamba_allocator.alloc(1)``'s answer or its element), fresh from the
+        allocator. Sets ``mamba_ping_pong_track_buffer[idx]`` and
         ``mamba_ping_pong_empty[idx]``; allocates and frees nothing. O(1).
-        ``ValueError`` naming the argument, nothing changed: the request has no
-        buffer, ``idx`` is not an entry, the slot lies outside the state pool or
-        was not handed out, or it is the request's own slot or its other entry's."""
+
+        Refused before any change, naming the argument (``TypeError`` for a
+        non-int ``idx``, else ``ValueError``): the request has no buffer, ``idx``
+        is not an entry, filling an entry that holds a slot (its slot would be
+        lost: empty it first) or emptying an empty one, a slot outside the state
+        pool or not handed out, or the request's own slot or its other entry's.
+        Not checked (the pool keeps no owner per slot): a slot the tree or
+        another request holds."""
+        kv, buf, empty = self._track_buffer(req)
+        idx = self._entry(idx, "idx")
+        slot = self._one_slot(value, "value", allow_empty=True)
+        if slot == -1:
+            if empty[idx]:
+                raise ValueError(f"idx: track entry {idx} is empty already")
+        else:
+            if not empty[idx]:
+                raise ValueError(f"idx: track entry {idx} holds slot {int(buf[idx])}; free it "
+                                 "and empty the entry (value -1) first")
+            self._check_fresh(kv, buf, empty, idx, slot, "value")
+        buf[idx] = slot
+        empty[idx] = slot == -1
+
+    def _track_buffer(self, req):
+        """``(kv, buffer, empty flags)`` of ``req``'s ping-pong buffer, checked."""
         kv = getattr(req, "kv", req)
         buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
         if buf is None:
             raise ValueError("req.mamba_ping_pong_track_buffer is None: the request has no "
                              "track buffer (alloc_mamba gives it one)")
+        empty = getattr(kv, "mamba_ping_pong_empty", None)
         size = self.mamba_ping_pong_track_buffer_size
-        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < size:
-            raise ValueError(f"idx must be a track entry 0..{size - 1}, got {idx!r}")
-        idx = int(idx)
+        if not isinstance(empty, list) or len(empty) != size:
+            raise ValueError(f"req.mamba_ping_pong_empty must be a list of {size} bools, got "
+                             f"{empty!r}")
+        return kv, buf, empty
+
+    def _entry(self, idx, name):
+        size = self.mamba_ping_pong_track_buffer_size
+        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)):
+            raise TypeError(f"{name} must be an int track entry, got {type(idx).__name__}")
+        if not 0 <= idx < size:
+            raise ValueError(f"{name} must be a track entry 0..{size - 1}, got {idx}")
+        return int(idx)
+
+    def _one_slot(self, value, name, allow_empty=False):
+        """One state slot (an int, or a one-element array / tensor, 0-d included)."""
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             value = np.array([int(value)], dtype=np.int64)
         elif getattr(value, "ndim", None) == 0 and hasattr(value, "reshape"):
             value = value.reshape(1)  # a 0-d tensor (SGLang's form: new_slot[0])
-        v = as_int64(value, "value").reshape(-1)
+        v = as_int64(value, name).reshape(-1)
         if v.size != 1:
-            raise ValueError(f"value must be one state slot or -1, got {v.size} values")
+            raise ValueError(f"{name} must be one state slot{' or -1' if allow_empty else ''}, "
+                             f"got {v.size} values")
         slot = int(v[0])
-        if slot != -1:
-            alloc = self.mamba_allocator
-            if not 1 <= slot <= alloc.size:
-                raise ValueError(f"value: slot {slot} is outside the state pool [1, {alloc.size}]")
-            held = getattr(alloc, "is_held", None)
-            if callable(held) and not bool(held([slot])[0]):
-                raise ValueError(f"value: slot {slot} was not handed out by mamba_allocator")
-            own = getattr(kv, "mamba_pool_idx", None)
-            taken = {int(buf[p]) for p in range(size)
-                     if p != idx and not kv.mamba_ping_pong_empty[p]}
-            if own is not None:
-                taken.add(int(np.asarray(own).reshape(-1)[0]))
-            if slot in taken:
-                raise ValueError(f"value: slot {slot} is already the request's own state or "
-                                 "its other track entry")
-        buf[idx] = slot
-        kv.mamba_ping_pong_empty[idx] = slot == -1
+        if slot == -1 and allow_empty:
+            return slot
+        alloc = self.mamba_allocator
+        if not 1 <= slot <= alloc.size:
+            raise ValueError(f"{name}: slot {slot} is outside the state pool [1, {alloc.size}]")
+        held = getattr(alloc, "is_held", None)
+        if callable(held) and not bool(held([slot])[0]):
+            raise ValueError(f"{name}: slot {slot} was not handed out by mamba_allocator")
+        return slot
+
+    def _check_fresh(self, kv, buf, empty, idx, slot, name):
+        """``slot`` is neither the request's own slot nor another entry's."""
+        taken = {int(buf[p]) for p in range(len(empty)) if p != idx and not empty[p]}
+        own = getattr(kv, "mamba_pool_idx", None)
+        if own is not None:
+            taken.add(int(np.asarray(own).reshape(-1)[0]))
+        if slot in taken:
+            raise ValueError(f"{name}: slot {slot} is already the request's own state or its "
+                             "other track entry")
 
     def get_mamba_ping_pong_other_idx(self, idx):
         """The other entry of a 2-entry buffer (the same one of a 1-entry buffer)."""
@@ -444,17 +482,24 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return getattr(req, "kv", req).mamba_last_track_idx
 
     def donate_mamba_ping_pong_slot(self, req, new_slot):
-        """Hand the latest tracked entry's slot to the tree and put ``new_slot`` (a
-        1-element slot array) in its place; returns the donated slot (1-element
-        int64 array)."""
-        kv = getattr(req, "kv", req)
-        keep = kv.mamba_last_track_idx
-        new = as_int64(new_slot, "new_slot").reshape(-1)
-        if new.size != 1:
-            raise ValueError(f"new_slot must hold one state slot, got {new.size}")
-        donated = np.array([int(kv.mamba_ping_pong_track_buffer[keep])], dtype=np.int64)
-        kv.mamba_ping_pong_track_buffer[keep] = int(new[0])
-        kv.mamba_ping_pong_empty[keep] = False
+        """Hand the latest tracked entry's slot (``req.mamba_last_track_idx``) to the
+        tree and put ``new_slot`` (an int or a one-element slot array, fresh from
+        ``mamba_allocator``) in its place; returns the donated slot (1-element
+        int64 array). Refused before any change (``ValueError`` / ``TypeError``
+        naming the argument): an empty tracked entry, and ``new_slot`` as
+        ``set_mamba_ping_pong_slot`` refuses a value."""
+        kv, buf, empty = self._track_buffer(req)
+        keep = self._entry(kv.mamba_last_track_idx, "req.mamba_last_track_idx")
+        if empty[keep]:
+            raise ValueError(f"req.mamba_ping_pong_track_buffer[{keep}] is empty: no tracked "
+                             "state to donate")
+        slot = self._one_slot(new_slot, "new_slot")
+        self._check_fresh(kv, buf, empty, keep, slot, "new_slot")
+        if slot == int(buf[keep]):
+            raise ValueError(f"new_slot: slot {slot} is the entry's own (the donated state)")
+        donated = np.array([int(buf[keep])], dtype=np.int64)
+        buf[keep] = slot
+        empty[keep] = False
         return donated
 
     def clear(self):
@@ -484,14 +529,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
             idx = np.array([int(idx)], dtype=np.int64)
         elif getattr(idx, "ndim", None) == 0 and hasattr(idx, "reshape"):
             idx = idx.reshape(1)  # a 0-d tensor (SGLang's form: mid[0])
-        self.mamba_allocator.free(as_int64(idx, "req.mamba_pool_idx").reshape(-1))
-        kv.mamba_pool_idx = None
+        slots = as_int64(idx, "req.mamba_pool_idx").reshape(-1)
         buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
-        if self.enable_mamba_extra_buffer and buf is not None:
+        extra = self.enable_mamba_extra_buffer and buf is not None
+        if extra:
             empty = kv.mamba_ping_pong_empty
-            slots = [int(buf[p]) for p in range(len(buf)) if p != keep and not empty[p]]
-            if slots:
-                self.mamba_allocator.free(np.array(slots, dtype=np.int64))
+            entries = [int(buf[p]) for p in range(len(buf)) if p != keep and not empty[p]]
+            if entries:  # one batch: the allocator checks it whole before freeing any
+                slots = np.concatenate([slots, np.array(entries, dtype=np.int64)])
+        self.mamba_allocator.free(slots)
+        kv.mamba_pool_idx = None
+        if extra:
             kv.mamba_ping_pong_track_buffer = kv.mamba_ping_pong_empty = None
             kv.mamba_next_track_idx = kv.mamba_last_track_idx = None
             kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None

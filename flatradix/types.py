@@ -162,8 +162,9 @@ class InsertResult(NamedTuple):
     took ownership of (``n`` the page-aligned key length) — or ``{}`` when the
     insert adopted nothing; ``None`` without tracking and for an empty
     page-aligned key (both as SGLang 0.5.23).
-    ``inserted_host_node`` / ``host_insert_dropped``: ``insert_host`` only (the
-    host node holding the key's end; the refill was dropped).
+    ``total_len``, ``inserted_host_node``, ``host_insert_dropped``: ``insert_host``
+    only (the key's length, the host node holding its end, whether the refill
+    was dropped); ``insert`` leaves them at their defaults.
     """
 
     prefix_len: int = 0

@@ -1255,7 +1255,9 @@ def test_set_mamba_ping_pong_slot_refusals_change_nothing():
     stranger = env.ma.alloc(1)
     free = int(env.ma.alloc(1)[0])
     env.ma.free(np.array([free]))
-    for idx, value, msg in ((2, stranger, "track entry 0..1"), (True, stranger, "track entry"),
+    with pytest.raises(TypeError, match="idx must be an int"):
+        env.pool.set_mamba_ping_pong_slot(req, True, stranger)
+    for idx, value, msg in ((2, stranger, "track entry 0..1"),
                             (1, free, "not handed out"), (1, 0, "outside the state pool"),
                             (1, 99, "outside the state pool"), (1, own, "already the request"),
                             (1, e0, "already the request"), (1, np.array([1, 2]), "one state slot")):
@@ -1286,3 +1288,37 @@ def test_lazy_flag_refused_where_it_does_not_apply(pool_kw, cache_kw, msg):
                           **cache_kw)
     with pytest.raises(ValueError, match="needs ComponentType.MAMBA"):
         UnifiedRadixCache(page_size=16, enable_mamba_extra_buffer_lazy=True)
+
+
+def test_ping_pong_helpers_refuse_what_would_lose_or_share_a_slot():
+    # fresh-user findings: filling a filled entry lost its slot; donate checked
+    # nothing; free_mamba_cache freed the own slot before failing on an entry
+    env = LazyEnv()
+    req = env.admit(range(100))
+    own, e0 = int(req.mamba_pool_idx), int(req.mamba_ping_pong_track_buffer[0])
+    s = env.ma.alloc(1)
+    before = (req.mamba_ping_pong_track_buffer.tolist(), list(req.mamba_ping_pong_empty),
+              env.ma.available_size())
+    with pytest.raises(ValueError, match="holds slot"):
+        env.pool.set_mamba_ping_pong_slot(req, 0, s)
+    with pytest.raises(ValueError, match="empty already"):
+        env.pool.set_mamba_ping_pong_slot(req, 1, -1)
+    with pytest.raises(TypeError, match="idx"):
+        env.pool.set_mamba_ping_pong_slot(req, "1", s)
+    for bad, msg in ((np.array([-1]), "outside"), (np.array([999]), "outside"),
+                     (own, "already the request"), (e0, "entry's own")):
+        with pytest.raises(ValueError, match=msg):
+            env.pool.donate_mamba_ping_pong_slot(req, bad)
+    req.mamba_ping_pong_empty = tuple(req.mamba_ping_pong_empty)
+    with pytest.raises(ValueError, match="mamba_ping_pong_empty must be a list"):
+        env.pool.set_mamba_ping_pong_slot(req, 1, s)
+    req.mamba_ping_pong_empty = list(req.mamba_ping_pong_empty)
+    assert (req.mamba_ping_pong_track_buffer.tolist(), list(req.mamba_ping_pong_empty),
+            env.ma.available_size()) == before
+    assert env.pool.donate_mamba_ping_pong_slot(req, int(s[0])).tolist() == [e0]  # an int works
+    env.ma.free(np.array([e0]))
+    # an entry freed elsewhere: the whole free is refused, the own slot kept
+    env.ma.free(req.mamba_ping_pong_track_buffer[0:1])
+    with pytest.raises(ValueError, match="double free"):
+        env.pool.free_mamba_cache(req)
+    assert req.mamba_pool_idx == own and env.ma.is_held([own])[0]
