@@ -47,7 +47,8 @@ class HostKVPool:
     """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
     ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
     ``n`` are free, ``free(indices)`` (O(freed); ``ValueError``, nothing freed, for
-    a slot not handed out or given twice), ``available_size()``, ``clear()``.
+    a slot not handed out or given twice), ``all_held(idx)`` (that check
+    alone), ``available_size()``, ``clear()``.
     Slots are handed out lowest first after a ``clear``."""
 
     def __init__(self, size):
@@ -73,13 +74,19 @@ class HostKVPool:
         k = idx.shape[0]
         if k == 0:
             return
-        if (idx.min() < 0 or idx.max() >= self.size or not self._held[idx].all()
-                or np.unique(idx).shape[0] != k):
+        if not self.all_held(idx):
             raise ValueError(f"indices: host slots outside 0..{self.size - 1}, not handed out, "
                              "or given twice (a double free); nothing freed")
         self._held[idx] = False
         self._free[self._n:self._n + k] = idx[::-1]
         self._n += k
+
+    def all_held(self, idx):
+        """Whether every slot of the int64 array ``idx`` lies in the pool, is handed
+        out, and appears once. O(len(idx) log len(idx))."""
+        return bool(idx.shape[0] == 0 or (
+            idx.min() >= 0 and idx.max() < self.size and self._held[idx].all()
+            and np.unique(idx).shape[0] == idx.shape[0]))
 
     def clear(self):
         self._free[:] = np.arange(self.size - 1, -1, -1, dtype=np.int64)
@@ -413,8 +420,7 @@ class HiCacheMixin:
             raise ValueError(f"host_value must be 1-D with one host slot per key unit ({n}), "
                              f"got shape {tuple(host.shape)}")
         pool = self._host
-        if n and (host.min() < 0 or host.max() >= pool.size or not pool._held[host].all()
-                  or np.unique(host).shape[0] != n):
+        if not pool.all_held(host):
             raise ValueError(f"host_value: host slots must lie in 0..{pool.size - 1}, be handed "
                              "out by mem_pool_host and be distinct")
         if hash_value is not None:

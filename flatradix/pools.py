@@ -22,6 +22,7 @@ from .kernels.slots import E_REPEATED as _S_REPEATED
 from .kernels.slots import slots_alloc as _k_alloc
 from .kernels.slots import slots_first_unheld as _k_first_unheld
 from .kernels.slots import slots_free as _k_free
+from .values import one_slot
 
 
 def _torch():
@@ -442,16 +443,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return int(idx)
 
     def _one_slot(self, value, name, allow_empty=False):
-        """One state slot (an int, or a one-element array / tensor, 0-d included)."""
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            value = np.array([int(value)], dtype=np.int64)
-        elif getattr(value, "ndim", None) == 0 and hasattr(value, "reshape"):
-            value = value.reshape(1)  # a 0-d tensor (SGLang's form: new_slot[0])
-        v = as_int64(value, name).reshape(-1)
-        if v.size != 1:
-            raise ValueError(f"{name} must be one state slot{' or -1' if allow_empty else ''}, "
-                             f"got {v.size} values")
-        slot = int(v[0])
+        """One state slot (``values.one_slot``: an int, or a one-element array /
+        tensor, 0-d included) in the pool and handed out (-1 too when
+        ``allow_empty``)."""
+        slot = one_slot(value, name, "state slot" + (" or -1" if allow_empty else ""))
         if slot == -1 and allow_empty:
             return slot
         alloc = self.mamba_allocator

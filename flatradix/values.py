@@ -220,11 +220,11 @@ class ValueBridge:
         return np.asarray(out.cpu() if hasattr(out, "cpu") else out, dtype=np.int64)
 
 
-def one_slot(value, name):
+def one_slot(value, name, what="Mamba state slot"):
     """The one int of a state slot given as an int, a 0-d integer tensor / array
     (SGLang's ``HybridReqToTokenPool.alloc`` stores ``mamba_pool_idx = mid[0]``) or
     a 1-element one (``mamba_allocator.alloc(1)``). ``TypeError`` / ``ValueError``
-    naming ``name``."""
+    naming ``name`` (the size error says ``what`` it must hold)."""
     from ._cast import as_int64
 
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -233,7 +233,7 @@ def one_slot(value, name):
         value = value.reshape(1)
     arr = as_int64(value, name).reshape(-1)
     if arr.size != 1:
-        raise ValueError(f"{name} must hold exactly one Mamba state slot, got {arr.size}")
+        raise ValueError(f"{name} must hold exactly one {what}, got {arr.size}")
     return int(arr[0])
 
 
