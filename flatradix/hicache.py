@@ -37,6 +37,9 @@ from .kernels.evict import evict_end as _k_evict_end
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
 from .kernels.query import resolve_slot as _k_resolve
+from .kernels.slots import slots_alloc as _k_slots_alloc
+from .kernels.slots import slots_first_unheld as _k_slots_first_unheld
+from .kernels.slots import slots_free as _k_slots_free
 
 _EMPTY = np.empty(0, dtype=np.int64)
 #: Largest host pool (tokens), as the device pools' bound.
@@ -46,16 +49,17 @@ MAX_HOST_SIZE = 1 << 40
 class HostKVPool:
     """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
     ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
-    ``n`` are free, ``free(indices)`` (O(freed); ``ValueError``, nothing freed, for
-    a slot not handed out or given twice), ``all_held(idx)`` (that check
-    alone), ``available_size()``, ``clear()``.
-    Slots are handed out lowest first after a ``clear``."""
+    ``n`` are free, ``free(indices)`` (O(freed), one kernel pass; ``ValueError``,
+    nothing freed, for a slot outside the pool, not handed out or given twice),
+    ``all_held(idx)`` (that check alone), ``available_size()``, ``clear()``.
+    Slots are handed out lowest first after a ``clear``; a freed batch is handed
+    out again first-freed first. The free stack and the free marks are
+    ``kernels/slots.py``'s, shared with ``TokenToKVPoolAllocator`` (valid slots
+    ``0..size-1`` here)."""
 
     def __init__(self, size):
         self.size = as_count(size, "size")
-        self._free = np.arange(self.size - 1, -1, -1, dtype=np.int64)
-        self._n = self.size
-        self._held = np.zeros(self.size, dtype=bool)
+        self.clear()
 
     def available_size(self):
         return self._n
@@ -64,34 +68,35 @@ class HostKVPool:
         n = as_count(n, "n")
         if n > self._n:
             return None
-        out = self._free[self._n - n:self._n][::-1].copy()
-        self._n -= n
-        self._held[out] = True
+        out = np.empty(n, dtype=np.int64)
+        if n:
+            _k_slots_alloc(self._free, self._n, self._mark, out)
+            self._n -= n
         return out
 
     def free(self, indices):
         idx = np.asarray(indices, dtype=np.int64).ravel()
+        if not (idx.flags.c_contiguous and idx.flags.writeable):
+            idx = idx.copy()  # the kernel's one array type
         k = idx.shape[0]
         if k == 0:
             return
-        if not self.all_held(idx):
+        code, _ = _k_slots_free(self._free, self._n, self._mark, idx, 0, self.size - 1, True)
+        if code != 0:
             raise ValueError(f"indices: host slots outside 0..{self.size - 1}, not handed out, "
                              "or given twice (a double free); nothing freed")
-        self._held[idx] = False
-        self._free[self._n:self._n + k] = idx[::-1]
         self._n += k
 
     def all_held(self, idx):
         """Whether every slot of the int64 array ``idx`` lies in the pool, is handed
-        out, and appears once. O(len(idx) log len(idx))."""
-        return bool(idx.shape[0] == 0 or (
-            idx.min() >= 0 and idx.max() < self.size and self._held[idx].all()
-            and np.unique(idx).shape[0] == idx.shape[0]))
+        out, and appears once. O(len(idx)), one kernel pass."""
+        return idx.shape[0] == 0 or _k_slots_first_unheld(self._mark, idx, 0, self.size - 1)[0] == 0
 
     def clear(self):
-        self._free[:] = np.arange(self.size - 1, -1, -1, dtype=np.int64)
+        # Free stack, top at the end (slot 0 on top); mark[s] == 1 <=> slot s free.
+        self._free = np.arange(self.size - 1, -1, -1, dtype=np.int64)
+        self._mark = np.ones(self.size, dtype=np.uint8)
         self._n = self.size
-        self._held[:] = False
 
 
 class HiCacheMixin:

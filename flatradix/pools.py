@@ -126,7 +126,7 @@ class TokenToKVPoolAllocator:
         if n == 0:
             return
         with self._lock:
-            code, bad = _k_free(self._stack, self._top, self._mark, idx, self.size)
+            code, bad = _k_free(self._stack, self._top, self._mark, idx, 1, self.size, False)
             if code == 0:
                 self._top += n
                 return
@@ -142,7 +142,7 @@ class TokenToKVPoolAllocator:
         ``1..size`` (code 1), free (code 2) or a repeat of an earlier entry (code 3);
         ``(0, -1)`` when all are distinct held slots. O(len), one kernel (the cache
         checks a request's row with it before changing anything)."""
-        return _k_first_unheld(self._mark, idx, self.size)
+        return _k_first_unheld(self._mark, idx, 1, self.size)
 
     def is_free(self, indices):
         """Boolean mask (same length): which of ``indices`` are free. Slot 0 (padding)

@@ -355,6 +355,20 @@ def test_host_pool_refuses_a_double_free():
     assert p.available_size() == 4
 
 
+def test_host_pool_free_refuses_a_bad_batch_whole_and_keeps_its_order():
+    p = HostKVPool(6)
+    a = p.alloc(4)                                   # 0 1 2 3
+    for bad in ([1, 6], [1, -1], [2, 3, 2], [3, 4]):  # outside, outside, repeated, not held
+        with pytest.raises(ValueError, match="nothing freed"):
+            p.free(np.array(bad))
+        assert p.available_size() == 2
+        assert p.all_held(a) and not p.all_held(np.array(bad))
+    p.free(np.array([2, 0]))                          # handed out again first-freed first
+    assert p.alloc(3).tolist() == [2, 0, 4]
+    p.free(a[1::2][::-1])                             # a strided view is freed as given
+    assert p.alloc(2).tolist() == [3, 1]
+
+
 # ---------------------------------------------------------------------- the request path
 @pytest.mark.parametrize("page_size,policy", [(1, "write_through"), (8, "write_through"),
                                               (1, "write_back"), (8, "write_back")])

@@ -1,7 +1,9 @@
-"""KV-slot allocator kernels (``flatradix.pools.TokenToKVPoolAllocator``).
+"""Slot allocator kernels (``flatradix.pools.TokenToKVPoolAllocator``, slots
+``1..size``, and ``flatradix.hicache.HostKVPool``, slots ``0..size-1``).
 
 ``stack[:top]`` holds the free slots (the top is the end); ``mark[s] == 1`` iff
-slot ``s`` is free. One pass each, O(slots moved), never O(pool).
+slot ``s`` is free. Valid slots are ``lo..hi`` (inclusive). One pass each,
+O(slots moved), never O(pool).
 """
 
 from ._jit import kernel
@@ -13,14 +15,16 @@ E_REPEATED = 3    # a slot given twice in one call
 
 
 @kernel
-def slots_free(stack, top, mark, idx, size):
-    """Push ``idx`` onto the free stack. Returns ``(status, bad_slot)``; on an error
-    nothing is freed (marks set so far are undone)."""
+def slots_free(stack, top, mark, idx, lo, hi, reverse):
+    """Push ``idx`` onto the free stack (``idx[-1]`` on top, or ``idx[0]`` with
+    ``reverse``: the host pool's order). Returns ``(status, bad_slot)``; on an
+    error nothing is freed (marks set so far are undone; stack entries above
+    ``top`` may be overwritten, which frees nothing)."""
     n = idx.shape[0]
     for i in range(n):
         s = idx[i]
         code = OK
-        if s < 1 or s > size:
+        if s < lo or s > hi:
             code = E_RANGE
         elif mark[s]:
             code = E_DOUBLE
@@ -33,14 +37,17 @@ def slots_free(stack, top, mark, idx, size):
                 mark[idx[j]] = 0
             return code, s
         mark[s] = 1
-        stack[top + i] = s
+        if reverse:
+            stack[top + n - 1 - i] = s
+        else:
+            stack[top + i] = s
     return OK, 0
 
 
 @kernel
-def slots_first_unheld(mark, idx, size):
+def slots_first_unheld(mark, idx, lo, hi):
     """First entry of ``idx`` that is not a distinct held slot: ``(E_RANGE, i)``
-    outside ``1..size``, ``(E_DOUBLE, i)`` free, ``(E_REPEATED, i)`` given earlier
+    outside ``lo..hi``, ``(E_DOUBLE, i)`` free, ``(E_REPEATED, i)`` given earlier
     in ``idx``; ``(OK, -1)`` when all are distinct held slots. Two passes; held
     slots are marked 2 during the first and restored to 0 before returning (the
     kernel holds the GIL, so no other thread sees the marks)."""
@@ -49,7 +56,7 @@ def slots_first_unheld(mark, idx, size):
     n = 0
     for i in range(idx.shape[0]):
         s = idx[i]
-        if s < 1 or s > size:
+        if s < lo or s > hi:
             code = E_RANGE
         elif mark[s] == 1:
             code = E_DOUBLE
