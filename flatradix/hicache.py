@@ -34,6 +34,7 @@ from .executor import execute
 from .kernels import host as K
 from .kernels import layout as L
 from .kernels.evict import evict_end as _k_evict_end
+from .kernels.lock import dec_lock_ref as _k_dec
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
 from .kernels.query import resolve_slot as _k_resolve
@@ -170,7 +171,7 @@ class HiCacheMixin:
             self._engine.enable_host(L.HOST_POLICY_NAMES.index(policy),
                                      self.write_through_threshold)
             self.ongoing_write_through = {}   # ack id (the node's id) -> node id
-            self.ongoing_load_back = {}       # anchor node id -> (device, host) lock receipts
+            self.ongoing_load_back = {}       # anchor node id -> its host-lock stamp (0: none)
             self._write_queue = []            # backups committed, not yet submitted
             self._write_acks = deque()        # submitted backups: one list of ack ids each
             self._load_queue = []             # loads committed, not yet submitted
@@ -363,10 +364,10 @@ class HiCacheMixin:
             raise TypeError(f"params.component_host_lock_uuids[FULL] must be an int stamp, "
                             f"got {type(stamp).__name__}")
         with self._mutex:
-            self._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
             if not stamp or self._host is None:
+                self._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
                 return DecLockRefResult()
-            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp))
+            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp))  # checks the id too
         if st == L.E_STALE:
             raise self._stale(nid)
         if st != L.OK:
@@ -506,18 +507,16 @@ class HiCacheMixin:
                 if st == L.E_STALE:
                     raise self._stale(nid, "node")
                 return 0
-            hlock = self.inc_host_lock_ref(nid)
-            lock = self.inc_lock_ref(nid)
+            # both pins in one kernel (what inc_host_lock_ref + inc_lock_ref take)
+            st, delta, stamp = K.load_lock(*eng.st, nid)
             if (units < max(1, self.load_back_threshold)
-                    or (mem_quota is not None and units + lock.delta > mem_quota)):
-                self.dec_lock_ref(nid, lock.to_dec_params())
-                self.dec_host_lock_ref(nid, hlock)
+                    or (mem_quota is not None and units + delta > mem_quota)):
+                self._load_unpin(nid, stamp)
                 return 0
             host = eng.out[:units].copy()
             alloc = self.token_to_kv_pool_allocator
             if alloc is None:
-                self.dec_lock_ref(nid, lock.to_dec_params())
-                self.dec_host_lock_ref(nid, hlock)
+                self._load_unpin(nid, stamp)
                 raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
                                  "device slots")
             avail = alloc.available_size()
@@ -525,8 +524,7 @@ class HiCacheMixin:
                 self.evict(units - avail)
             dev = alloc.alloc(units) if alloc.available_size() >= units else None
             if dev is None:
-                self.dec_lock_ref(nid, lock.to_dec_params())
-                self.dec_host_lock_ref(nid, hlock)
+                self._load_unpin(nid, stamp)
                 return 0
             if hasattr(dev, "cpu"):  # a torch tensor
                 dev = dev.cpu().numpy()
@@ -537,15 +535,24 @@ class HiCacheMixin:
                 except Exception:
                     # nothing committed: the slots and the locks go back
                     self._vals.free(dev)
-                    self.dec_lock_ref(nid, lock.to_dec_params())
-                    self.dec_host_lock_ref(nid, hlock)
+                    self._load_unpin(nid, stamp)
                     raise
             st, _ = eng.call(K.load_commit, nid, dev, nid)
             assert st == L.OK, st
             execute(eng.actions(), eng.out, None, None, self._sink)
-            self.ongoing_load_back[nid] = (lock, hlock)
+            self.ongoing_load_back[nid] = stamp
             self._load_queue.append(nid)
             return units
+
+    def _load_unpin(self, nid, stamp):
+        """Undo ``load_lock(nid)`` (a load that is not committed): the Full path lock,
+        then the host lock ``stamp``. Under the cache lock."""
+        eng = self._engine
+        st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, 0)
+        assert st == L.OK, (st, x)
+        if stamp:
+            st, _ = K.host_unlock(*eng.st, nid, stamp)
+            assert st == L.OK, st
 
     def ready_to_load_host_cache(self):
         """Submit the committed loads as one transfer with one ack (SGLang
@@ -571,11 +578,26 @@ class HiCacheMixin:
             eng = self._engine
             for _ in range(k):
                 for nid in self._load_acks.popleft():
-                    lock, hlock = self.ongoing_load_back.pop(nid)
-                    st, _ = K.load_ack(*eng.st, nid, nid)
-                    assert st == L.OK, st
-                    self.dec_lock_ref(nid, lock.to_dec_params())
-                    self.dec_host_lock_ref(nid, hlock)
+                    stamp = self.ongoing_load_back.pop(nid)
+                    # the ack, the path lock's and the host lock's release, in one kernel
+                    st, x = K.load_finish(*eng.st, nid, nid, stamp)
+                    if st != L.OK:
+                        self._load_finish_error(nid, st, x)
+
+    def _load_finish_error(self, nid, st, x):
+        # The load's own pins were released by some other call (a caller's unlock
+        # too many): its mark is cleared and its ack is gone, as the separate
+        # releases left it before; the error says which.
+        eng = self._engine
+        assert st != K.E_HOST_STATE and st != L.E_STALE, st
+        K.load_ack(*eng.st, nid, nid)
+        if x < 0:  # the path lock held: release it, as before the host lock's check
+            _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, 0)
+        else:
+            raise LockRefError(f"loading_check: the load-back's path lock on node {nid} was "
+                               "released by another call (an unlock too many)")
+        raise LockRefError(f"loading_check: the load-back's host lock on node {nid} was "
+                           "released by another call (a dec_host_lock_ref too many)")
 
     # ------------------------------------------------------------------ write-back
     def _write_back_backup(self, nid):

@@ -954,6 +954,43 @@ def test_a_failed_load_copy_gives_the_slots_and_locks_back():
     check_partition(cache, alloc, cache.mem_pool_host)
 
 
+def test_loading_check_after_a_caller_released_the_loads_own_pins():
+    """A load-back holds a device path lock and a host lock on its node until its
+    ack. When a caller's unlock too many takes one of them, loading_check says
+    which (LockRefError), still clears the load (no node stays "loading") and
+    releases the other pin; the ledgers come back to the same figures as
+    without the stray release."""
+    from flatradix import LockRefError
+
+    for stolen in ("device", "host"):
+        cache, alloc = make()
+        put(cache, alloc, range(10))
+        cache.check_hicache_events()
+        cache.evict(10)
+        m = match(cache, range(10))
+        node = m.best_match_node
+        assert cache.init_load_back(LoadParams(node, 10)) == (10, node)
+        assert cache.protected_size() == 10   # the load's path lock
+        if stolen == "device":
+            cache.dec_lock_ref(node)          # the load's own lock, released by a caller
+            assert cache.protected_size() == 0
+        else:
+            # the host-lock stamp is the load's: a receipt with the same stamp
+            stamp = cache.inc_host_lock_ref(node)
+            cache.dec_host_lock_ref(node, stamp)
+            cache.dec_host_lock_ref(node, stamp)   # one too many: the load's pin
+        cache.ready_to_load_host_cache()
+        with pytest.raises(LockRefError, match="path lock" if stolen == "device" else "host lock"):
+            cache.loading_check()
+        assert cache.ongoing_load_back == {} and cache.protected_size() == 0
+        assert cache.evictable_size() == 10
+        if stolen == "device":  # the host lock stays held (it was not released)
+            assert cache.host_evictable_size() == 0
+        # the node is no longer loading: it can be demoted and evicted from the host
+        assert cache.evict(10).num_tokens_evicted == 10
+        cache.sanity_check()
+
+
 def test_a_failed_backup_in_cache_finished_req_still_finishes_the_request():
     from flatradix import Req, ReqToTokenPool
 

@@ -281,6 +281,13 @@ def load_ack(nodes, ctab, pool, heap, meta, nid, load_id):
         return E_STALE, 0
     if nodes[s, LOAD_PENDING] != load_id or load_id <= 0:
         return E_HOST_STATE, 0
+    return OK, _clear_load(nodes, heap, meta, s, load_id)
+
+
+@helper
+def _clear_load(nodes, heap, meta, s, load_id):
+    """Clear load mark ``load_id`` from slot ``s`` and the ancestors carrying it
+    (each a duplicate now: the host copy stays). Returns the nodes cleared."""
     k = 0
     a = s
     while a != ROOT and nodes[a, LOAD_PENDING] == load_id:
@@ -289,7 +296,50 @@ def load_ack(nodes, ctab, pool, heap, meta, nid, load_id):
         dup_update(nodes, meta, a)  # the host copy stays: a duplicate now
         k += 1
         a = nodes[a, PARENT]
-    return OK, k
+    return k
+
+
+@kernel
+def load_lock(nodes, ctab, pool, heap, meta, nid):
+    """The two pins a load-back holds until its ack (``inc_host_lock_ref`` and the
+    Full path lock of ``inc_lock_ref``, Full-only caches: the host tier's), in
+    one call. Returns ``(status, delta, stamp)``: ``delta`` the Full units moved
+    evictable -> protected, ``stamp`` the host-lock boundary (0: nothing
+    host-locked, as ``host_lock``). ``E_STALE`` for a dead id, nothing changed."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0, 0
+    stamp = _host_lock(nodes, heap, meta, s)
+    delta = full.acquire_component_lock(nodes, heap, meta, s)
+    return OK, delta, stamp
+
+
+@kernel
+def load_finish(nodes, ctab, pool, heap, meta, nid, load_id, stamp):
+    """``load_ack(nid, load_id)``, then the release of what ``load_lock(nid)``
+    took: the Full path lock and the host-lock segment up to ``stamp`` (0: none).
+    All three are checked before any change. Returns ``(status, slot)``:
+    ``E_STALE``; ``E_HOST_STATE`` (``load_id`` not pending on ``nid``);
+    ``E_NOT_ANCHORED`` / ``E_LOCK_UNDERFLOW`` with the node slot, the path lock
+    (released elsewhere); ``E_NO_BOUNDARY`` / ``E_LOCK_UNDERFLOW`` with slot -1,
+    the host lock."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    if nodes[s, LOAD_PENDING] != load_id or load_id <= 0:
+        return E_HOST_STATE, 0
+    st, bad = full.check_release(nodes, s)
+    if st != OK:
+        return st, bad
+    k = 0
+    if stamp != 0:
+        st, k = _host_unlock_check(nodes, s, stamp)
+        if st != OK:
+            return st, -1
+    _clear_load(nodes, heap, meta, s, load_id)
+    full.release_component_lock(nodes, heap, meta, s)
+    _host_unlock_apply(nodes, heap, meta, s, k)
+    return OK, 0
 
 
 @helper
@@ -456,14 +506,19 @@ def host_lock(nodes, ctab, pool, heap, meta, nid):
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
+    return OK, _host_lock(nodes, heap, meta, s)
+
+
+@helper
+def _host_lock(nodes, heap, meta, s):
     if not (nodes[s, FLAGS] & F_HAS_FULL_HOST) and meta[M_HOST] != HOST_WRITE_BACK:
-        return OK, 0  # nothing to pin (write-back pins any anchor, the root too, as SGLang)
+        return 0  # nothing to pin (write-back pins any anchor, the root too, as SGLang)
     if nodes[s, HOST_UUID] == 0:
         nodes[s, HOST_UUID] = meta[M_HOST_UUID_NEXT]
         meta[M_HOST_UUID_NEXT] += 1
     nodes[s, FULL_HOST_LOCK] += 1
     refresh_leaf(nodes, heap, meta, s)
-    return OK, nodes[s, HOST_UUID]
+    return nodes[s, HOST_UUID]
 
 
 @kernel
@@ -476,6 +531,18 @@ def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
+    st, k = _host_unlock_check(nodes, s, stamp)
+    if st != OK:
+        return st, 0
+    _host_unlock_apply(nodes, heap, meta, s, k)
+    return OK, k
+
+
+@helper
+def _host_unlock_check(nodes, s, stamp):
+    """``(OK, k)``: the host-lock segment from slot ``s`` up to boundary ``stamp``
+    has ``k`` nodes, each holding a host lock; else ``(E_LOCK_UNDERFLOW, 0)`` or
+    ``(E_NO_BOUNDARY, 0)``."""
     k = 0
     a = s
     while True:
@@ -483,16 +550,19 @@ def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
             return E_LOCK_UNDERFLOW, 0
         k += 1
         if nodes[a, HOST_UUID] == stamp:
-            break
+            return OK, k
         if a == ROOT:
             return E_NO_BOUNDARY, 0
         a = nodes[a, PARENT]
+
+
+@helper
+def _host_unlock_apply(nodes, heap, meta, s, k):
     a = s
     for _ in range(k):
         nodes[a, FULL_HOST_LOCK] -= 1
         refresh_leaf(nodes, heap, meta, a)
         a = nodes[a, PARENT]
-    return OK, k
 
 
 @kernel
