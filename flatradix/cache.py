@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 from . import inspection
-from ._cast import as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
+from ._cast import _NID_END, _NID_MIN, as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
 from .engine import Engine, node_id
 from .errors import CacheInvariantError, LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
@@ -42,12 +42,13 @@ from .hicache import HiCacheMixin
 from .requests import RequestCachingMixin
 from .values import ValueBridge, is_swa_allocator
 from .types import (
-    ComponentType, DecLockRefResult, EvictParams, EvictResult, EvictStep,
+    ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult, EvictStep,
     IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams, MatchResult,
     RadixKey, TreeLock,
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_PLAIN_RECEIPTS = (IncLockRefResult, DecLockRefParams)
 _tuple_new = tuple.__new__
 _TRACK = 1  # kernels/insert.py: TRACK_ADOPTED
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
@@ -356,6 +357,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         self.disable = as_flag(disable, "disable")
         self.enable_kv_cache_events = (as_flag(enable_kv_cache_events, "enable_kv_cache_events")
                                        and not self.disable)
+        # a Full-only, enabled cache: lock / unlock take their short path (no receipt parts)
+        self._plain_locks = not (self._swa or self._mamba or self.disable)
         self._mutex = threading.RLock()
         self._vals = ValueBridge(token_to_kv_pool_allocator)
         if self._mamba:
@@ -1073,26 +1076,37 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         A disabled cache locked nothing: it returns at once. O(depth).
         """
         nid = as_node_id(node, "node")
-        skip_swa = as_flag(skip_swa, "skip_swa") if skip_swa is not False else False
-        if self.disable:        # nothing was locked (SGLang returns at once too)
-            return DecLockRefResult()
-        skip_mask, boundary = self._receipt(nid, receipt) if (
-            receipt is not None or self._swa or self._mamba) else (0, 0)
+        if self._plain_locks and skip_swa is False and (receipt is None or (
+                type(receipt) in _PLAIN_RECEIPTS and receipt.node_id == nid
+                and not receipt.skipped_lock_components)):
+            skip_mask, boundary = 0, 0   # Full-only: what _receipt would return
+        else:
+            skip_swa = as_flag(skip_swa, "skip_swa") if skip_swa is not False else False
+            if self.disable:        # nothing was locked (SGLang returns at once too)
+                return DecLockRefResult()
+            skip_mask, boundary = self._receipt(nid, receipt) if (
+                receipt is not None or self._swa or self._mamba) else (0, 0)
         if skip_swa:
             skip_mask |= self._early_mask
         st_ = self._engine.st
         with self._mutex:
             st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
-            if st == L.E_NOT_ANCHORED:
-                slot = int(x)
-                raise LockRefError(f"no lock is anchored at node {nid}: its lock_ref="
-                                   f"{int(st_.nodes[slot, L.FULL_LOCK])} is held by locks on its "
-                                   "descendants (release the node that was locked)")
-            if st == L.E_LOCK_UNDERFLOW:
-                self._raise_underflow(int(x), nid)
-        if st == L.E_STALE:
-            raise self._stale(nid)
+            if st != L.OK:
+                self._dec_error(st, x, nid)
         return DecLockRefResult()
+
+    def _dec_error(self, st, x, nid):
+        """Raise what the lock kernel's refusal ``(st, x)`` of a release on ``nid`` means
+        (nothing was changed). Under the cache lock."""
+        if st == L.E_NOT_ANCHORED:
+            slot = int(x)
+            raise LockRefError(f"no lock is anchored at node {nid}: its lock_ref="
+                               f"{int(self._engine.st.nodes[slot, L.FULL_LOCK])} is held by "
+                               "locks on its descendants (release the node that was locked)")
+        if st == L.E_LOCK_UNDERFLOW:
+            self._raise_underflow(int(x), nid)
+        assert st == L.E_STALE, st
+        raise self._stale(nid)
 
     def _raise_underflow(self, slot, nid, what="segment release", name=None, comp=None):
         nodes = self._engine.st.nodes
@@ -1115,6 +1129,15 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """``inc_lock_ref`` packed as SGLang's ``TreeLock(node, receipt)`` for ``unlock``
         and ``release_swa``. Errors as ``inc_lock_ref``."""
         nid = as_node_id(node, "node")
+        if self._plain_locks and type(skip_lock_components) is tuple and not skip_lock_components:
+            # Full-only: the receipt holds nothing but the node (what inc_lock_ref's
+            # to_dec_params() would give), so skip building the IncLockRefResult
+            st_ = self._engine.st
+            with self._mutex:
+                st, _, _ = _k_inc(st_.nodes, st_.heap, st_.meta, nid, 0)
+            if st == L.E_STALE:
+                raise self._stale(nid)
+            return TreeLock(nid, DecLockRefParams(nid, (), {}, {}))
         return TreeLock(nid, self.inc_lock_ref(nid, skip_lock_components).to_dec_params())
 
     def unlock(self, lock):
@@ -1124,7 +1147,19 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             return
         if not isinstance(lock, TreeLock):
             raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(lock).__name__}")
-        self.dec_lock_ref(lock.node, lock.receipt, skip_swa=lock.swa_released)
+        rec = lock.receipt
+        nid = lock.node
+        if (self._plain_locks and type(rec) is DecLockRefParams and type(nid) is int
+                and rec.node_id == nid and not rec.skipped_lock_components
+                and lock.swa_released is False and _NID_MIN <= nid < _NID_END):
+            # Full-only, a plain receipt: what dec_lock_ref would check reduces to this
+            st_ = self._engine.st
+            with self._mutex:
+                st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, 0, 0)
+                if st != L.OK:
+                    self._dec_error(st, x, nid)
+            return
+        self.dec_lock_ref(nid, rec, skip_swa=lock.swa_released)
 
     def release_swa(self, lock):
         """Release the SWA window part of ``lock`` early, once (SGLang ``release_swa``):
