@@ -29,7 +29,9 @@ import numpy as np
 
 from ._cast import as_count, as_flag, as_int, as_int64, as_node_id
 from .errors import LockRefError
-from .types import ComponentType, DecLockRefResult, IncLockRefResult, InsertResult
+from .types import (
+    ComponentType, DecLockRefResult, IncLockRefResult, InitLoadBackParams, InsertResult,
+)
 from .executor import execute
 from .kernels import host as K
 from .kernels import layout as L
@@ -469,24 +471,24 @@ class HiCacheMixin:
         request's device match; ``params.req`` may be None, then the best match
         node's id is returned with 0)."""
         self._check_host("init_load_back")
-        if not all(hasattr(params, f) for f in ("best_match_node", "host_hit_length")):
+        if type(params) is not InitLoadBackParams and not (
+                hasattr(params, "best_match_node") and hasattr(params, "host_hit_length")):
             raise TypeError("params must be an InitLoadBackParams (best_match_node, "
                             f"host_hit_length, mem_quota, req), got {type(params).__name__}")
-        as_node_id(params.best_match_node, "params.best_match_node")
+        best = as_node_id(params.best_match_node, "params.best_match_node")
         hit = as_count(params.host_hit_length, "params.host_hit_length")
-        if params.mem_quota is not None:
-            as_count(params.mem_quota, "params.mem_quota")
-        best = params.best_match_node
+        quota = params.mem_quota
+        if quota is not None:
+            quota = as_count(quota, "params.mem_quota")
         req = getattr(params, "req", None)
         last = getattr(req, "last_node", None) if req is not None else None
         if last is None:
             last = best
-        s = self._slot(best, "params.best_match_node")
-        evicted = not (self._engine.st.nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV)
-        if evicted or hit > 0:
-            n = self._load(best, params.mem_quota)
-            if n > 0:
-                return n, best
+        # a load when the best node is host-only or the hit is positive; with no
+        # hit, a best node on the device (no units to load) is left as it is
+        n = self._load(best, quota, "params.best_match_node", hit == 0)
+        if n > 0:
+            return n, best
         return 0, last
 
     def load_back(self, node, mem_quota=None, req=None):
@@ -495,17 +497,22 @@ class HiCacheMixin:
         completed by ``loading_check``)."""
         self._check_host("load_back")
         node = as_node_id(node, "node")
-        return self._load(node, mem_quota) > 0
-
-    def _load(self, nid, mem_quota):
         if mem_quota is not None:
             mem_quota = as_count(mem_quota, "mem_quota")
+        return self._load(node, mem_quota) > 0
+
+    def _load(self, nid, mem_quota, name="node", host_only=False):
+        """Commit a load-back to node ``nid`` (checked ``mem_quota``); returns its
+        units, 0 when declined. ``host_only``: nothing at all (no pins taken and
+        released) when ``nid`` is on the device."""
         eng = self._engine
         with self._mutex:
             st, units, _ = self._call_out(K.load_plan, nid)
             if st != L.OK:
                 if st == L.E_STALE:
-                    raise self._stale(nid, "node")
+                    raise self._stale(nid, name)
+                return 0
+            if host_only and units == 0:
                 return 0
             # both pins in one kernel (what inc_host_lock_ref + inc_lock_ref take)
             st, delta, stamp = K.load_lock(*eng.st, nid)
@@ -513,7 +520,8 @@ class HiCacheMixin:
                     or (mem_quota is not None and units + delta > mem_quota)):
                 self._load_unpin(nid, stamp)
                 return 0
-            host = eng.out[:units].copy()
+            # load_plan's host slots, for the transfer (evict below reuses ``out``)
+            host = eng.out[:units].copy() if self._transfer is not None else None
             alloc = self.token_to_kv_pool_allocator
             if alloc is None:
                 self._load_unpin(nid, stamp)

@@ -1026,6 +1026,12 @@ def test_fresh_user_bad_inputs_name_the_argument():
             (lambda: cache.evict_host(5, "FULL"), ValueError, "component_type"),
             (lambda: cache.writing_check(write_back="no"), TypeError, "write_back"),
             (lambda: cache.dec_host_lock_ref(cache.root_node_handle(), {}), TypeError, "params"),
+            (lambda: cache.init_load_back(LoadParams(1 << 40, 0)), KeyError,
+             "params.best_match_node"),
+            (lambda: cache.init_load_back(LoadParams(1 << 40, 4)), KeyError,
+             "params.best_match_node"),
+            (lambda: cache.init_load_back(LoadParams(cache.root_node_handle(), 0, -1)),
+             ValueError, "params.mem_quota"),
     ]:
         with pytest.raises(err, match=what):
             call()
