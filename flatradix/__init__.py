@@ -15,6 +15,7 @@ from .pools import (
     TokenToKVPoolAllocator,
 )
 from .requests import Req
+from .transfer import KVTransfer
 from .types import (
     ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult, InitLoadBackParams,
     EvictStep, IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams,
@@ -27,5 +28,5 @@ __all__ = [
     "DecLockRefParams", "DecLockRefResult", "ComponentType", "NodeAccessError",
     "LockRefError", "CacheInvariantError", "TokenToKVPoolAllocator", "ReqToTokenPool", "Req",
     "SWATokenToKVPoolAllocator", "TreeLock", "HybridReqToTokenPool", "MambaSlotAllocator",
-    "HostKVPool",
+    "HostKVPool", "KVTransfer",
 ]

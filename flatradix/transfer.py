@@ -1,0 +1,191 @@
+"""A transfer executor for the host tier: moves the KV bytes a backup or a load-back
+names between device KV buffers and host KV buffers.
+
+The tree moves slot indices only. ``init_hicache(transfer=f)`` calls
+``f(kind, device_indices, host_indices)`` before it commits each backup
+(``kind == "backup"``: device -> host) and each load-back (``"load"``: host ->
+device); when ``f`` raises, nothing of that copy is committed. ``KVTransfer``
+is such an ``f`` over the engine's own buffers (SGLang's role:
+``HiCacheController`` with its host pool's ``backup_from_device_all_layer`` /
+``load_to_device_per_layer``), synchronous: every copy is complete when the
+call returns, as the tree's step-wise protocol assumes of a transfer callable.
+
+Buffers are numpy arrays or torch tensors, one per KV tensor of the model (for
+example a K and a V buffer per layer), each indexed by slot on axis 0. On
+CUDA, ``"backup"`` gathers on the device and copies to the host buffer with a
+synchronising copy (the call returns once the bytes are on the host);
+``"load"`` copies the host rows to the device and scatters them there on the
+current stream, so later work on that stream sees them. That CUDA path is not
+exercised by this project's tests (no GPU in CI): the CPU paths are.
+"""
+
+import numpy as np
+
+__all__ = ["KVTransfer"]
+
+
+def _is_torch(x):
+    t = type(x)
+    return t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+
+
+def _describe(b):
+    if _is_torch(b):
+        return f"torch {str(b.dtype).replace('torch.', '')} {tuple(b.shape)} on {b.device}"
+    return f"numpy {b.dtype} {b.shape}"
+
+
+def _check_buffers(buffers, name):
+    if isinstance(buffers, (str, bytes)) or not isinstance(buffers, (list, tuple)):
+        raise TypeError(f"{name} must be a list of numpy arrays or torch tensors, got "
+                        f"{type(buffers).__name__}")
+    if not buffers:
+        raise ValueError(f"{name} is empty (one buffer per KV tensor, e.g. K and V per layer)")
+    for i, b in enumerate(buffers):
+        if not (isinstance(b, np.ndarray) or _is_torch(b)):
+            raise TypeError(f"{name}[{i}] must be a numpy array or a torch tensor, got "
+                            f"{type(b).__name__}")
+        if b.ndim < 1 or b.shape[0] < 1:
+            raise ValueError(f"{name}[{i}] must have at least one row (slots on axis 0), got "
+                             f"shape {tuple(b.shape)}")
+    return list(buffers)
+
+
+def _as_index(x, name):
+    """``x`` (the tree's indices: numpy or a CPU torch tensor) as an int64 numpy array."""
+    if _is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be a 1-D integer array, got {a.dtype} {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
+class KVTransfer:
+    """Copy KV rows between device buffers and host buffers; pass it as
+    ``init_hicache(transfer=KVTransfer(device_buffers, host_buffers))``.
+
+    Parameters
+    ----------
+    device_buffers : list of arrays / tensors
+        The device KV pool: buffer ``i`` has shape ``(D, *row_shape_i)``, one row
+        per device KV slot (``D`` > the allocator's largest slot; SGLang's pools
+        keep row 0 for padding, as flatradix's allocator, whose slots are
+        ``1..size``). numpy arrays, or torch tensors on any device.
+    host_buffers : list of arrays / tensors
+        The host KV pool: as many buffers, buffer ``i`` of shape
+        ``(H, *row_shape_i)`` with ``device_buffers[i]``'s dtype, ``H`` >= the
+        host pool's size (host slots ``0..H-1``), numpy arrays or CPU torch
+        tensors, of the same library as their device buffer.
+
+    Calls
+    -----
+    ``transfer(kind, device_indices, host_indices)``: ``kind`` ``"backup"``
+    copies ``device[device_indices] -> host[host_indices]`` in every buffer,
+    ``"load"`` the other way. Indices: 1-D integer arrays (numpy or torch) of
+    one length. Checked before any copy: ``ValueError`` for an unknown kind,
+    lengths that differ, an index outside a buffer (naming the argument and
+    the buffer's rows); ``TypeError`` for indices that are not 1-D integers.
+    Mutates the destination buffers' rows only. O(len(indices) x row bytes).
+
+    Attributes ``backed_up_tokens``, ``loaded_tokens`` and ``bytes_copied``
+    count what was moved (ints, for monitoring).
+
+    Raises ``TypeError`` / ``ValueError`` at construction for buffers that
+    are not arrays, differ in count, dtype, row shape or library, or a host
+    buffer that is not on the CPU.
+    """
+
+    def __init__(self, device_buffers, host_buffers):
+        dev = _check_buffers(device_buffers, "device_buffers")
+        host = _check_buffers(host_buffers, "host_buffers")
+        if len(dev) != len(host):
+            raise ValueError(f"device_buffers has {len(dev)} buffers but host_buffers has "
+                             f"{len(host)} (one host buffer per device buffer)")
+        for i, (d, h) in enumerate(zip(dev, host)):
+            if _is_torch(d) != _is_torch(h):
+                raise TypeError(f"host_buffers[{i}] ({_describe(h)}) and device_buffers[{i}] "
+                                f"({_describe(d)}) must both be numpy or both torch")
+            if d.dtype != h.dtype or tuple(d.shape[1:]) != tuple(h.shape[1:]):
+                raise ValueError(f"host_buffers[{i}] ({_describe(h)}) must have device_buffers"
+                                 f"[{i}]'s dtype and row shape ({_describe(d)})")
+            if _is_torch(h) and h.device.type != "cpu":
+                raise ValueError(f"host_buffers[{i}] must be on the CPU, got {h.device}")
+        self.device_buffers = dev
+        self.host_buffers = host
+        self._device_rows = min(int(d.shape[0]) for d in dev)
+        self._host_rows = min(int(h.shape[0]) for h in host)
+        row_bytes = 0  # bytes one slot holds over every buffer
+        for d in dev:
+            per_row = int(np.prod(d.shape[1:], dtype=np.int64))
+            row_bytes += per_row * (d.element_size() if _is_torch(d) else d.itemsize)
+        self._row_bytes = row_bytes
+        self.backed_up_tokens = 0
+        self.loaded_tokens = 0
+        self.bytes_copied = 0
+
+    @classmethod
+    def with_host_buffers(cls, device_buffers, host_size, pin_memory=None):
+        """A ``KVTransfer`` with fresh host buffers of ``host_size`` rows (zeroed),
+        each of its device buffer's dtype and row shape (numpy for numpy; CPU
+        torch for torch, pinned when ``pin_memory`` is True, by default when
+        the device buffer is on CUDA). ``host_size``: the host pool's size
+        (``init_hicache``'s ``host_size``, tokens)."""
+        from ._cast import as_count
+
+        dev = _check_buffers(device_buffers, "device_buffers")
+        rows = as_count(host_size, "host_size")
+        if rows < 1:
+            raise ValueError("host_size must be >= 1")
+        host = []
+        for d in dev:
+            if _is_torch(d):
+                import torch
+
+                pin = d.is_cuda if pin_memory is None else bool(pin_memory)
+                host.append(torch.zeros((rows, *d.shape[1:]), dtype=d.dtype, device="cpu",
+                                        pin_memory=pin))
+            else:
+                host.append(np.zeros((rows, *d.shape[1:]), dtype=d.dtype))
+        return cls(dev, host)
+
+    def __call__(self, kind, device_indices, host_indices):
+        if kind not in ("backup", "load"):
+            raise ValueError(f"kind must be 'backup' or 'load', got {kind!r}")
+        di = _as_index(device_indices, "device_indices")
+        hi = _as_index(host_indices, "host_indices")
+        n = di.shape[0]
+        if hi.shape[0] != n:
+            raise ValueError(f"device_indices has {n} slots but host_indices has "
+                             f"{hi.shape[0]}")
+        if n == 0:
+            return
+        if di.min() < 0 or di.max() >= self._device_rows:
+            raise ValueError(f"device_indices: slots must lie in [0, {self._device_rows}) "
+                             "(the device buffers' rows)")
+        if hi.min() < 0 or hi.max() >= self._host_rows:
+            raise ValueError(f"host_indices: slots must lie in [0, {self._host_rows}) "
+                             "(the host buffers' rows)")
+        for d, h in zip(self.device_buffers, self.host_buffers):
+            if _is_torch(d):
+                self._copy_torch(kind, d, h, di, hi)
+            elif kind == "backup":
+                h[hi] = d[di]
+            else:
+                d[di] = h[hi]
+        if kind == "backup":
+            self.backed_up_tokens += n
+        else:
+            self.loaded_tokens += n
+        self.bytes_copied += n * self._row_bytes
+
+    @staticmethod
+    def _copy_torch(kind, d, h, di, hi):
+        import torch
+
+        hi_t = torch.from_numpy(hi)
+        di_t = torch.from_numpy(di).to(d.device)
+        if kind == "backup":
+            h.index_copy_(0, hi_t, d.index_select(0, di_t).to("cpu"))
+        else:
+            d.index_copy_(0, di_t, h.index_select(0, hi_t).to(d.device))
