@@ -1312,6 +1312,12 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 skips[i], bounds[i] = self._receipt(nid, r, f"receipts[{i}]")
             if flags[i]:
                 skips[i] |= self._early_mask
+        self._dec_batch(nids, skips, bounds)
+        return [DecLockRefResult() for _ in range(k)]
+
+    def _dec_batch(self, nids, skips, bounds):
+        """One ``dec_lock_ref_batch`` kernel call on checked arguments (int64 arrays);
+        its refusals raised as ``dec_lock_ref_batch`` documents, nothing changed."""
         st_ = self._engine.st
         with self._mutex:
             st, i, x, comp = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
@@ -1323,11 +1329,19 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 self._raise_underflow(int(x), int(nids[i]), name=f"nodes[{i}]", comp=int(comp))
         if st == L.E_STALE:
             raise self._stale(int(nids[i]), f"nodes[{i}]")
-        return [DecLockRefResult() for _ in range(k)]
 
     def lock_batch(self, nodes, skip_lock_components=()):
         """``lock`` of each node in one call: a list of ``TreeLock``."""
         nids = self._node_ids(nodes)
+        if self._plain_locks and type(skip_lock_components) is tuple and not skip_lock_components:
+            # Full-only: each receipt holds nothing but its node (see ``lock``)
+            out = np.empty((nids.shape[0], 2), dtype=np.int64)
+            st_ = self._engine.st
+            with self._mutex:
+                st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, 0, out)
+            if st == L.E_STALE:
+                raise self._stale(int(nids[bad]), f"nodes[{bad}]")
+            return [TreeLock(nid, DecLockRefParams(nid, (), {}, {})) for nid in nids.tolist()]
         return [TreeLock(nid, r.to_dec_params())
                 for nid, r in zip(nids.tolist(), self.inc_lock_ref_batch(nids, skip_lock_components))]
 
@@ -1340,9 +1354,20 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         for lk in held:
             if not isinstance(lk, TreeLock):
                 raise TypeError(f"locks must hold flatradix.TreeLock, got {type(lk).__name__}")
-        if held:
-            self.dec_lock_ref_batch([lk.node for lk in held], [lk.receipt for lk in held],
-                                    skip_swa=[lk.swa_released for lk in held])
+        if not held:
+            return
+        if self._plain_locks:
+            # Full-only plain receipts (as ``unlock``'s short path): no receipt work
+            nids = [lk.node for lk in held]
+            if all(type(lk.receipt) is DecLockRefParams and type(nid) is int
+                   and lk.receipt.node_id == nid and not lk.receipt.skipped_lock_components
+                   and lk.swa_released is False and _NID_MIN <= nid < _NID_END
+                   for lk, nid in zip(held, nids)):
+                zeros = np.zeros(len(nids), dtype=np.int64)
+                self._dec_batch(np.array(nids, dtype=np.int64), zeros, zeros)
+                return
+        self.dec_lock_ref_batch([lk.node for lk in held], [lk.receipt for lk in held],
+                                skip_swa=[lk.swa_released for lk in held])
 
     def _node_ids(self, nodes):
         """``nodes`` (a list / array of NodeIds) as an int64 array (``TypeError``)."""
@@ -1350,6 +1375,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             return np.ascontiguousarray(nodes)
         if not isinstance(nodes, (list, tuple, np.ndarray)):
             raise TypeError(f"nodes must be a list of NodeIds, got {type(nodes).__name__}")
+        if type(nodes) is list and all(type(x) is int and _NID_MIN <= x < _NID_END
+                                       for x in nodes):
+            return np.array(nodes, dtype=np.int64).reshape(-1)  # plain ints: one conversion
         return np.array([as_node_id(x, f"nodes[{i}]") for i, x in enumerate(nodes)],
                         dtype=np.int64).reshape(-1)
 

@@ -121,3 +121,36 @@ def test_lock_batch_and_unlock_batch_with_an_early_swa_release():
     batch.unlock_batch(locks + [None])
     assert batch.protected_size() == 0 == batch.swa_protected_size()
     batch.sanity_check()
+
+
+def test_full_only_lock_batch_and_unlock_batch_as_the_single_calls():
+    """A Full-only cache takes the short path (plain receipts); a tampered receipt,
+    a double release or a stale id still raise as the single calls, naming the
+    entry, with the tree unchanged."""
+    rng = random.Random(11)
+    batch, single = _pair(1, False)
+    base = [[rng.randint(1, 3) for _ in range(rng.randint(2, 30))] for _ in range(25)]
+    for c in (batch, single):
+        _fill(c, random.Random(4), base, 1)
+    nodes = [batch.match_prefix(RadixKey(p)).last_device_node for p in base[:12]]
+    locks = batch.lock_batch(nodes)
+    singles = [single.lock(n) for n in nodes]
+    assert [(lk.node, lk.receipt) for lk in locks] == [(lk.node, lk.receipt) for lk in singles]
+    assert batch.protected_size() == single.protected_size() > 0
+    before = batch._snapshot()
+    with pytest.raises(NodeAccessError, match=r"nodes\[2\]"):
+        batch.lock_batch([nodes[0], nodes[1], (1 << 40) | 5])
+    with pytest.raises(LockRefError, match=r"nodes\[12\]"):
+        batch.unlock_batch(locks + locks[:1])          # the first lock released twice
+    tampered = batch.lock_batch(nodes[:1])[0]
+    tampered.receipt.node_id = nodes[1] if nodes[1] != nodes[0] else nodes[2]
+    with pytest.raises(LockRefError, match="anchored on node"):
+        batch.unlock_batch([tampered])                 # the checked path names the mismatch
+    batch.unlock(batch.lock_batch(nodes[:1])[0])       # (the extra lock taken above, back)
+    batch.dec_lock_ref(nodes[0])
+    assert_state_equal(before, batch._snapshot())
+    batch.unlock_batch(locks)
+    for lk in singles:
+        single.unlock(lk)
+    assert batch.protected_size() == 0 == single.protected_size()
+    batch.sanity_check()
