@@ -48,6 +48,7 @@ from .types import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_I64 = np.dtype(np.int64)
 _PLAIN_RECEIPTS = (IncLockRefResult, DecLockRefParams)
 _tuple_new = tuple.__new__
 _TRACK = 1  # kernels/insert.py: TRACK_ADOPTED
@@ -1217,10 +1218,32 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         key_of = self._key
         parts, lens_l, nss_l = [], [], []
         cow = False
+        page = self.page_size
+        # the common key (plain int64 numpy tokens, default namespace) skips _key's
+        # checks: what they would accept and return for it, inline
+        plain_ok = not self.is_eagle
+        default_ns = get((None, None))
+        if default_ns is None:
+            default_ns = -1
         for i, p in enumerate(params):
-            key = p.key if type(p) is MatchPrefixParams else p
-            if type(p) is MatchPrefixParams and p.cow_mamba is not False:
-                cow = as_flag(p.cow_mamba, f"params[{i}].cow_mamba") and self._check_cow(p) or cow
+            if type(p) is MatchPrefixParams:
+                key = p.key
+                if p.cow_mamba is not False:
+                    cow = (as_flag(p.cow_mamba, f"params[{i}].cow_mamba") and self._check_cow(p)
+                           or cow)
+            else:
+                key = p
+            if plain_ok and type(key) is RadixKey and key.extra_key is None and (
+                    key.cache_salt is None and not key.is_bigram):
+                units = key.token_ids
+                if type(units) is np.ndarray and units.dtype is _I64 and units.ndim == 1:
+                    n = units.shape[0]
+                    n -= n % page
+                    ns = default_ns if n else -1
+                    lens_l.append(n if ns >= 0 else 0)
+                    nss_l.append(ns)
+                    parts.append(units[:n] if ns >= 0 else units[:0])
+                    continue
             units, n, nk, _ = key_of(key, f"params[{i}].key")
             ns = get(nk)
             if ns is None or n == 0:

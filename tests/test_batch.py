@@ -52,6 +52,15 @@ def test_match_batch_equals_single_calls_in_order(page, swa):
         for _ in range(rng.randint(0, 12)):
             k = rng.choice(base)[: rng.randint(0, 40)] + [rng.randint(1, 4)] * rng.randint(0, 5)
             ek = rng.choice((None, None, "other"))
+            # token containers: the batch's inline path (int64 numpy, also a strided
+            # view) and the general one (list, int32)
+            kind = rng.randrange(4)
+            if kind == 1:
+                k = np.array(k, dtype=np.int64)
+            elif kind == 2:
+                k = np.repeat(np.array(k, dtype=np.int64), 2)[::2]
+            elif kind == 3:
+                k = np.array(k, dtype=np.int32)
             keys.append(MatchPrefixParams(key=RadixKey(k, extra_key=ek)) if rng.random() < 0.5
                         else RadixKey(k, extra_key=ek))
         got = batch.match_prefix_batch(keys)
