@@ -1036,10 +1036,18 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         anchor = receipt.node_id
         if anchor is not None and anchor != nid:
             raise LockRefError(f"lock receipt anchored on node {anchor} released on node {nid}")
-        if not self._swa and not self._mamba:
-            return (L.C_FULL if ComponentType.FULL in (
-                getattr(receipt, "skipped_lock_components", ()) or ()) else 0), 0
         skipped = getattr(receipt, "skipped_lock_components", ()) or ()
+        if not isinstance(skipped, (tuple, list, frozenset, set)):
+            raise TypeError(f"{name}.skipped_lock_components must be a tuple of ComponentType, "
+                            f"got {type(skipped).__name__}")
+        if not self._swa and not self._mamba:
+            if ComponentType.FULL in skipped:
+                # only a Mamba cache releases a lock's Mamba part alone that way;
+                # here it would release nothing (and leak the lock)
+                raise TypeError(f"{name}.skipped_lock_components holds FULL: a Full-only "
+                                "cache's locks always take FULL (the receipt is not one of "
+                                "its locks')")
+            return 0, 0
         mask = L.C_MAMBA if self._mamba and ComponentType.MAMBA in skipped else 0
         if ComponentType.FULL in skipped:
             # SGLang releases a lock's Mamba part alone with a receipt that skips

@@ -43,6 +43,7 @@ from .kernels.query import resolve_slot as _k_resolve
 from .kernels.slots import slots_alloc as _k_slots_alloc
 from .kernels.slots import slots_first_unheld as _k_slots_first_unheld
 from .kernels.slots import slots_free as _k_slots_free
+from .transfer import KVTransfer
 
 _EMPTY = np.empty(0, dtype=np.int64)
 #: Largest host pool (tokens), as the device pools' bound.
@@ -52,11 +53,12 @@ MAX_HOST_SIZE = 1 << 40
 class HostKVPool:
     """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
     ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
-    ``n`` are free, ``free(indices)`` (O(freed), one kernel pass; ``ValueError``,
-    nothing freed, for a slot outside the pool, not handed out or given twice),
+    ``n`` are free, ``free(indices)`` (1-D integers; O(freed), one kernel pass;
+    ``ValueError``, nothing freed, for a slot outside the pool, not handed out or
+    given twice; ``TypeError`` for non-integers),
     ``all_held(idx)`` (that check alone), ``available_size()``, ``clear()``.
-    Slots are handed out lowest first after a ``clear``; a freed batch is handed
-    out again first-freed first. The free stack and the free marks are
+    Slots are handed out lowest first after a ``clear``; then the last batch
+    freed goes out first, in the order it was given. The free stack and the free marks are
     ``kernels/slots.py``'s, shared with ``TokenToKVPoolAllocator`` (valid slots
     ``0..size-1`` here)."""
 
@@ -78,9 +80,8 @@ class HostKVPool:
         return out
 
     def free(self, indices):
-        idx = np.asarray(indices, dtype=np.int64).ravel()
-        if not (idx.flags.c_contiguous and idx.flags.writeable):
-            idx = idx.copy()  # the kernel's one array type
+        # 1-D integers (list, numpy, torch): TypeError / ValueError naming ``indices``
+        idx = as_int64(indices, "indices")
         k = idx.shape[0]
         if k == 0:
             return
@@ -91,8 +92,13 @@ class HostKVPool:
         self._n += k
 
     def all_held(self, idx):
-        """Whether every slot of the int64 array ``idx`` lies in the pool, is handed
-        out, and appears once. O(len(idx)), one kernel pass."""
+        """Whether every slot of ``idx`` (1-D integers: list, numpy, torch) lies in
+        the pool, is handed out, and appears once; False for anything else.
+        O(len(idx)), one kernel pass."""
+        try:
+            idx = as_int64(idx, "idx")
+        except (TypeError, ValueError):
+            return False
         return idx.shape[0] == 0 or _k_slots_first_unheld(self._mark, idx, 0, self.size - 1)[0] == 0
 
     def clear(self):
@@ -163,6 +169,16 @@ class HiCacheMixin:
             raise ValueError(f"load_back_threshold must be >= 0, got {thr}")
         if transfer is not None and not callable(transfer):
             raise TypeError(f"transfer must be callable, got {type(transfer).__name__}")
+        if isinstance(transfer, KVTransfer):
+            if transfer.host_rows < host_size:
+                raise ValueError(f"transfer: its host buffers have {transfer.host_rows} rows, the "
+                                 f"host pool has {host_size} slots (build them with "
+                                 f"KVTransfer.with_host_buffers(device_buffers, {host_size}))")
+            dev_size = getattr(self.token_to_kv_pool_allocator, "size", None)
+            if isinstance(dev_size, int) and transfer.device_rows <= dev_size:
+                raise ValueError(f"transfer: its device buffers have {transfer.device_rows} "
+                                 f"rows, the allocator hands out slots up to {dev_size} (they "
+                                 f"need {dev_size + 1} rows: row 0 is padding)")
         with self._mutex:
             self._host = HostKVPool(host_size)
             self.load_back_threshold = thr
@@ -529,7 +545,13 @@ class HiCacheMixin:
                                  "device slots")
             avail = alloc.available_size()
             if avail < units:
-                self.evict(units - avail)
+                try:
+                    self.evict(units - avail)
+                except BaseException:
+                    # a write-back victim's backup copy failed (raised at the end of
+                    # evict): the load is not made; its pins go back
+                    self._load_unpin(nid, stamp)
+                    raise
             dev = alloc.alloc(units) if alloc.available_size() >= units else None
             if dev is None:
                 self._load_unpin(nid, stamp)
@@ -577,35 +599,45 @@ class HiCacheMixin:
     def loading_check(self, finish_count=None):
         """Complete submitted load-backs (SGLang ``loading_check``): the oldest
         ``finish_count`` acks (all when None) release their device lock and their
-        pin; the nodes keep both copies."""
+        pin; the nodes keep both copies. When a caller's stray release (an unlock
+        or a ``dec_host_lock_ref`` too many) took one of a load's pins, that load
+        is completed all the same and its other pin released, the ack's other
+        loads too, then ``LockRefError`` names the pin that was taken."""
         if self._host is None:
             return
         with self._mutex:
             k = len(self._load_acks) if finish_count is None else min(
                 as_count(finish_count, "finish_count"), len(self._load_acks))
             eng = self._engine
+            error = None
             for _ in range(k):
                 for nid in self._load_acks.popleft():
                     stamp = self.ongoing_load_back.pop(nid)
                     # the ack, the path lock's and the host lock's release, in one kernel
                     st, x = K.load_finish(*eng.st, nid, nid, stamp)
                     if st != L.OK:
-                        self._load_finish_error(nid, st, x)
+                        e = self._load_finish_error(nid, stamp, st, x)
+                        error = error or e   # the other loads of the ack complete all the same
+            if error is not None:
+                raise error
 
-    def _load_finish_error(self, nid, st, x):
-        # The load's own pins were released by some other call (a caller's unlock
-        # too many): its mark is cleared and its ack is gone, as the separate
-        # releases left it before; the error says which.
+    def _load_finish_error(self, nid, stamp, st, x):
+        """A load whose own pin a caller's stray release took (an unlock or a
+        dec_host_lock_ref too many): the load is completed (marks cleared), the
+        pin still held is released, and the ``LockRefError`` naming the taken one
+        is returned for ``loading_check`` to raise once its ack is done. Under the
+        cache lock."""
         eng = self._engine
         assert st != K.E_HOST_STATE and st != L.E_STALE, st
         K.load_ack(*eng.st, nid, nid)
-        if x < 0:  # the path lock held: release it, as before the host lock's check
+        if x < 0:  # the host lock was taken: release the path lock
             _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, 0)
-        else:
-            raise LockRefError(f"loading_check: the load-back's path lock on node {nid} was "
-                               "released by another call (an unlock too many)")
-        raise LockRefError(f"loading_check: the load-back's host lock on node {nid} was "
-                           "released by another call (a dec_host_lock_ref too many)")
+            return LockRefError(f"loading_check: the load-back's host lock on node {nid} was "
+                                "released by another call (a dec_host_lock_ref too many)")
+        if stamp:  # the path lock was taken: release the host lock if its segment holds it
+            K.host_unlock(*eng.st, nid, stamp)
+        return LockRefError(f"loading_check: the load-back's path lock on node {nid} was "
+                            "released by another call (an unlock too many)")
 
     # ------------------------------------------------------------------ write-back
     def _write_back_backup(self, nid):

@@ -19,14 +19,16 @@ current stream, so later work on that stream sees them. That CUDA path is not
 exercised by this project's tests (no GPU in CI): the CPU paths are.
 """
 
+import sys
+
 import numpy as np
 
 __all__ = ["KVTransfer"]
 
 
 def _is_torch(x):
-    t = type(x)
-    return t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _describe(b):
@@ -48,6 +50,13 @@ def _check_buffers(buffers, name):
         if b.ndim < 1 or b.shape[0] < 1:
             raise ValueError(f"{name}[{i}] must have at least one row (slots on axis 0), got "
                              f"shape {tuple(b.shape)}")
+        # both sides are written (backup: host rows, load: device rows)
+        if _is_torch(b):
+            if b.requires_grad:
+                raise ValueError(f"{name}[{i}] requires grad: a KV buffer is written in place "
+                                 "(detach it, or build it with requires_grad=False)")
+        elif not b.flags.writeable:
+            raise ValueError(f"{name}[{i}] is read-only: a KV buffer is written in place")
     return list(buffers)
 
 
@@ -87,13 +96,19 @@ class KVTransfer:
     lengths that differ, an index outside a buffer (naming the argument and
     the buffer's rows); ``TypeError`` for indices that are not 1-D integers.
     Mutates the destination buffers' rows only. O(len(indices) x row bytes).
+    A copy that fails midway (a device error) may leave the destination rows of
+    earlier buffers written; the tree commits nothing then, so those rows
+    belong to no cached node (their slots go back to their pool).
 
     Attributes ``backed_up_tokens``, ``loaded_tokens`` and ``bytes_copied``
     count what was moved (ints, for monitoring).
 
     Raises ``TypeError`` / ``ValueError`` at construction for buffers that
-    are not arrays, differ in count, dtype, row shape or library, or a host
-    buffer that is not on the CPU.
+    are not arrays, differ in count, dtype, row shape or library, are
+    read-only (or require grad), or a host buffer that is not on the CPU.
+    ``init_hicache`` refuses one whose buffers have fewer rows than the
+    allocator's slots (``device_rows`` must exceed its largest slot) or the
+    host pool's size (``host_rows``), naming the size they need.
     """
 
     def __init__(self, device_buffers, host_buffers):
@@ -115,6 +130,10 @@ class KVTransfer:
         self.host_buffers = host
         self._device_rows = min(int(d.shape[0]) for d in dev)
         self._host_rows = min(int(h.shape[0]) for h in host)
+        #: rows every device / host buffer has (``init_hicache`` checks them against
+        #: the allocator's slots and the host pool's size)
+        self.device_rows = self._device_rows
+        self.host_rows = self._host_rows
         row_bytes = 0  # bytes one slot holds over every buffer
         for d in dev:
             per_row = int(np.prod(d.shape[1:], dtype=np.int64))
@@ -129,12 +148,16 @@ class KVTransfer:
         """A ``KVTransfer`` with fresh host buffers of ``host_size`` rows (zeroed),
         each of its device buffer's dtype and row shape (numpy for numpy; CPU
         torch for torch, pinned when ``pin_memory`` is True, by default when
-        the device buffer is on CUDA). ``host_size``: the host pool's size
-        (``init_hicache``'s ``host_size``, tokens)."""
-        from ._cast import as_count
+        the device buffer is on CUDA). ``host_size``: the host pool's size in
+        tokens, ``init_hicache``'s ``host_size`` (with ``hicache_ratio`` the pool
+        is ``(int(D * ratio) // page_size + 1) * page_size`` slots for a device
+        allocator of D slots; ``init_hicache`` names the size if it differs)."""
+        from ._cast import as_count, as_flag
 
         dev = _check_buffers(device_buffers, "device_buffers")
         rows = as_count(host_size, "host_size")
+        if pin_memory is not None:
+            pin_memory = as_flag(pin_memory, "pin_memory")
         if rows < 1:
             raise ValueError("host_size must be >= 1")
         host = []
@@ -142,7 +165,7 @@ class KVTransfer:
             if _is_torch(d):
                 import torch
 
-                pin = d.is_cuda if pin_memory is None else bool(pin_memory)
+                pin = d.is_cuda if pin_memory is None else pin_memory
                 host.append(torch.zeros((rows, *d.shape[1:]), dtype=d.dtype, device="cpu",
                                         pin_memory=pin))
             else:

@@ -555,6 +555,16 @@ def test_unlock_errors(env):
     unchanged(env, lambda: c.dec_lock_ref(node, receipt), ValueError, "lock_ref=0")
     unchanged(env, lambda: c.dec_lock_ref(node, receipt), AssertionError)  # what SGLang callers catch
     unchanged(env, lambda: c.dec_lock_ref(node, receipt.to_dec_params()), LockRefError, "lock_ref=0")
+    # receipts no lock of this Full-only cache gives: refused, not a silent no-op
+    lk = c.lock(node)
+    for skipped, what in ((5, "skipped_lock_components must be a tuple"),
+                          ((ComponentType.FULL,), "holds FULL")):
+        bad = copy.deepcopy(lk)
+        bad.receipt.skipped_lock_components = skipped
+        unchanged(env, lambda: c.unlock(bad), TypeError, what)
+        unchanged(env, lambda: c.unlock_batch([bad]), TypeError, what)
+        unchanged(env, lambda: c.dec_lock_ref(node, bad.receipt), TypeError, what)
+    c.unlock(lk)
 
 
 def test_lock_and_unlock_of_the_root_are_noops(env):

@@ -363,10 +363,42 @@ def test_host_pool_free_refuses_a_bad_batch_whole_and_keeps_its_order():
             p.free(np.array(bad))
         assert p.available_size() == 2
         assert p.all_held(a) and not p.all_held(np.array(bad))
-    p.free(np.array([2, 0]))                          # handed out again first-freed first
+    p.free(np.array([2, 0]))                          # the last batch freed goes out first
     assert p.alloc(3).tolist() == [2, 0, 4]
     p.free(a[1::2][::-1])                             # a strided view is freed as given
     assert p.alloc(2).tolist() == [3, 1]
+
+
+def test_host_pool_free_never_writes_past_its_free_stack():
+    """A refused batch longer than the held slots (a repeat, a double free) must
+    not touch memory past the free stack: guard words after it stay as they were
+    (the kernel's stack writes are unchecked, so this is checked here)."""
+    p = HostKVPool(8)
+    guard = np.full(8 + 6, -7, dtype=np.int64)
+    guard[:8] = p._free
+    p._free = guard[:8]                               # the stack, with 6 guard words after
+    a = p.alloc(1)
+    for bad in ([a[0], a[0]], [a[0]] * 6, [a[0], 9], [a[0], -1]):
+        with pytest.raises(ValueError, match="nothing freed"):
+            p.free(bad)
+        assert (guard[8:] == -7).all() and p.available_size() == 7 and p.all_held(a)
+    p.free(a)
+    assert (guard[8:] == -7).all() and p.available_size() == 8
+
+
+def test_host_pool_refuses_non_integer_slots():
+    p = HostKVPool(4)
+    a = p.alloc(2)
+    for bad, err in (([1.7], TypeError), (["3"], TypeError), ([True], TypeError),
+                     (np.array([[0, 1]]), ValueError)):
+        with pytest.raises(err, match="indices"):
+            p.free(bad)
+        assert not p.all_held(bad)
+    assert p.available_size() == 2 and p.all_held(list(a)) and p.all_held(a.tolist())
+    torch = pytest.importorskip("torch")
+    assert p.all_held(torch.from_numpy(a)) and not p.all_held(torch.tensor([0.5]))
+    p.free(torch.from_numpy(a))
+    assert p.available_size() == 4
 
 
 # ---------------------------------------------------------------------- the request path
@@ -959,21 +991,24 @@ def test_loading_check_after_a_caller_released_the_loads_own_pins():
     ack. When a caller's unlock too many takes one of them, loading_check says
     which (LockRefError), still clears the load (no node stays "loading") and
     releases the other pin; the ledgers come back to the same figures as
-    without the stray release."""
+    without the stray release, and another load of the same ack completes."""
     from flatradix import LockRefError
 
     for stolen in ("device", "host"):
         cache, alloc = make()
         put(cache, alloc, range(10))
+        put(cache, alloc, range(100, 110))
         cache.check_hicache_events()
-        cache.evict(10)
+        cache.evict(20)
+        other = match(cache, range(100, 110)).best_match_node
         m = match(cache, range(10))
         node = m.best_match_node
         assert cache.init_load_back(LoadParams(node, 10)) == (10, node)
-        assert cache.protected_size() == 10   # the load's path lock
+        assert cache.init_load_back(LoadParams(other, 10)) == (10, other)   # same ack
+        assert cache.protected_size() == 20   # the loads' path locks
         if stolen == "device":
             cache.dec_lock_ref(node)          # the load's own lock, released by a caller
-            assert cache.protected_size() == 0
+            assert cache.protected_size() == 10
         else:
             # the host-lock stamp is the load's: a receipt with the same stamp
             stamp = cache.inc_host_lock_ref(node)
@@ -982,12 +1017,12 @@ def test_loading_check_after_a_caller_released_the_loads_own_pins():
         cache.ready_to_load_host_cache()
         with pytest.raises(LockRefError, match="path lock" if stolen == "device" else "host lock"):
             cache.loading_check()
+        # both loads completed, every pin released
         assert cache.ongoing_load_back == {} and cache.protected_size() == 0
-        assert cache.evictable_size() == 10
-        if stolen == "device":  # the host lock stays held (it was not released)
-            assert cache.host_evictable_size() == 0
-        # the node is no longer loading: it can be demoted and evicted from the host
-        assert cache.evict(10).num_tokens_evicted == 10
+        assert cache.evictable_size() == 20 and cache.host_evictable_size() == 0
+        # the nodes are no longer loading: demoted, then evicted from the host
+        assert cache.evict(20).num_tokens_evicted == 20
+        assert cache.host_evictable_size() == 20 and cache.evict_host(20) == 20
         cache.sanity_check()
 
 
@@ -1187,3 +1222,43 @@ def test_insert_host_refuses_bad_input_and_changes_nothing():
     with pytest.raises(ValueError, match="no host tier"):
         plain.insert_host(plain.root_node_handle(), RadixKey([1]), np.array([0]))
     del palloc
+
+
+def test_write_back_load_whose_eviction_fails_a_backup_copy_gives_its_pins_back():
+    """Under write-back a load-back short of device slots evicts first, and that
+    eviction backs its victim up. When that copy fails the load is not made and
+    the error is raised; the load's pins (path lock, host lock) go back, so a
+    retry loads and the prefix is evictable again after its ack (found by
+    helper-23: the pins stayed, and 12 tokens on both tiers with them)."""
+    alloc = TokenToKVPoolAllocator(16)
+    cache = UnifiedRadixCache(page_size=1, token_to_kv_pool_allocator=alloc)
+    transfer, calls = _failing(set())
+    broken = {"on": False}
+
+    def flaky(kind, dev, host):
+        if kind == "backup" and broken["on"]:
+            raise _Boom("backup copy failed")
+        transfer(kind, dev, host)
+
+    cache.init_hicache(host_size=64, hicache_write_policy="write_back", transfer=flaky,
+                       load_back_threshold=1)
+    a, b = list(range(1, 13)), list(range(100, 112))
+    cache.insert(InsertParams(key=RadixKey(a), value=alloc.alloc(12)))
+    cache.evict(12)                                   # a: host only
+    cache.insert(InsertParams(key=RadixKey(b), value=alloc.alloc(12)))   # 4 slots free
+    m = match(cache, a)
+    before = (cache.evictable_size(), cache.protected_size(), cache.host_evictable_size())
+    assert before == (12, 0, 12)
+    broken["on"] = True
+    with pytest.raises(_Boom):
+        cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))
+    assert (cache.evictable_size(), cache.protected_size(), cache.host_evictable_size()) == before
+    broken["on"] = False
+    m = match(cache, a)
+    assert cache.init_load_back(LoadParams(m.best_match_node, m.host_hit_length))[0] == 12
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    assert cache.protected_size() == 0
+    assert cache.evict(10 ** 6).num_tokens_evicted == 12   # a, loaded back, evictable
+    assert cache.evictable_size() == 0 and cache.protected_size() == 0
+    cache.sanity_check()

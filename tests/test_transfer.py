@@ -164,18 +164,27 @@ def test_a_load_back_restores_the_demoted_rows_by_hand():
     assert (xfer.backed_up_tokens, xfer.loaded_tokens) == (4, 4)
 
 
-def test_a_host_buffer_too_small_fails_the_backup_and_commits_nothing():
+def test_buffers_too_small_for_the_pools_are_refused_up_front_or_fail_the_copy():
     alloc = TokenToKVPoolAllocator(16)
     cache = UnifiedRadixCache(page_size=1, token_to_kv_pool_allocator=alloc)
     dev = [np.zeros((17, 2), dtype=np.int64)]
-    xfer = KVTransfer(dev, [np.zeros((2, 2), dtype=np.int64)])   # rows for 2 host slots
-    cache.init_hicache(host_size=16, transfer=xfer)
+    small_host = KVTransfer(dev, [np.zeros((2, 2), dtype=np.int64)])   # rows for 2 host slots
+    with pytest.raises(ValueError, match=r"transfer: .* 2 rows, the host pool has 16 .*"
+                                         r"with_host_buffers\(device_buffers, 16\)"):
+        cache.init_hicache(host_size=16, transfer=small_host)
+    small_dev = KVTransfer([np.zeros((16, 2), dtype=np.int64)], [np.zeros((16, 2), np.int64)])
+    with pytest.raises(ValueError, match="need 17 rows"):
+        cache.init_hicache(host_size=16, transfer=small_dev)
+    assert not cache.enable_hicache                   # refused: no host tier
+    # wrapped in a plain callable the check cannot see it: the backup's copy fails,
+    # and nothing of it is committed
+    cache.init_hicache(host_size=16, transfer=lambda *a: small_host(*a))
     with pytest.raises(ValueError, match="host_indices"):
         cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=alloc.alloc(4)))
     # the insert itself happened; its backup did not: no host copy, no pin
     assert cache.evictable_size() == 4 and cache.protected_size() == 0
     assert cache.host_total_size() == 0 and cache.mem_pool_host.available_size() == 16
-    assert xfer.backed_up_tokens == 0
+    assert small_host.backed_up_tokens == 0
 
 
 def test_bad_buffers_and_calls_are_refused_naming_the_argument():
@@ -191,6 +200,12 @@ def test_bad_buffers_and_calls_are_refused_naming_the_argument():
     ]:
         with pytest.raises(err, match=what):
             KVTransfer(*args)
+    ro = np.zeros((4, 2), dtype=np.int64)
+    ro.flags.writeable = False
+    for args, what in ((([ro], [d]), r"device_buffers\[0\] is read-only"),
+                       (([d], [ro]), r"host_buffers\[0\] is read-only")):
+        with pytest.raises(ValueError, match=what):
+            KVTransfer(*args)
     x = KVTransfer([d], [np.zeros((3, 2), dtype=np.int64)])
     for args, err, what in [
             (("copy", [1], [0]), ValueError, "kind"),
@@ -205,6 +220,8 @@ def test_bad_buffers_and_calls_are_refused_naming_the_argument():
     assert x.bytes_copied == 0 and not x.host_buffers[0].any()
     with pytest.raises(ValueError, match="host_size"):
         KVTransfer.with_host_buffers([d], 0)
+    with pytest.raises(TypeError, match="pin_memory"):
+        KVTransfer.with_host_buffers([d], 2, pin_memory="no")
 
 
 def test_torch_buffers_pair_by_library_and_stay_on_the_cpu_host_side():
@@ -219,3 +236,5 @@ def test_torch_buffers_pair_by_library_and_stay_on_the_cpu_host_side():
     assert x.host_buffers[0][2].tolist() == [1.5, 2.5]
     x("load", np.array([3]), np.array([2]))
     assert d[3].tolist() == [1.5, 2.5] and x.bytes_copied == 2 * 2 * 2
+    with pytest.raises(ValueError, match=r"device_buffers\[0\] requires grad"):
+        KVTransfer([torch.zeros((4, 2), requires_grad=True)], [torch.zeros((4, 2))])

@@ -18,8 +18,10 @@ E_REPEATED = 3    # a slot given twice in one call
 def slots_free(stack, top, mark, idx, lo, hi, reverse):
     """Push ``idx`` onto the free stack (``idx[-1]`` on top, or ``idx[0]`` with
     ``reverse``: the host pool's order). Returns ``(status, bad_slot)``; on an
-    error nothing is freed (marks set so far are undone; stack entries above
-    ``top`` may be overwritten, which frees nothing)."""
+    error nothing is freed (marks set so far are undone). Stack writes stay in
+    bounds: without ``reverse`` entry ``i`` is written once the first ``i + 1``
+    entries are distinct held slots (at most ``len(stack) - top`` of them);
+    with ``reverse`` the stack is written only after the whole batch checked."""
     n = idx.shape[0]
     for i in range(n):
         s = idx[i]
@@ -37,10 +39,11 @@ def slots_free(stack, top, mark, idx, lo, hi, reverse):
                 mark[idx[j]] = 0
             return code, s
         mark[s] = 1
-        if reverse:
-            stack[top + n - 1 - i] = s
-        else:
+        if not reverse:
             stack[top + i] = s
+    if reverse:
+        for i in range(n):
+            stack[top + n - 1 - i] = idx[i]
     return OK, 0
 
 
