@@ -119,6 +119,8 @@ def key_units(key, bigram_tree, name="key"):
 
 def as_count(x, name):
     """A non-negative Python int (bool and floats are refused)."""
+    if type(x) is int and x >= 0:  # the common case, first
+        return x
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
     x = int(x)
@@ -128,6 +130,9 @@ def as_count(x, name):
 
 
 def as_int(x, name):
+    """A Python int in [-2**62, 2**62) (bool and floats are refused)."""
+    if type(x) is int and -(1 << 62) <= x < (1 << 62):  # the common case, first
+        return x
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
     x = int(x)

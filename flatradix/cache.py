@@ -769,6 +769,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def _swa_params(self, params):
         """``(cursor, swa_branching_seqlen)`` of an ``InsertParams``, validated."""
         evicted = params.component_evicted_seqlens
+        if type(evicted) is dict and not evicted and params.swa_branching_seqlen is None:
+            return 0, None   # the common case: nothing to check
         if not isinstance(evicted, Mapping):
             raise TypeError("params.component_evicted_seqlens must be a dict, got "
                             f"{type(evicted).__name__}")

@@ -33,6 +33,7 @@ class ValueBridge:
         self.torch_device = None
         # flatradix's allocators check "every slot held" in one kernel pass
         self.checks_held = hasattr(allocator, "_first_unheld")
+        self._bound = self._bound_of = None   # kv_bound's memo
         # an SWA allocator: Full and SWA pools and the Full -> SWA mapping
         self.swa = is_swa_allocator(allocator)
         self._numpy = getattr(allocator, "index_kind", "torch") == "numpy"
@@ -45,6 +46,10 @@ class ValueBridge:
     # ------------------------------------------------------------------ kinds
     def note_kind(self, value):
         """Record the kind (and CUDA device) of the first value seen."""
+        if type(value) is np.ndarray:
+            if self.kind is None:
+                self.kind = "numpy"
+            return
         if self.kind is None:
             self.kind = "torch" if is_torch(value) else "numpy"
         if is_torch(value) and value.is_cuda:
@@ -77,9 +82,13 @@ class ValueBridge:
         return int(size) + int(getattr(self.allocator, "page_size", 1) or 1)
 
     def kv_bound(self):
-        """The insert kernel's ``limit``: the allocator's bound, or VALUES_NONNEG."""
-        limit = self.kv_limit()
-        return VALUES_NONNEG if limit is None else limit
+        """The insert kernel's ``limit``: the allocator's bound, or VALUES_NONNEG
+        (read once per allocator object: pools do not change size)."""
+        if self._bound is None or self._bound_of is not self.allocator:
+            limit = self.kv_limit()
+            self._bound = VALUES_NONNEG if limit is None else limit
+            self._bound_of = self.allocator
+        return self._bound
 
     def check_held(self, value, name):
         """With flatradix's allocator attached: ``ValueError`` naming ``name`` unless
