@@ -19,23 +19,16 @@ divergences to go past; empty by default, so a known divergence fails its test).
 Long runs: ``python -m tests.oracle.hicache_driver --ops 20000`` (see the driver).
 """
 
-import json
 import os
-import pathlib
-import subprocess
 import sys
-import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-VENV = pathlib.Path(os.environ.get("FLATRADIX_ORACLE_VENV",
-                                   pathlib.Path.home() / ".cache" / "flatradix-sglang-oracle"))
+from .suite import BACKENDS, ROOT, as_tuples, run_drivers, skip_reason, tail
+
 OPS = int(os.environ.get("FLATRADIX_ORACLE_HICACHE_OPS", "2000"))
-SEED = int(os.environ.get("FLATRADIX_ORACLE_SEED", "0"))
 TOLERATE = os.environ.get("FLATRADIX_ORACLE_HICACHE_TOLERATE", "")
 TIMEOUT_S = int(os.environ.get("FLATRADIX_ORACLE_TIMEOUT", "900"))
-BACKENDS = ("python", "rust")
 
 # Mirrors hicache_driver.CONFIGS / MUTANTS (the driver itself only imports in the
 # oracle venv); test_config_lists_match checks the copies.
@@ -46,77 +39,15 @@ MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-
            "insert-host-as-write-back")
 
 
-def _env():
-    env = dict(os.environ)
-    env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_RUST_BUILD_MODE="never", OMP_NUM_THREADS="1",
-               # the checkout's flatradix first (cwd is ROOT), then the sgl_kernel stub
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(VENV / "peer_stubs")]))
-    env.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
-    return env
-
-
-def _skip_reason():
-    if os.environ.get("FLATRADIX_SKIP_ORACLE") == "1":
-        return "FLATRADIX_SKIP_ORACLE=1"
-    py = VENV / "bin" / "python"
-    if not py.exists():
-        return (f"no SGLang oracle venv at {VENV}: build it with "
-                "`bash ../shared/tools/setup_sglang_oracle.sh` (.ci/run does)")
-    probe = ("import importlib.util as u, sys; missing = [m for m in ('sglang', 'numba', 'msgspec', "
-             "'torch') if u.find_spec(m) is None]; print(','.join(missing)); sys.exit(1 if missing else 0)")
-    r = subprocess.run([str(py), "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                       timeout=120)
-    if r.returncode != 0:
-        return (f"oracle venv {VENV} lacks: {r.stdout.strip() or r.stderr.strip()[-300:]} "
-                "(re-run ../shared/tools/setup_sglang_oracle.sh)")
-    return None
-
-
 @pytest.fixture(scope="module")
 def hicache_runs(tmp_path_factory):
     """Run the driver for both SGLang cores in parallel; {(config, backend): result}."""
-    reason = _skip_reason()
+    reason = skip_reason("re-run ../shared/tools/setup_sglang_oracle.sh")
     if reason:
         pytest.skip(reason)
-    repro = tmp_path_factory.mktemp("hicache-oracle-repro")
-    procs = {}
-    t0 = time.monotonic()
-    for backend in BACKENDS:
-        cmd = [str(VENV / "bin" / "python"), "-m", "tests.oracle.hicache_driver", "--config", "all",
-               "--backend", backend, "--ops", str(OPS), "--seed", str(SEED),
-               "--shrink-seconds", "20", "--repro-dir", str(repro)]
-        if TOLERATE:
-            cmd += ["--tolerate", TOLERATE]
-        if backend == "rust":
-            cmd.append("--self-test")
-        procs[backend] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True)
-    results, logs = {}, {}
-    for backend, p in procs.items():
-        try:
-            out, _ = p.communicate(timeout=max(1, TIMEOUT_S - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += f"\n[killed after {TIMEOUT_S} s]"
-        logs[backend] = out
-        for line in out.splitlines():
-            if line.startswith("ORACLE_RESULT "):
-                res = json.loads(line[len("ORACLE_RESULT "):])
-                results[(res["config"], res["backend"])] = res
-            elif line.startswith("ORACLE_SELFTEST "):
-                results[("selftest", backend)] = json.loads(line[len("ORACLE_SELFTEST "):])
-    print(f"hicache oracle: {len(results)} results in {time.monotonic() - t0:.0f} s")
-    return results, logs
-
-
-def _as_tuples(x):
-    """JSON lists back into the driver's op tuples (for printing)."""
-    return [tuple(tuple(f) if isinstance(f, list) else f for f in op) for op in x or []]
-
-
-def _tail(text, n=4000):
-    return text if len(text) <= n else "..." + text[-n:]
+    return run_drivers("tests.oracle.hicache_driver", "hicache oracle", OPS, 20,
+                       tmp_path_factory.mktemp("hicache-oracle-repro"), TIMEOUT_S,
+                       extra=("--tolerate", TOLERATE) if TOLERATE else ())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -126,14 +57,14 @@ def test_no_divergence(hicache_runs, config, backend):
     res = results.get((config, backend))
     if res is None:
         pytest.fail(f"driver produced no result for {config}/{backend}; its output:\n"
-                    + _tail(logs[backend]))
+                    + tail(logs[backend]))
     if res["divergences"]:
         rep = res.get("reproducer", {})
         pytest.fail(f"{config}/{backend}: flatradix diverges from SGLang's HiCache after "
                     f"{res['ops']} ops: {rep.get('detail', res.get('sig'))}\nshrunk reproducer "
                     f"({len(rep.get('ops', []))} ops; replay with `python -m "
                     f"tests.oracle.hicache_driver --replay {rep.get('path')}` in the oracle "
-                    f"venv):\nops = {_as_tuples(rep.get('ops'))!r}")
+                    f"venv):\nops = {as_tuples(rep.get('ops'))!r}")
     assert res["ops"] == OPS
 
 
@@ -143,7 +74,7 @@ def test_self_test_catches_mutants(hicache_runs):
     results, logs = hicache_runs
     st = results.get(("selftest", "rust"))
     if st is None:
-        pytest.fail("driver produced no self-test result; its output:\n" + _tail(logs["rust"]))
+        pytest.fail("driver produced no self-test result; its output:\n" + tail(logs["rust"]))
     assert sorted(st) == sorted(MUTANTS)
     missed = [name for name, r in st.items() if not r["caught"]]
     assert not missed, f"mutants not detected: {missed}: {st}"

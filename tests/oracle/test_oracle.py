@@ -17,22 +17,17 @@ configuration and core, default 3000), ``FLATRADIX_ORACLE_SEED`` (default 0).
 Long runs: ``python -m tests.oracle.driver --ops 1000000`` (see the driver).
 """
 
-import json
 import os
-import pathlib
-import subprocess
 import sys
-import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-VENV = pathlib.Path(os.environ.get("FLATRADIX_ORACLE_VENV",
-                                   pathlib.Path.home() / ".cache" / "flatradix-sglang-oracle"))
+from .suite import BACKENDS, ROOT, VENV, as_tuples, run_drivers, skip_reason, tail
+
+VENV_PIP = VENV / "bin" / "pip"
+
 OPS = int(os.environ.get("FLATRADIX_ORACLE_OPS", "3000"))
-SEED = int(os.environ.get("FLATRADIX_ORACLE_SEED", "0"))
 TIMEOUT_S = int(os.environ.get("FLATRADIX_ORACLE_TIMEOUT", "1500"))
-BACKENDS = ("python", "rust")
 
 # Mirrors driver.CONFIGS / driver.MUTANTS (the driver itself only imports in the
 # oracle venv); test_config_lists_match checks the copy.
@@ -52,75 +47,14 @@ CONFIGS = ("p1-lru", "p16-lru", "p64-lru", "p1-lfu", "p16-fifo", "p1-mru", "p16-
 NOT_BUILT_YET = ()
 
 
-def _env():
-    env = dict(os.environ)
-    env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_RUST_BUILD_MODE="never", OMP_NUM_THREADS="1",
-               # the checkout's flatradix first (cwd is ROOT), then the sgl_kernel stub
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(VENV / "peer_stubs")]))
-    env.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
-    return env
-
-
-def _skip_reason():
-    if os.environ.get("FLATRADIX_SKIP_ORACLE") == "1":
-        return "FLATRADIX_SKIP_ORACLE=1"
-    py = VENV / "bin" / "python"
-    if not py.exists():
-        return (f"no SGLang oracle venv at {VENV}: build it with "
-                "`bash ../shared/tools/setup_sglang_oracle.sh` (.ci/run does)")
-    probe = ("import importlib.util as u, sys; missing = [m for m in ('sglang', 'numba', 'msgspec', "
-             "'torch') if u.find_spec(m) is None]; print(','.join(missing)); sys.exit(1 if missing else 0)")
-    r = subprocess.run([str(py), "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                       timeout=120)
-    if r.returncode != 0:
-        return (f"oracle venv {VENV} lacks: {r.stdout.strip() or r.stderr.strip()[-300:]} "
-                f"(`{VENV}/bin/pip install numba msgspec`)")
-    return None
-
-
 @pytest.fixture(scope="module")
 def oracle_runs(tmp_path_factory):
     """Run the driver for both SGLang cores in parallel; {(config, backend): result}."""
-    reason = _skip_reason()
+    reason = skip_reason(f"`{VENV_PIP} install numba msgspec`")
     if reason:
         pytest.skip(reason)
-    repro = tmp_path_factory.mktemp("oracle-repro")
-    procs = {}
-    t0 = time.monotonic()
-    for backend in BACKENDS:
-        cmd = [str(VENV / "bin" / "python"), "-m", "tests.oracle.driver", "--config", "all",
-               "--backend", backend, "--ops", str(OPS), "--seed", str(SEED),
-               "--shrink-seconds", "180", "--repro-dir", str(repro)]
-        if backend == "rust":
-            cmd.append("--self-test")
-        procs[backend] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True)
-    results, logs = {}, {}
-    for backend, p in procs.items():
-        try:
-            out, _ = p.communicate(timeout=max(1, TIMEOUT_S - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += f"\n[killed after {TIMEOUT_S} s]"
-        logs[backend] = out
-        for line in out.splitlines():
-            if line.startswith("ORACLE_RESULT "):
-                res = json.loads(line[len("ORACLE_RESULT "):])
-                results[(res["config"], res["backend"])] = res
-            elif line.startswith("ORACLE_SELFTEST "):
-                results[("selftest", backend)] = json.loads(line[len("ORACLE_SELFTEST "):])
-    print(f"oracle: {len(results)} results in {time.monotonic() - t0:.0f} s")
-    return results, logs
-
-
-def _as_tuples(x):
-    """JSON lists back into the driver's op tuples (for printing)."""
-    return [tuple(tuple(f) if isinstance(f, list) else f for f in op) for op in x or []]
-
-
-def _tail(text, n=4000):
-    return text if len(text) <= n else "..." + text[-n:]
+    return run_drivers("tests.oracle.driver", "oracle", OPS, 180,
+                       tmp_path_factory.mktemp("oracle-repro"), TIMEOUT_S)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -130,7 +64,7 @@ def test_no_divergence(oracle_runs, config, backend):
     res = results.get((config, backend))
     if res is None:
         pytest.fail(f"driver produced no result for {config}/{backend}; its output:\n"
-                    + _tail(logs[backend]))
+                    + tail(logs[backend]))
     if (res["divergences"] and config in NOT_BUILT_YET
             and res.get("sig", "").startswith("construct.raised.flatradix.")):
         pytest.xfail(f"flatradix does not build {config} yet: "
@@ -140,7 +74,7 @@ def test_no_divergence(oracle_runs, config, backend):
         pytest.fail(f"{config}/{backend}: flatradix diverges from SGLang after {res['ops']} ops: "
                     f"{rep.get('detail', res.get('sig'))}\nshrunk reproducer ({len(rep.get('ops', []))} "
                     f"ops; replay with `python -m tests.oracle.driver --replay {rep.get('path')}` in "
-                    f"the oracle venv):\nops = {_as_tuples(rep.get('ops'))!r}")
+                    f"the oracle venv):\nops = {as_tuples(rep.get('ops'))!r}")
     assert res["ops"] == OPS
 
 
@@ -150,7 +84,7 @@ def test_self_test_catches_mutants(oracle_runs):
     results, logs = oracle_runs
     st = results.get(("selftest", "rust"))
     if st is None:
-        pytest.fail("driver produced no self-test result; its output:\n" + _tail(logs["rust"]))
+        pytest.fail("driver produced no self-test result; its output:\n" + tail(logs["rust"]))
     missed = [name for name, r in st.items() if not r["caught"]]
     assert not missed, f"mutants not detected: {missed}: {st}"
 
