@@ -1158,11 +1158,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             return
         if not isinstance(lock, TreeLock):
             raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(lock).__name__}")
-        rec = lock.receipt
         nid = lock.node
-        if (self._plain_locks and type(rec) is DecLockRefParams and type(nid) is int
-                and rec.node_id == nid and not rec.skipped_lock_components
-                and lock.swa_released is False and _NID_MIN <= nid < _NID_END):
+        if self._plain_locks and _plain_lock(lock):
             # Full-only, a plain receipt: what dec_lock_ref would check reduces to this
             st_ = self._engine.st
             with self._mutex:
@@ -1170,7 +1167,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 if st != L.OK:
                     self._dec_error(st, x, nid)
             return
-        self.dec_lock_ref(nid, rec, skip_swa=lock.swa_released)
+        self.dec_lock_ref(nid, lock.receipt, skip_swa=lock.swa_released)
 
     def release_swa(self, lock):
         """Release the SWA window part of ``lock`` early, once (SGLang ``release_swa``):
@@ -1391,13 +1388,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             return
         if self._plain_locks:
             # Full-only plain receipts (as ``unlock``'s short path): no receipt work
-            nids = [lk.node for lk in held]
-            if all(type(lk.receipt) is DecLockRefParams and type(nid) is int
-                   and lk.receipt.node_id == nid and not lk.receipt.skipped_lock_components
-                   and lk.swa_released is False and _NID_MIN <= nid < _NID_END
-                   for lk, nid in zip(held, nids)):
-                zeros = np.zeros(len(nids), dtype=np.int64)
-                self._dec_batch(np.array(nids, dtype=np.int64), zeros, zeros)
+            if all(_plain_lock(lk) for lk in held):
+                zeros = np.zeros(len(held), dtype=np.int64)
+                self._dec_batch(np.array([lk.node for lk in held], dtype=np.int64), zeros, zeros)
                 return
         self.dec_lock_ref_batch([lk.node for lk in held], [lk.receipt for lk in held],
                                 skip_swa=[lk.swa_released for lk in held])
@@ -1639,6 +1632,17 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
 # the host tier's wrappers of the request path keep the request path's documentation
 HiCacheMixin.checkpoint.__doc__ = RequestCachingMixin.checkpoint.__doc__
 HiCacheMixin.release_kv_cache.__doc__ = RequestCachingMixin.release_kv_cache.__doc__
+
+
+def _plain_lock(lk):
+    """Whether the ``TreeLock`` ``lk`` is one a Full-only cache's ``lock`` makes: an
+    int64 node id, a ``DecLockRefParams`` receipt anchored on it that skips
+    nothing, no early window release (its release then needs no receipt work)."""
+    nid = lk.node
+    rec = lk.receipt
+    return (type(rec) is DecLockRefParams and type(nid) is int and rec.node_id == nid
+            and not rec.skipped_lock_components and lk.swa_released is False
+            and _NID_MIN <= nid < _NID_END)
 
 
 class _NoFree:
