@@ -574,17 +574,29 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 cow = as_flag(params.cow_mamba, "params.cow_mamba") and self._check_cow(params)
         else:
             key = params
-        units, n, nk, _ = self._key(key, "params.key")
         eng = self._engine
-        ns = eng.ns.get(nk)
+        units = key.token_ids if type(key) is RadixKey else None
+        if (type(units) is np.ndarray and units.dtype is _I64 and units.ndim == 1
+                and key.extra_key is None and key.cache_salt is None and not key.is_bigram
+                and not self.is_eagle and units.flags.c_contiguous and units.flags.writeable):
+            # the common key, inline: what _key returns for it (tokens as they are,
+            # the default namespace), without its checks
+            n = units.shape[0]
+            n -= n % self.page_size
+            ns = eng.ns.get((None, None))
+        else:
+            units, n, nk, _ = self._key(key, "params.key")
+            ns = eng.ns.get(nk)
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
         # The result array is allocated here, at the key's length, and the kernel
         # writes the matched indices straight into it (no scratch + copy).
         idx = np.empty(n, dtype=np.int64)
         with self._mutex:
-            st, plen, best, visited, full_hit, host_hit, hbest = eng.call_tree(
-                _k_match, units, n, ns, idx)
+            r = _k_match(*eng.st, units, n, ns, idx)
+            if r[0] == L.E_CAPACITY:   # a split needs a node slot: grow, then again
+                r = eng.call_tree(_k_match, units, n, ns, idx)
+            st, plen, best, visited, full_hit, host_hit, hbest = r
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
