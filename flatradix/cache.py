@@ -49,6 +49,7 @@ from .types import (
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _I64 = np.dtype(np.int64)
+_DEFAULT_NS = (None, None)   # the namespace of a key without extra_key / cache_salt
 _PLAIN_RECEIPTS = (IncLockRefResult, DecLockRefParams)
 _tuple_new = tuple.__new__
 _TRACK = 1  # kernels/insert.py: TRACK_ADOPTED
@@ -427,6 +428,15 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         ``(extra_key, cache_salt)`` tuple: namespaces are compared as tuples, never
         concatenated (known_bugs B5). ``TypeError`` / ``ValueError`` naming ``name``.
         """
+        if type(key) is RadixKey:
+            toks = key.token_ids
+            if (type(toks) is np.ndarray and toks.dtype is _I64 and toks.ndim == 1
+                    and key.extra_key is None and key.cache_salt is None and not key.is_bigram
+                    and not self.is_eagle):
+                flags = toks.flags
+                if flags.c_contiguous and flags.writeable:  # the common key: as it is
+                    n = toks.shape[0]
+                    return toks, n - n % self.page_size, _DEFAULT_NS, toks
         if not isinstance(key, RadixKey):
             raise TypeError(f"{name} must be a flatradix.RadixKey, got {type(key).__name__}")
         if key.is_bigram and not self.is_eagle:
