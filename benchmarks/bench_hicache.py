@@ -31,6 +31,19 @@ import flatradix as fr
 TREE_TOKENS = 100_000
 
 
+def load_back_request(c, params):
+    """One request's load-back, as SGLang's ``PrefillAdder`` drives it."""
+    m = c.match_prefix(params)
+    lk = c.lock(m.last_device_node)
+    if m.host_hit_length > 0:
+        h = c.inc_host_lock_ref(m.best_match_node)
+        c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length))
+        c.dec_host_lock_ref(m.best_match_node, h)
+    c.unlock(lk)
+    c.ready_to_load_host_cache()
+    c.loading_check()
+
+
 def _warm():
     """Every step once on a small cache: the kernels are loaded before a sample."""
     alloc = fr.TokenToKVPoolAllocator(64)
@@ -40,14 +53,7 @@ def _warm():
     c.insert(fr.InsertParams(key=key, value=alloc.alloc(16)))
     c.check_hicache_events()
     c.evict(fr.EvictParams(num_tokens=16))
-    m = c.match_prefix(fr.MatchPrefixParams(key=key))
-    lk = c.lock(m.last_device_node)
-    h = c.inc_host_lock_ref(m.best_match_node)
-    c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length))
-    c.dec_host_lock_ref(m.best_match_node, h)
-    c.unlock(lk)
-    c.ready_to_load_host_cache()
-    c.loading_check()
+    load_back_request(c, fr.MatchPrefixParams(key=key))
     c.evict(fr.EvictParams(num_tokens=16))
     c.evict_host(16)
 
@@ -110,15 +116,7 @@ class LoadBack(_HostTree):
     def time_load_back(self):
         c = self.cache
         for p in self.params_:
-            m = c.match_prefix(p)
-            lk = c.lock(m.last_device_node)
-            if m.host_hit_length > 0:
-                h = c.inc_host_lock_ref(m.best_match_node)
-                c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length))
-                c.dec_host_lock_ref(m.best_match_node, h)
-            c.unlock(lk)
-            c.ready_to_load_host_cache()
-            c.loading_check()
+            load_back_request(c, p)
 
 
 class HostEvict(_HostTree):
