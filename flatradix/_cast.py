@@ -159,6 +159,8 @@ def as_node_id(x, name="node"):
     """A node id: an int (NodeId, or anything with ``__index__``); bool and other
     objects are a ``TypeError``. An int outside int64 was never issued:
     ``NodeAccessError`` (a ``KeyError``), as for any other never-issued id."""
+    if type(x) is int and _NID_MIN <= x < _NID_END:  # the common case, first
+        return x
     if isinstance(x, bool):
         raise TypeError(f"{name} must be a NodeId (int), got bool")
     try:

@@ -359,8 +359,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         self.disable = as_flag(disable, "disable")
         self.enable_kv_cache_events = (as_flag(enable_kv_cache_events, "enable_kv_cache_events")
                                        and not self.disable)
-        # a Full-only, enabled cache: lock / unlock take their short path (no receipt parts)
-        self._plain_locks = not (self._swa or self._mamba or self.disable)
+        # a Full-only cache: lock / unlock take their short path (no receipt parts)
+        # while it is enabled (``disable`` is read at each call: it may be set later)
+        self._plain_locks = not (self._swa or self._mamba)
         self._mutex = threading.RLock()
         self._vals = ValueBridge(token_to_kv_pool_allocator)
         if self._mamba:
@@ -1109,7 +1110,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         A disabled cache locked nothing: it returns at once. O(depth).
         """
         nid = as_node_id(node, "node")
-        if self._plain_locks and skip_swa is False and (receipt is None or (
+        if self._plain_locks and not self.disable and skip_swa is False and (receipt is None or (
                 type(receipt) in _PLAIN_RECEIPTS and receipt.node_id == nid
                 and not receipt.skipped_lock_components)):
             skip_mask, boundary = 0, 0   # Full-only: what _receipt would return
@@ -1162,7 +1163,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """``inc_lock_ref`` packed as SGLang's ``TreeLock(node, receipt)`` for ``unlock``
         and ``release_swa``. Errors as ``inc_lock_ref``."""
         nid = as_node_id(node, "node")
-        if self._plain_locks and type(skip_lock_components) is tuple and not skip_lock_components:
+        if (self._plain_locks and not self.disable and type(skip_lock_components) is tuple
+                and not skip_lock_components):
             # Full-only: the receipt holds nothing but the node (what inc_lock_ref's
             # to_dec_params() would give), so skip building the IncLockRefResult
             st_ = self._engine.st
@@ -1181,7 +1183,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         if not isinstance(lock, TreeLock):
             raise TypeError(f"lock must be a flatradix.TreeLock or None, got {type(lock).__name__}")
         nid = lock.node
-        if self._plain_locks and _plain_lock(lock):
+        if self._plain_locks and not self.disable and _plain_lock(lock):
             # Full-only, a plain receipt: what dec_lock_ref would check reduces to this
             st_ = self._engine.st
             with self._mutex:
@@ -1385,7 +1387,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def lock_batch(self, nodes, skip_lock_components=()):
         """``lock`` of each node in one call: a list of ``TreeLock``."""
         nids = self._node_ids(nodes)
-        if self._plain_locks and type(skip_lock_components) is tuple and not skip_lock_components:
+        if (self._plain_locks and not self.disable and type(skip_lock_components) is tuple
+                and not skip_lock_components):
             # Full-only: each receipt holds nothing but its node (see ``lock``)
             out = np.empty((nids.shape[0], 2), dtype=np.int64)
             st_ = self._engine.st
@@ -1408,7 +1411,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 raise TypeError(f"locks must hold flatradix.TreeLock, got {type(lk).__name__}")
         if not held:
             return
-        if self._plain_locks:
+        if self._plain_locks and not self.disable:
             # Full-only plain receipts (as ``unlock``'s short path): no receipt work
             if all(_plain_lock(lk) for lk in held):
                 zeros = np.zeros(len(held), dtype=np.int64)

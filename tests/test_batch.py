@@ -163,3 +163,24 @@ def test_full_only_lock_batch_and_unlock_batch_as_the_single_calls():
         single.unlock(lk)
     assert batch.protected_size() == 0 == single.protected_size()
     batch.sanity_check()
+
+
+def test_locks_follow_disable_set_after_construction():
+    """``disable`` is read at each call (helper-24: the short lock paths once froze it
+    at construction): set later, every lock call is a no-op, as ``inc_lock_ref``."""
+    c = UnifiedRadixCache(page_size=1)
+    c.insert(InsertParams(key=RadixKey([1, 2, 3]), value=np.array([5, 6, 7])))
+    node = c.match_prefix(RadixKey([1, 2, 3])).last_device_node
+    c.disable = True
+    lk = c.lock(node)
+    locks = c.lock_batch([node, node])
+    c.inc_lock_ref(node)
+    assert c.protected_size() == 0
+    c.dec_lock_ref(node)                 # nothing held, nothing released: no error
+    c.unlock(lk)
+    c.unlock_batch(locks)
+    assert c.protected_size() == 0 and c.evictable_size() == 3
+    c.disable = False
+    c.unlock(c.lock(node))
+    assert c.protected_size() == 0
+    c.sanity_check()
