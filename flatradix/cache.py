@@ -585,19 +585,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 cow = as_flag(params.cow_mamba, "params.cow_mamba") and self._check_cow(params)
         else:
             key = params
+        units, n, nk, _ = self._key(key, "params.key")
         eng = self._engine
-        units = key.token_ids if type(key) is RadixKey else None
-        if (type(units) is np.ndarray and units.dtype is _I64 and units.ndim == 1
-                and key.extra_key is None and key.cache_salt is None and not key.is_bigram
-                and not self.is_eagle and units.flags.c_contiguous and units.flags.writeable):
-            # the common key, inline: what _key returns for it (tokens as they are,
-            # the default namespace), without its checks
-            n = units.shape[0]
-            n -= n % self.page_size
-            ns = eng.ns.get((None, None))
-        else:
-            units, n, nk, _ = self._key(key, "params.key")
-            ns = eng.ns.get(nk)
+        ns = eng.ns.get(nk)
         if self.disable or n == 0 or ns is None:  # an unseen namespace caches nothing
             return self._empty_match()
         # The result array is allocated here, at the key's length, and the kernel
@@ -1122,12 +1112,17 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 receipt is not None or self._swa or self._mamba) else (0, 0)
         if skip_swa:
             skip_mask |= self._early_mask
+        self._dec(nid, skip_mask, boundary)
+        return DecLockRefResult()
+
+    def _dec(self, nid, skip_mask, boundary):
+        """One ``dec_lock_ref`` kernel call on a checked release; its refusal raised
+        (``_dec_error``), nothing changed then."""
         st_ = self._engine.st
         with self._mutex:
             st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
             if st != L.OK:
                 self._dec_error(st, x, nid)
-        return DecLockRefResult()
 
     def _dec_error(self, st, x, nid):
         """Raise what the lock kernel's refusal ``(st, x)`` of a release on ``nid`` means
@@ -1185,11 +1180,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         nid = lock.node
         if self._plain_locks and not self.disable and _plain_lock(lock):
             # Full-only, a plain receipt: what dec_lock_ref would check reduces to this
-            st_ = self._engine.st
-            with self._mutex:
-                st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, 0, 0)
-                if st != L.OK:
-                    self._dec_error(st, x, nid)
+            self._dec(nid, 0, 0)
             return
         self.dec_lock_ref(nid, lock.receipt, skip_swa=lock.swa_released)
 
