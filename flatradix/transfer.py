@@ -128,12 +128,10 @@ class KVTransfer:
                 raise ValueError(f"host_buffers[{i}] must be on the CPU, got {h.device}")
         self.device_buffers = dev
         self.host_buffers = host
-        self._device_rows = min(int(d.shape[0]) for d in dev)
-        self._host_rows = min(int(h.shape[0]) for h in host)
         #: rows every device / host buffer has (``init_hicache`` checks them against
         #: the allocator's slots and the host pool's size)
-        self.device_rows = self._device_rows
-        self.host_rows = self._host_rows
+        self.device_rows = min(int(d.shape[0]) for d in dev)
+        self.host_rows = min(int(h.shape[0]) for h in host)
         row_bytes = 0  # bytes one slot holds over every buffer
         for d in dev:
             per_row = int(np.prod(d.shape[1:], dtype=np.int64))
@@ -183,11 +181,11 @@ class KVTransfer:
                              f"{hi.shape[0]}")
         if n == 0:
             return
-        if di.min() < 0 or di.max() >= self._device_rows:
-            raise ValueError(f"device_indices: slots must lie in [0, {self._device_rows}) "
+        if di.min() < 0 or di.max() >= self.device_rows:
+            raise ValueError(f"device_indices: slots must lie in [0, {self.device_rows}) "
                              "(the device buffers' rows)")
-        if hi.min() < 0 or hi.max() >= self._host_rows:
-            raise ValueError(f"host_indices: slots must lie in [0, {self._host_rows}) "
+        if hi.min() < 0 or hi.max() >= self.host_rows:
+            raise ValueError(f"host_indices: slots must lie in [0, {self.host_rows}) "
                              "(the host buffers' rows)")
         for d, h in zip(self.device_buffers, self.host_buffers):
             if _is_torch(d):
