@@ -607,21 +607,32 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         # page-aligned length, when it is past the usable prefix)
         branch = full_hit if self._swa and full_hit > plen else None
         mbranch = None
+        mhost = 0
         if self._mamba:
-            mbranch = self._mamba_branch(full_hit, plen)
+            mbranch = self._mamba_branch(full_hit, plen + host_hit)
+            if self._host_mamba is not None:
+                mhost = self._mamba_host_hit(hbest)
             if cow:
                 self._cow_mamba(params.req, best)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
         return _tuple_new(MatchResult, (idx, best, hbest, hbest, host_hit, plen, full_hit, vis,
-                                        0, branch, 0, mbranch, None, None))
+                                        0, branch, mhost, mbranch, None, None))
 
-    def _mamba_branch(self, full_hit, plen):
+    def _mamba_branch(self, full_hit, boundary):
         """SGLang's ``mamba_branching_seqlen``: the Full hit aligned down to the
         checkpoint grid ``lcm(mamba_cache_chunk_size, page_size)``, when that is
-        past the usable prefix (spec §6.3), else None."""
+        past the Mamba boundary (the device prefix plus the host hit; spec §6.3),
+        else None."""
         grid = self.mamba_checkpoint_grid
         aligned = full_hit // grid * grid
-        return aligned if aligned > plen else None
+        return aligned if aligned > boundary else None
+
+    def _mamba_host_hit(self, hbest):
+        """SGLang's ``mamba_host_hit_length``: 1 when the best match node's state is
+        on the host only (a load-back restores it), else 0."""
+        nodes = self._engine.st.nodes
+        f = int(nodes[int(hbest) & 0xFFFFFFFF, L.FLAGS])
+        return 1 if (f & (L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS_MAMBA_HOST else 0
 
     def _check_cow(self, params):
         """Validate a ``cow_mamba`` match's request (before anything changes)."""
@@ -1293,6 +1304,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         np.cumsum(res[:, 0], out=pos[1:])
         idx = self._vals.out(idx)
         swa = self._swa
+        mamba = self._mamba
+        mamba_host = self._host_mamba is not None
         results = []
         for (plen, best, vis, full_hit, host_hit, hbest), p0 in zip(res.tolist(),
                                                                     pos[:-1].tolist()):
@@ -1301,9 +1314,14 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                     idx[p0:p0], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
                 continue
             branch = full_hit if swa and full_hit > plen else None
+            # the Mamba fields as match_prefix computes them (the host-only test reads
+            # the node now: a later key of the batch may have changed it, as SGLang's
+            # finaliser runs at each match -- only a split can, which keeps the state)
+            mbranch = self._mamba_branch(full_hit, plen + host_hit) if mamba else None
+            mhost = self._mamba_host_hit(hbest) if mamba_host else 0
             results.append(_tuple_new(MatchResult, (
                 idx[p0:p0 + plen], best, hbest, hbest, host_hit, plen, full_hit,
-                None if vis < 0 else vis, 0, branch, 0, None, None, None)))
+                None if vis < 0 else vis, 0, branch, mhost, mbranch, None, None)))
         return results
 
     def inc_lock_ref_batch(self, nodes, skip_lock_components=()):
@@ -1612,8 +1630,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             self._vals.mamba_owned.clear()
             if self._host is not None:
                 self._host.clear()
+                if self._host_mamba is not None:
+                    self._host_mamba.clear()
                 self.ongoing_write_through.clear()
                 self.ongoing_load_back.clear()
+                self._state_loads.clear()
                 self._write_queue, self._load_queue = [], []
                 self._write_acks.clear()
                 self._load_acks.clear()

@@ -30,7 +30,7 @@ assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
 
 
 def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None,
-            host=None, backups=None):
+            host=None, backups=None, host_mamba=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -45,8 +45,10 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     round: the controller frees them); with ``vals`` they go to its Mamba
     allocator.
 
-    ``host``: the host pool (``flatradix.hicache.HostKVPool``) ``A_FREE_HOST``
-    rows are freed to (host eviction); ``backups``: called with the node slot of
+    ``host``: the host pool (``flatradix.hicache.HostKVPool``) Full
+    ``A_FREE_HOST`` rows are freed to (host eviction), ``host_mamba`` the Mamba
+    host state pool (Mamba rows); a row whose pool is not given is an error
+    (``AssertionError``: a host slot is never dropped); ``backups``: called with the node slot of
     each ``A_BACKUP`` row when the row is reached (the façade backs the node up
     there, as SGLang's insert does at that barrier; it makes engine calls, so
     ``out`` must then be a copy). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
@@ -71,7 +73,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
             continue
         if kind == A.A_BACKUP:
             if backups is not None:  # run now: its events fall at the walk's position
-                backups(off)
+                backups(off, aux)
             continue
         if kind == A.A_ADOPTED:
             if adopted is not None:
@@ -95,8 +97,10 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
         elif kind == A.A_FREE_KV_FULL_ONLY:
             full.append(v)
         elif kind == A.A_FREE_HOST:
-            if host is not None:
-                host.free(v.copy())
+            pool = host_mamba if comp == MAMBA else host
+            if pool is None:
+                raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool given")
+            pool.free(v.copy())
         elif kind == A.A_FREE_SLOT:
             if comp == MAMBA:  # state slots: their own pool
                 if mamba is None:

@@ -1,6 +1,7 @@
 """HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
 
-Full attention only for now (``ValueError`` on a cache with SWA or Mamba).
+Full attention, and Full + Mamba (write-through policies; spec §6.3 HiCache
+notes): SWA and Mamba under write-back are refused (``ValueError``).
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
 first hit, ``write_through_selective`` at its second, ``write_back`` only when
@@ -30,12 +31,14 @@ import numpy as np
 from ._cast import as_count, as_flag, as_int, as_int64, as_node_id
 from .errors import LockRefError
 from .types import (
-    ComponentType, DecLockRefResult, IncLockRefResult, InitLoadBackParams, InsertResult,
+    ComponentType, DecLockRefResult, EvictParams, IncLockRefResult, InitLoadBackParams,
+    InsertResult,
 )
 from .executor import execute
 from .kernels import host as K
 from .kernels import layout as L
 from .kernels.evict import evict_end as _k_evict_end
+from .kernels.insert import BACKUP_NO_STATE as _BACKUP_NO_STATE
 from .kernels.lock import dec_lock_ref as _k_dec
 from .kernels.evict import evict_next as _k_evict_next
 from .kernels.evict import evict_start as _k_evict_start
@@ -112,12 +115,13 @@ class HiCacheMixin:
     """The host-tier methods of ``UnifiedRadixCache`` (see the module docstring)."""
 
     _host = None
+    _host_mamba = None
     _hicache_policy = None
     _transfer_error = None
 
     def init_hicache(self, server_args=None, params=None, *, hicache_write_policy=None,
                      host_size=None, hicache_ratio=None, load_back_threshold=10,
-                     transfer=None):
+                     transfer=None, mamba_host_size=None):
         """Turn the host tier on (SGLang ``init_hicache``).
 
         ``server_args``: optional object read for ``hicache_write_policy`` and
@@ -127,9 +131,14 @@ class HiCacheMixin:
         as SGLang sizes it: ``(int(D * ratio) // page_size + 1) * page_size`` for a
         device allocator of ``size`` D. ``load_back_threshold``: fewer host
         tokens than this are recomputed, not loaded (SGLang's default 10).
-        ``transfer``: see the module docstring. Raises ``ValueError`` for an
-        unknown policy, a cache with SWA or Mamba, a missing size, or a second
-        call; nothing changes then.
+        ``transfer``: see the module docstring. Mamba caches get a host state
+        pool too (``mamba_pool_host``): ``mamba_host_size`` states, else from
+        ``hicache_ratio`` as SGLang's ``MambaPoolHost``: ``int(S * ratio) + 1`` for
+        a state pool of ``S`` states; the ``transfer`` callable then also gets
+        ``"backup_state"`` / ``"load_state"`` calls with state slots. Raises
+        ``ValueError`` for an unknown policy, a cache with SWA, a Mamba cache
+        under ``write_back`` or with ``mamba_max_states_per_path`` (not built
+        yet), a missing size, or a second call; nothing changes then.
         """
         def arg(name, given):
             if given is not None:
@@ -140,9 +149,16 @@ class HiCacheMixin:
         if policy not in L.HOST_POLICY_NAMES[1:]:
             raise ValueError(f"hicache_write_policy must be one of "
                              f"{', '.join(L.HOST_POLICY_NAMES[1:])}, got {policy!r}")
-        if self._swa or self._mamba:
-            raise ValueError("init_hicache: the host tier supports Full-attention caches only "
-                             f"for now; this cache has components {self.components}")
+        if self._swa:
+            raise ValueError("init_hicache: the host tier supports Full and Full + Mamba "
+                             f"caches for now; this cache has components {self.components}")
+        if self._mamba and policy == "write_back":
+            raise ValueError("init_hicache: a Mamba cache's host tier supports write_through "
+                             "and write_through_selective for now, got write_back")
+        if self._mamba and self.mamba_max_states_per_path != -1:
+            raise ValueError("init_hicache: mamba_max_states_per_path with the host tier is "
+                             "not supported yet (its eviction must run between the insert's "
+                             f"backups); this cache has {self.mamba_max_states_per_path}")
         if self._host is not None:
             raise ValueError("init_hicache: the host tier is already on")
         ratio = arg("hicache_ratio", hicache_ratio)
@@ -164,6 +180,23 @@ class HiCacheMixin:
         if host_size > MAX_HOST_SIZE:
             raise ValueError(f"host_size must be <= {MAX_HOST_SIZE} (2**40) tokens, got "
                              f"{host_size}")
+        state_size = None
+        if self._mamba:
+            if mamba_host_size is not None:
+                state_size = as_count(mamba_host_size, "mamba_host_size")
+            elif ratio is not None:
+                states = getattr(self._vals.mamba, "size", None)
+                if not isinstance(states, (int, np.integer)):
+                    raise ValueError("hicache_ratio needs a mamba_allocator with a size (or "
+                                     "give mamba_host_size)")
+                state_size = int(int(states) * ratio) + 1   # SGLang's MambaPoolHost sizing
+            else:
+                raise ValueError("init_hicache on a Mamba cache needs mamba_host_size (states) "
+                                 "or hicache_ratio")
+            if state_size > MAX_HOST_SIZE:
+                raise ValueError(f"mamba_host_size must be <= {MAX_HOST_SIZE}, got {state_size}")
+        elif mamba_host_size is not None:
+            raise ValueError("mamba_host_size given, but this cache has no Mamba component")
         thr = as_int(load_back_threshold, "load_back_threshold")
         if thr < 0:
             raise ValueError(f"load_back_threshold must be >= 0, got {thr}")
@@ -179,8 +212,24 @@ class HiCacheMixin:
                 raise ValueError(f"transfer: its device buffers have {transfer.device_rows} "
                                  f"rows, the allocator hands out slots up to {dev_size} (they "
                                  f"need {dev_size + 1} rows: row 0 is padding)")
+            if state_size is not None:
+                if transfer.device_state_buffers is None:
+                    raise ValueError("transfer: a Mamba cache's KVTransfer needs "
+                                     "device_state_buffers and host_state_buffers (the states "
+                                     "are backed up and loaded too)")
+                states = getattr(self._vals.mamba, "size", None)
+                if isinstance(states, (int, np.integer)) and \
+                        transfer.device_state_rows <= states:
+                    raise ValueError(f"transfer: its device state buffers have "
+                                     f"{transfer.device_state_rows} rows, the state pool hands "
+                                     f"out slots up to {states} (they need {states + 1} rows)")
+                if transfer.host_state_rows < state_size:
+                    raise ValueError(f"transfer: its host state buffers have "
+                                     f"{transfer.host_state_rows} rows, the Mamba host pool has "
+                                     f"{state_size} slots")
         with self._mutex:
             self._host = HostKVPool(host_size)
+            self._host_mamba = HostKVPool(state_size) if state_size is not None else None
             self.load_back_threshold = thr
             self._transfer = transfer
             self._hicache_policy = policy
@@ -190,6 +239,7 @@ class HiCacheMixin:
                                      self.write_through_threshold)
             self.ongoing_write_through = {}   # ack id (the node's id) -> node id
             self.ongoing_load_back = {}       # anchor node id -> its host-lock stamp (0: none)
+            self._state_loads = set()         # anchors of loads that restored a state alone
             self._write_queue = []            # backups committed, not yet submitted
             self._write_acks = deque()        # submitted backups: one list of ack ids each
             self._load_queue = []             # loads committed, not yet submitted
@@ -207,6 +257,12 @@ class HiCacheMixin:
     def mem_pool_host(self):
         """The host pool (``HostKVPool``), or None without a host tier."""
         return self._host
+
+    @property
+    def mamba_pool_host(self):
+        """The Mamba host state pool (``HostKVPool`` of state slots; SGLang's
+        ``MambaPoolHost``), or None without Mamba on the host tier."""
+        return self._host_mamba
 
     def _check_host(self, what):
         if self._host is None:
@@ -230,6 +286,30 @@ class HiCacheMixin:
                 self._transfer_error = e
             return False
         return True
+
+    def _copy_state(self, kind, dev_state, host_state):
+        """Run the transfer callable for one Mamba state (``kind`` ``"backup_state"``
+        or ``"load_state"``; ``dev_state`` / ``host_state`` are one-slot int64
+        arrays); False (the exception kept, as ``_copy``) when it raises."""
+        if self._transfer is None:
+            return True
+        try:
+            self._transfer(kind, dev_state, host_state)
+        except Exception as e:  # noqa: BLE001 -- re-raised by the public call
+            if self._transfer_error is None:
+                self._transfer_error = e
+            return False
+        return True
+
+    def _state_host_alloc(self):
+        """One Mamba host state slot, evicting one host state first when the pool
+        is empty (SGLang's reclaim ``evict_host(1, MAMBA)``); None when none can
+        be found. Under the cache lock."""
+        h = self._host_mamba.alloc(1)
+        if h is None:
+            self._evict_host_states(1)
+            h = self._host_mamba.alloc(1)
+        return h
 
     def _raise_transfer_error(self):
         """Raise the first exception a transfer callable raised during this call
@@ -265,16 +345,20 @@ class HiCacheMixin:
             eng.grow()
 
     # ------------------------------------------------------------------ backup
-    def _run_backup(self, s):
+    def _run_backup(self, s, aux=0):
         """Back up the node in slot ``s`` (an insert's ``A_BACKUP`` row, run when the
         executor reaches it: at its place among the insert's events, as SGLang's
         barrier). The row covers its node and its unbacked ancestors (ancestors first);
         every node of it gets its own host slots (host leaves are evicted when the
-        pool is short), its own ack id (its node id, as SGLang), a device path lock
-        until the ack, and is queued for the next ``flush_pending_backups``. A node
-        whose host slots cannot be found ends its row silently, as SGLang's
-        controller does (the node stays unbacked; a later hit retries).
-        Under the cache lock."""
+        pool is short) and, on a Mamba cache, a host state slot for a device state
+        without one (one host state evicted when the state pool is empty), its
+        own ack id (its node id, as SGLang), a device lock until the ack, and is
+        queued for the next ``flush_pending_backups``. A node that needs nothing
+        (backed up already) is skipped; a node whose host slots cannot be found
+        ends its row silently, as SGLang's controller does (the node stays
+        unbacked; a later hit retries). ``aux`` ``BACKUP_NO_STATE``: node ``s``'s
+        Mamba state is left out (it came with the insert's commit, after SGLang
+        ran this backup). Under the cache lock."""
         eng = self._engine
         nodes = eng.st.nodes
         nid = int(nodes[s, L.GEN]) << 32 | int(s)
@@ -282,18 +366,42 @@ class HiCacheMixin:
         if st != L.OK or k == 0:
             return
         chain = eng.out[:k].tolist()
+        mamba = self._host_mamba is not None
         for c in chain:
-            n = int(eng.st.nodes[c, L.KEY_LEN])
+            nodes = eng.st.nodes  # host evictions below may not grow it, but read it fresh
+            f = int(nodes[c, L.FLAGS])
+            n = 0 if f & L.F_HAS_FULL_HOST else int(nodes[c, L.KEY_LEN])
+            state = mamba and (f & (L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS(L.MAMBA)
+            if c == s and aux == _BACKUP_NO_STATE:
+                state = False
+            if n == 0 and not state:
+                continue  # nothing left to back up on this node
             host = self._host.alloc(n)
             if host is None:
                 self._evict_host_units(n - self._host.available_size())
                 host = self._host.alloc(n)
                 if host is None:
                     break
-            cid = int(eng.st.nodes[c, L.GEN]) << 32 | int(c)
-            if not self._copy("backup", c, host):
+            hstate = None
+            if state:
+                hstate = self._state_host_alloc()
+                if hstate is None:  # SGLang's rollback: the node's Full host slots go back
+                    self._host.free(host)
+                    break
+            nodes = eng.st.nodes
+            cid = int(nodes[c, L.GEN]) << 32 | int(c)
+            if n and not self._copy("backup", c, host):
+                if hstate is not None:
+                    self._host_mamba.free(hstate)
                 break  # the copy failed: this node and the rest of the row stay unbacked
-            st, _ = self._call_out(K.backup_commit, c, host, cid, True)
+            if state and not self._copy_state(
+                    "backup_state", np.array([nodes[c, L.MAMBA_SLOT]], dtype=np.int64), hstate):
+                self._host_mamba.free(hstate)
+                if n:
+                    self._host.free(host)
+                break
+            st, _ = self._call_out(K.backup_commit, c, host, -1 if hstate is None
+                                   else int(hstate[0]), cid, True)
             assert st == L.OK, st
             self.ongoing_write_through[cid] = cid
             self._write_queue.append(cid)
@@ -347,7 +455,10 @@ class HiCacheMixin:
         """SGLang ``inc_host_lock_ref``: pin ``node``'s host copy against host eviction
         (a scheduler pins a match's ``best_match_node`` around ``init_load_back``).
         Returns the receipt (``IncLockRefResult``; ``component_host_lock_uuids``
-        ``{FULL: stamp}``, empty when the node has no host copy: nothing locked).
+        ``{FULL: stamp}``, empty when the node has no host copy: no Full host
+        lock). On a Mamba cache the node's Mamba host lock is taken as well,
+        whatever it holds (SGLang's Mamba component; never the root), and
+        ``dec_host_lock_ref`` releases it with any receipt of this node.
         ``NodeAccessError`` for a stale id. O(1)."""
         nid = as_node_id(node, "node")
         with self._mutex:
@@ -382,15 +493,18 @@ class HiCacheMixin:
             raise TypeError(f"params.component_host_lock_uuids[FULL] must be an int stamp, "
                             f"got {type(stamp).__name__}")
         with self._mutex:
-            if not stamp or self._host is None:
+            if self._host is None or not (stamp or self._host_mamba is not None):
                 self._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
                 return DecLockRefResult()
-            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp))  # checks the id too
+            # checks the id too; on a Mamba cache the node's Mamba host lock goes as well
+            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp or 0))
         if st == L.E_STALE:
             raise self._stale(nid)
         if st != L.OK:
             raise LockRefError(f"dec_host_lock_ref: node {nid} holds no host lock of the "
-                               f"receipt's segment (boundary {stamp})")
+                               f"receipt's segment (boundary {stamp}"
+                               + (", or no Mamba host lock" if self._host_mamba is not None
+                                  else "") + ")")
         return DecLockRefResult()
 
     # ------------------------------------------------------------------ storage refill
@@ -481,11 +595,14 @@ class HiCacheMixin:
     # ------------------------------------------------------------------ load back
     def init_load_back(self, params):
         """SGLang ``init_load_back(InitLoadBackParams)``: load the host part of a
-        match back to the device when ``params.best_match_node`` is host-only or
-        ``params.host_hit_length > 0``. Returns ``(loaded_tokens, node)``: the
-        best match node on success, else ``(0, params.req.last_node)`` (the
-        request's device match; ``params.req`` may be None, then the best match
-        node's id is returned with 0)."""
+        match back to the device when ``params.best_match_node`` is host-only,
+        ``params.host_hit_length > 0`` or (Mamba) ``params.req.mamba_host_hit_length
+        > 0``. Returns ``(loaded_tokens, node)``: the best match node when Full
+        tokens were loaded, else ``(0, params.req.last_node)`` (the request's device
+        match; ``params.req`` may be None, then the best match node's id is
+        returned with 0). On a Mamba cache the count is SGLang's: the Full device
+        tokens from the best node up to ``req.last_node`` once the load is in (a
+        load of the best node's state alone counts the nodes it made usable)."""
         self._check_host("init_load_back")
         if type(params) is not InitLoadBackParams and not (
                 hasattr(params, "best_match_node") and hasattr(params, "host_hit_length")):
@@ -500,87 +617,199 @@ class HiCacheMixin:
         last = getattr(req, "last_node", None) if req is not None else None
         if last is None:
             last = best
-        # a load when the best node is host-only or the hit is positive; with no
+        state_hit = 0
+        if self._host_mamba is not None and req is not None:
+            state_hit = as_count(getattr(req, "mamba_host_hit_length", 0) or 0,
+                                 "params.req.mamba_host_hit_length")
+            self._check_load_req(req)
+        # a load when the best node is host-only or a hit is positive; with no
         # hit, a best node on the device (no units to load) is left as it is
-        n = self._load(best, quota, "params.best_match_node", hit == 0)
+        n, done = self._load(best, quota, "params.best_match_node",
+                             hit == 0 and state_hit == 0, req)
+        if done and self._host_mamba is not None:
+            # SGLang counts the Full device tokens from the best node up to the
+            # request's device node once the load is in (a state-only load too)
+            n = self._path_units(best, last)
         if n > 0:
             return n, best
         return 0, last
 
+    def _path_units(self, top, until):
+        """Full units from node ``top`` up to (not including) node ``until`` or the root."""
+        eng = self._engine
+        with self._mutex:
+            nodes = eng.st.nodes
+            s = int(_k_resolve(nodes, eng.meta, top))
+            stop = int(_k_resolve(nodes, eng.meta, until)) if until is not None else -1
+            n = 0
+            while s > 0 and s != stop:  # the root is slot 0
+                n += int(nodes[s, L.KEY_LEN])
+                s = int(nodes[s, L.PARENT])
+            return n
+
     def load_back(self, node, mem_quota=None, req=None):
         """SGLang ``load_back``: restore the host-only nodes from ``node`` up to
-        its first device ancestor. Returns True when a load was committed (to be
-        completed by ``loading_check``)."""
+        its first device ancestor and (Mamba) ``node``'s host-only state, into a
+        fresh device slot, copied also into the request's own slot
+        (``req.kv.mamba_pool_idx``; one is allocated when the request holds
+        none, and given back when the load is not made). Returns True when a
+        load was committed (to be completed by ``loading_check``)."""
         self._check_host("load_back")
         node = as_node_id(node, "node")
         if mem_quota is not None:
             mem_quota = as_count(mem_quota, "mem_quota")
-        return self._load(node, mem_quota) > 0
+        if req is not None and self._host_mamba is not None:
+            self._check_load_req(req)
+        return self._load(node, mem_quota, req=req)[1]
 
-    def _load(self, nid, mem_quota, name="node", host_only=False):
-        """Commit a load-back to node ``nid`` (checked ``mem_quota``); returns its
-        units, 0 when declined. ``host_only``: nothing at all (no pins taken and
-        released) when ``nid`` is on the device."""
+    @staticmethod
+    def _check_load_req(req):
+        kv = getattr(req, "kv", None)
+        if kv is None or not hasattr(kv, "mamba_pool_idx"):
+            raise ValueError("req: a Mamba load-back needs a request with a .kv holding "
+                             "mamba_pool_idx (SGLang's Req)")
+
+    @staticmethod
+    def _holds_state(kv):
+        holds = getattr(kv, "holds_mamba", None)
+        return kv.mamba_pool_idx is not None if holds is None else bool(holds)
+
+    def _load(self, nid, mem_quota, name="node", host_only=False, req=None):
+        """Commit a load-back to node ``nid`` (checked ``mem_quota``); returns
+        ``(Full units loaded, committed)``. ``host_only``: nothing at all (no pins
+        taken and released) when ``nid`` is on the device. Mamba (SGLang's
+        order): the pins, the request's slot, the plan, the threshold and quota,
+        the Full slots (evicting), the restored state's slot (one state evicted
+        when the pool is empty), the copies, the commit."""
         eng = self._engine
         with self._mutex:
             st, units, _ = self._call_out(K.load_plan, nid)
-            if st != L.OK:
-                if st == L.E_STALE:
-                    raise self._stale(nid, name)
-                return 0
-            if host_only and units == 0:
-                return 0
+            if st == L.E_STALE:
+                raise self._stale(nid, name)
+            if host_only and st == L.OK and units == 0:
+                return 0, False
+            mamba = self._host_mamba is not None
+            if st != L.OK and not mamba:
+                return 0, False
+            # load_plan's host slots, for the transfer (evictions below reuse ``out``)
+            host = eng.out[:units].copy() if self._transfer is not None and st == L.OK else None
             # both pins in one kernel (what inc_host_lock_ref + inc_lock_ref take)
-            st, delta, stamp = K.load_lock(*eng.st, nid)
-            if (units < max(1, self.load_back_threshold)
-                    or (mem_quota is not None and units + delta > mem_quota)):
-                self._load_unpin(nid, stamp)
-                return 0
-            # load_plan's host slots, for the transfer (evict below reuses ``out``)
-            host = eng.out[:units].copy() if self._transfer is not None else None
-            alloc = self.token_to_kv_pool_allocator
-            if alloc is None:
-                self._load_unpin(nid, stamp)
-                raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
-                                 "device slots")
-            avail = alloc.available_size()
-            if avail < units:
-                try:
-                    self.evict(units - avail)
-                except BaseException:
-                    # a write-back victim's backup copy failed (raised at the end of
-                    # evict): the load is not made; its pins go back
+            _, delta, stamp = K.load_lock(*eng.st, nid)
+            slot = nid & 0xFFFFFFFF
+            new_req_slot = None
+            kv = getattr(req, "kv", None) if req is not None else None
+            committed = False
+            try:
+                if mamba and kv is not None and not self._holds_state(kv) and \
+                        self._state_host_only(slot):
+                    new_req_slot = self._state_device_alloc()
+                    if new_req_slot is None:
+                        raise RuntimeError("Cannot alloc mamba for load_back: the Mamba state "
+                                           "pool is empty and nothing is evictable")
+                    kv.mamba_pool_idx = self._vals.mamba_out(new_req_slot)[0]
+                restore = mamba and st == L.OK and self._state_host_only(slot)
+                if st != L.OK:
+                    units = 0
+                if ((units < max(1, self.load_back_threshold) and not restore)
+                        or (mem_quota is not None and units + delta > mem_quota)):
+                    return 0, False
+                alloc = self.token_to_kv_pool_allocator
+                if alloc is None and units:
+                    raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
+                                     "device slots")
+                dev = _EMPTY
+                if units:
+                    avail = alloc.available_size()
+                    if avail < units:
+                        # a write-back victim's backup copy failure is raised here: the
+                        # load is not made, its pins go back
+                        self.evict(units - avail)
+                    dev = alloc.alloc(units) if alloc.available_size() >= units else None
+                    if dev is None:
+                        return 0, False
+                    if hasattr(dev, "cpu"):  # a torch tensor
+                        dev = dev.cpu().numpy()
+                    dev = np.ascontiguousarray(dev, dtype=np.int64)
+                dstate = -1
+                if restore:
+                    d = self._state_device_alloc()
+                    if d is None:  # SGLang's rollback: the Full slots go back
+                        if units:
+                            self._vals.free(dev)
+                        return 0, False
+                    dstate = d
+                if not self._load_copies(units, dev, host, slot, dstate, kv):
+                    if units:
+                        self._vals.free(dev)
+                    if dstate >= 0:
+                        self._vals.free_mamba(np.array([dstate], dtype=np.int64))
+                    self._raise_transfer_error()
+                load_id = nid if units else 0
+                st, _ = eng.call(K.load_commit, nid, dev, load_id, dstate)
+                assert st == L.OK, st
+                execute(eng.actions(), eng.out, None, None, self._sink)
+                if dstate >= 0:
+                    self._vals.mamba_owned.add(dstate)
+                self.ongoing_load_back[nid] = stamp
+                if not units:
+                    self._state_loads.add(nid)
+                self._load_queue.append(nid)
+                committed = True
+                return units, True
+            finally:
+                if not committed:
                     self._load_unpin(nid, stamp)
-                    raise
-            dev = alloc.alloc(units) if alloc.available_size() >= units else None
-            if dev is None:
-                self._load_unpin(nid, stamp)
-                return 0
-            if hasattr(dev, "cpu"):  # a torch tensor
-                dev = dev.cpu().numpy()
-            dev = np.ascontiguousarray(dev, dtype=np.int64)
-            if self._transfer is not None:
-                try:
-                    self._transfer("load", self._vals.out(dev), host)
-                except Exception:
-                    # nothing committed: the slots and the locks go back
-                    self._vals.free(dev)
-                    self._load_unpin(nid, stamp)
-                    raise
-            st, _ = eng.call(K.load_commit, nid, dev, nid)
-            assert st == L.OK, st
-            execute(eng.actions(), eng.out, None, None, self._sink)
-            self.ongoing_load_back[nid] = stamp
-            self._load_queue.append(nid)
-            return units
+                    if new_req_slot is not None:
+                        self._vals.free_mamba(np.array([new_req_slot], dtype=np.int64))
+                        kv.mamba_pool_idx = None
+
+    def _state_host_only(self, slot):
+        f = int(self._engine.st.nodes[slot, L.FLAGS])
+        return (f & (L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS_MAMBA_HOST
+
+    def _state_device_alloc(self):
+        """One Mamba device state slot (an int), one state evicted first when the
+        pool is empty (SGLang ``evict_for_alloc(mamba_num=1)``); None when none
+        can be found. Under the cache lock."""
+        alloc = self._vals.mamba
+        d = alloc.alloc(1)
+        if d is None:
+            self.evict(EvictParams(num_tokens=0, mamba_num=1))
+            d = alloc.alloc(1)
+        if d is None:
+            return None
+        return int(np.asarray(d.cpu() if hasattr(d, "cpu") else d).reshape(-1)[0])
+
+    def _load_copies(self, units, dev, host, slot, dstate, kv):
+        """Run the transfer callable for a load: the Full slots, then the node's
+        state into ``dstate`` and into the request's own slot. False when one
+        raised (kept for ``_raise_transfer_error``)."""
+        if self._transfer is None:
+            return True
+        if units:
+            try:
+                self._transfer("load", self._vals.out(dev), host)
+            except Exception as e:  # noqa: BLE001
+                self._transfer_error = e
+                return False
+        if dstate >= 0:
+            hs = np.array([self._engine.st.nodes[slot, L.MAMBA_HOST_SLOT]], dtype=np.int64)
+            targets = [dstate]
+            if kv is not None and kv.mamba_pool_idx is not None:
+                targets.append(int(kv.mamba_pool_idx))
+            for t in targets:
+                if not self._copy_state("load_state", np.array([t], dtype=np.int64), hs):
+                    return False
+        return True
 
     def _load_unpin(self, nid, stamp):
-        """Undo ``load_lock(nid)`` (a load that is not committed): the Full path lock,
-        then the host lock ``stamp``. Under the cache lock."""
+        """Undo ``load_lock(nid)`` (a load that is not committed): the path lock,
+        then the host lock ``stamp`` (and the node's Mamba locks). Under the
+        cache lock."""
         eng = self._engine
         st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, 0)
         assert st == L.OK, (st, x)
-        if stamp:
+        if stamp or self._host_mamba is not None:
             st, _ = K.host_unlock(*eng.st, nid, stamp)
             assert st == L.OK, st
 
@@ -613,8 +842,12 @@ class HiCacheMixin:
             for _ in range(k):
                 for nid in self._load_acks.popleft():
                     stamp = self.ongoing_load_back.pop(nid)
+                    load_id = nid
+                    if nid in self._state_loads:  # a Mamba state alone: no Full marks
+                        self._state_loads.discard(nid)
+                        load_id = 0
                     # the ack, the path lock's and the host lock's release, in one kernel
-                    st, x = K.load_finish(*eng.st, nid, nid, stamp)
+                    st, x = K.load_finish(*eng.st, nid, load_id, stamp)
                     if st != L.OK:
                         e = self._load_finish_error(nid, stamp, st, x)
                         error = error or e   # the other loads of the ack complete all the same
@@ -656,7 +889,7 @@ class HiCacheMixin:
                 return False
         if not self._copy("backup", s, host):
             self._raise_transfer_error()  # the victim stays on the device, unbacked
-        st, _ = self._call_out(K.backup_commit, s, host, nid, False)
+        st, _ = self._call_out(K.backup_commit, s, host, -1, nid, False)
         assert st == L.OK, st
         self.ongoing_write_through[nid] = nid
         self._write_queue.append(nid)
@@ -677,7 +910,8 @@ class HiCacheMixin:
         else:
             st, n, _ = eng.call(K.drop_subtree, nid)
             assert st == L.OK, st
-        freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host)
+        freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
+                        host_mamba=self._host_mamba)
         return int(n), freed
 
     def _evict_write_back(self, num):
@@ -708,18 +942,33 @@ class HiCacheMixin:
 
     # ------------------------------------------------------------------ host eviction
     def evict_host(self, num_tokens, component_type=None):
-        """Evict host leaves in policy order until ``num_tokens`` host tokens are
-        freed (SGLang ``evict_host``); returns the tokens freed (may exceed the
-        request: whole nodes). Their host slots go back to the host pool."""
+        """SGLang ``evict_host(num_tokens, component_type=FULL)``: free host data of
+        one component, returning what it freed of that component (may exceed the
+        request: whole nodes). Full: host leaves in policy order (tokens; under
+        write-back the duplicates' host copies first). ``ComponentType.MAMBA``
+        (a Mamba cache): ``num_tokens`` host *states* from the Mamba host LRU's
+        least recent end, skipping host-locked ones; a host leaf goes whole (its
+        Full host value too), another node loses its host state only. The host
+        slots go back to their pools. ``ValueError`` for another component or a
+        cache without a host tier; nothing changes then."""
         self._check_host("evict_host")
-        if component_type is not None and (
-                isinstance(component_type, bool)
-                or not isinstance(component_type, (int, np.integer))
-                or int(component_type) != L.FULL):
-            raise ValueError(f"component_type must be ComponentType.FULL (the host tier holds "
-                             f"Full KV only), got {component_type!r}")
+        ct = L.FULL
+        if component_type is not None:
+            if isinstance(component_type, bool) or not isinstance(component_type,
+                                                                   (int, np.integer)):
+                raise ValueError(f"component_type must be a ComponentType, got "
+                                 f"{component_type!r}")
+            ct = int(component_type)
+            ok = (L.FULL, L.MAMBA) if self._host_mamba is not None else (L.FULL,)
+            if ct not in ok:
+                raise ValueError("component_type must be "
+                                 + " or ".join(f"ComponentType.{ComponentType(c).name}"
+                                               for c in ok)
+                                 + f" (what this cache's host tier holds), got {component_type!r}")
         n = as_count(num_tokens, "num_tokens")
         with self._mutex:
+            if ct == L.MAMBA:
+                return self._evict_host_states(n)
             return self._evict_host_units(n)
 
     def _evict_host_units(self, n):
@@ -728,7 +977,20 @@ class HiCacheMixin:
         while True:
             st, f = K.evict_host(*eng.st, n - done, eng.out, eng.acts)
             done += f
-            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host)
+            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
+                    host_mamba=self._host_mamba)
+            if st == L.OK:
+                return done
+            eng.grow()
+
+    def _evict_host_states(self, n):
+        eng = self._engine
+        done = 0
+        while True:
+            st, f, _ = K.evict_host_states(*eng.st, n - done, eng.out, eng.acts)
+            done += f
+            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
+                    host_mamba=self._host_mamba)
             if st == L.OK:
                 return done
             eng.grow()
@@ -748,3 +1010,7 @@ class HiCacheMixin:
     def host_evictable_size(self):
         """Tokens of the evictable host leaves (what ``evict_host`` can free now)."""
         return int(self._engine.st.meta[L.M_HOST_EVICTABLE])
+
+    def mamba_host_total_size(self):
+        """Mamba states held on the host (0 without Mamba on the host tier)."""
+        return int(self._engine.st.meta[L.M_MAMBA_HOST_TOTAL])

@@ -104,6 +104,14 @@ def all_mamba_values_flatten(engine):
                      if s != L.ROOT and nodes[s, L.FLAGS] & bit], dtype=np.int64)
 
 
+def all_mamba_host_values_flatten(engine):
+    """Every node's Mamba host state slot in DFS order (int64, owned)."""
+    nodes = engine.st.nodes
+    bit = L.F_HAS_MAMBA_HOST
+    return np.array([int(nodes[s, L.MAMBA_HOST_SLOT]) for s, _ in dfs(nodes)
+                     if s != L.ROOT and nodes[s, L.FLAGS] & bit], dtype=np.int64)
+
+
 def pretty_lines(engine):
     """One line per node in DFS order: indentation, id, key head, Full lock_ref, and
     for each component whether it holds a device value."""

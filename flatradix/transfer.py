@@ -25,6 +25,9 @@ import numpy as np
 
 __all__ = ["KVTransfer"]
 
+#: The kinds a transfer callable is called with: KV rows, and (Mamba caches) states.
+_KINDS = ("backup", "load", "backup_state", "load_state")
+
 
 def _is_torch(x):
     torch = sys.modules.get("torch")
@@ -60,6 +63,49 @@ def _check_buffers(buffers, name):
     return list(buffers)
 
 
+def _check_pair(device_buffers, host_buffers, dname, hname):
+    dev = _check_buffers(device_buffers, dname)
+    host = _check_buffers(host_buffers, hname)
+    if len(dev) != len(host):
+        raise ValueError(f"{dname} has {len(dev)} buffers but {hname} has "
+                         f"{len(host)} (one host buffer per device buffer)")
+    for i, (d, h) in enumerate(zip(dev, host)):
+        if _is_torch(d) != _is_torch(h):
+            raise TypeError(f"{hname}[{i}] ({_describe(h)}) and {dname}[{i}] "
+                            f"({_describe(d)}) must both be numpy or both torch")
+        if d.dtype != h.dtype or tuple(d.shape[1:]) != tuple(h.shape[1:]):
+            raise ValueError(f"{hname}[{i}] ({_describe(h)}) must have {dname}"
+                             f"[{i}]'s dtype and row shape ({_describe(d)})")
+        if _is_torch(h) and h.device.type != "cpu":
+            raise ValueError(f"{hname}[{i}] must be on the CPU, got {h.device}")
+    return dev, host
+
+
+def _zeros_like_rows(buffers, rows, pin_memory):
+    """Zeroed host buffers of ``rows`` rows, one per buffer (its dtype and row shape;
+    CPU torch for torch, pinned when asked, by default for a CUDA buffer)."""
+    out = []
+    for d in buffers:
+        if _is_torch(d):
+            import torch
+
+            pin = d.is_cuda if pin_memory is None else pin_memory
+            out.append(torch.zeros((rows, *d.shape[1:]), dtype=d.dtype, device="cpu",
+                                   pin_memory=pin))
+        else:
+            out.append(np.zeros((rows, *d.shape[1:]), dtype=d.dtype))
+    return out
+
+
+def _row_bytes(buffers):
+    """Bytes one slot holds over every buffer."""
+    n = 0
+    for d in buffers:
+        per_row = int(np.prod(d.shape[1:], dtype=np.int64))
+        n += per_row * (d.element_size() if _is_torch(d) else d.itemsize)
+    return n
+
+
 def _as_index(x, name):
     """``x`` (the tree's indices: numpy or a CPU torch tensor) as an int64 numpy array."""
     if _is_torch(x):
@@ -87,11 +133,18 @@ class KVTransfer:
         host pool's size (host slots ``0..H-1``), numpy arrays or CPU torch
         tensors, of the same library as their device buffer.
 
+    device_state_buffers, host_state_buffers : lists of arrays / tensors, optional
+        A Mamba cache's state pool and its host copy, as the KV buffers (one per
+        state tensor, e.g. conv and temporal state per layer; slot on axis 0:
+        the device side needs more rows than the state allocator's largest slot,
+        the host side ``mamba_pool_host``'s size).
+
     Calls
     -----
     ``transfer(kind, device_indices, host_indices)``: ``kind`` ``"backup"``
     copies ``device[device_indices] -> host[host_indices]`` in every buffer,
-    ``"load"`` the other way. Indices: 1-D integer arrays (numpy or torch) of
+    ``"load"`` the other way; ``"backup_state"`` / ``"load_state"`` the same
+    over the state buffers (``ValueError`` without them). Indices: 1-D integer arrays (numpy or torch) of
     one length. Checked before any copy: ``ValueError`` for an unknown kind,
     lengths that differ, an index outside a buffer (naming the argument and
     the buffer's rows); ``TypeError`` for indices that are not 1-D integers.
@@ -100,8 +153,9 @@ class KVTransfer:
     earlier buffers written; the tree commits nothing then, so those rows
     belong to no cached node (their slots go back to their pool).
 
-    Attributes ``backed_up_tokens``, ``loaded_tokens`` and ``bytes_copied``
-    count what was moved (ints, for monitoring).
+    Attributes ``backed_up_tokens``, ``loaded_tokens``, ``backed_up_states``,
+    ``loaded_states`` and ``bytes_copied`` count what was moved (ints, for
+    monitoring).
 
     Raises ``TypeError`` / ``ValueError`` at construction for buffers that
     are not arrays, differ in count, dtype, row shape or library, are
@@ -111,45 +165,46 @@ class KVTransfer:
     host pool's size (``host_rows``), naming the size they need.
     """
 
-    def __init__(self, device_buffers, host_buffers):
-        dev = _check_buffers(device_buffers, "device_buffers")
-        host = _check_buffers(host_buffers, "host_buffers")
-        if len(dev) != len(host):
-            raise ValueError(f"device_buffers has {len(dev)} buffers but host_buffers has "
-                             f"{len(host)} (one host buffer per device buffer)")
-        for i, (d, h) in enumerate(zip(dev, host)):
-            if _is_torch(d) != _is_torch(h):
-                raise TypeError(f"host_buffers[{i}] ({_describe(h)}) and device_buffers[{i}] "
-                                f"({_describe(d)}) must both be numpy or both torch")
-            if d.dtype != h.dtype or tuple(d.shape[1:]) != tuple(h.shape[1:]):
-                raise ValueError(f"host_buffers[{i}] ({_describe(h)}) must have device_buffers"
-                                 f"[{i}]'s dtype and row shape ({_describe(d)})")
-            if _is_torch(h) and h.device.type != "cpu":
-                raise ValueError(f"host_buffers[{i}] must be on the CPU, got {h.device}")
+    def __init__(self, device_buffers, host_buffers, device_state_buffers=None,
+                 host_state_buffers=None):
+        dev, host = _check_pair(device_buffers, host_buffers, "device_buffers", "host_buffers")
         self.device_buffers = dev
         self.host_buffers = host
         #: rows every device / host buffer has (``init_hicache`` checks them against
         #: the allocator's slots and the host pool's size)
         self.device_rows = min(int(d.shape[0]) for d in dev)
         self.host_rows = min(int(h.shape[0]) for h in host)
-        row_bytes = 0  # bytes one slot holds over every buffer
-        for d in dev:
-            per_row = int(np.prod(d.shape[1:], dtype=np.int64))
-            row_bytes += per_row * (d.element_size() if _is_torch(d) else d.itemsize)
-        self._row_bytes = row_bytes
+        self._row_bytes = _row_bytes(dev)
+        self.device_state_buffers = self.host_state_buffers = None
+        self.device_state_rows = self.host_state_rows = 0
+        if (device_state_buffers is None) != (host_state_buffers is None):
+            raise ValueError("device_state_buffers and host_state_buffers go together (a Mamba "
+                             "cache's state pool and its host copy), got one of them")
+        if device_state_buffers is not None:
+            sdev, shost = _check_pair(device_state_buffers, host_state_buffers,
+                                      "device_state_buffers", "host_state_buffers")
+            self.device_state_buffers, self.host_state_buffers = sdev, shost
+            self.device_state_rows = min(int(d.shape[0]) for d in sdev)
+            self.host_state_rows = min(int(h.shape[0]) for h in shost)
+            self._state_bytes = _row_bytes(sdev)
         self.backed_up_tokens = 0
         self.loaded_tokens = 0
+        self.backed_up_states = 0
+        self.loaded_states = 0
         self.bytes_copied = 0
 
     @classmethod
-    def with_host_buffers(cls, device_buffers, host_size, pin_memory=None):
+    def with_host_buffers(cls, device_buffers, host_size, pin_memory=None,
+                          device_state_buffers=None, host_state_size=None):
         """A ``KVTransfer`` with fresh host buffers of ``host_size`` rows (zeroed),
         each of its device buffer's dtype and row shape (numpy for numpy; CPU
         torch for torch, pinned when ``pin_memory`` is True, by default when
         the device buffer is on CUDA). ``host_size``: the host pool's size in
         tokens, ``init_hicache``'s ``host_size`` (with ``hicache_ratio`` the pool
         is ``(int(D * ratio) // page_size + 1) * page_size`` slots for a device
-        allocator of D slots; ``init_hicache`` names the size if it differs)."""
+        allocator of D slots; ``init_hicache`` names the size if it differs).
+        ``device_state_buffers`` with ``host_state_size`` (``mamba_pool_host``'s
+        size) does the same for a Mamba cache's states."""
         from ._cast import as_count, as_flag
 
         dev = _check_buffers(device_buffers, "device_buffers")
@@ -158,21 +213,24 @@ class KVTransfer:
             pin_memory = as_flag(pin_memory, "pin_memory")
         if rows < 1:
             raise ValueError("host_size must be >= 1")
-        host = []
-        for d in dev:
-            if _is_torch(d):
-                import torch
-
-                pin = d.is_cuda if pin_memory is None else pin_memory
-                host.append(torch.zeros((rows, *d.shape[1:]), dtype=d.dtype, device="cpu",
-                                        pin_memory=pin))
-            else:
-                host.append(np.zeros((rows, *d.shape[1:]), dtype=d.dtype))
-        return cls(dev, host)
+        sdev = shost = None
+        if (device_state_buffers is None) != (host_state_size is None):
+            raise ValueError("device_state_buffers and host_state_size go together")
+        if device_state_buffers is not None:
+            sdev = _check_buffers(device_state_buffers, "device_state_buffers")
+            srows = as_count(host_state_size, "host_state_size")
+            if srows < 1:
+                raise ValueError("host_state_size must be >= 1")
+            shost = _zeros_like_rows(sdev, srows, pin_memory)
+        return cls(dev, _zeros_like_rows(dev, rows, pin_memory), sdev, shost)
 
     def __call__(self, kind, device_indices, host_indices):
-        if kind not in ("backup", "load"):
-            raise ValueError(f"kind must be 'backup' or 'load', got {kind!r}")
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, _KINDS))}, got {kind!r}")
+        state = kind.endswith("_state")
+        if state and self.device_state_buffers is None:
+            raise ValueError(f"{kind}: this KVTransfer has no state buffers (give "
+                             "device_state_buffers and host_state_buffers for a Mamba cache)")
         di = _as_index(device_indices, "device_indices")
         hi = _as_index(host_indices, "host_indices")
         n = di.shape[0]
@@ -181,32 +239,45 @@ class KVTransfer:
                              f"{hi.shape[0]}")
         if n == 0:
             return
-        if di.min() < 0 or di.max() >= self.device_rows:
-            raise ValueError(f"device_indices: slots must lie in [0, {self.device_rows}) "
-                             "(the device buffers' rows)")
-        if hi.min() < 0 or hi.max() >= self.host_rows:
-            raise ValueError(f"host_indices: slots must lie in [0, {self.host_rows}) "
-                             "(the host buffers' rows)")
-        for d, h in zip(self.device_buffers, self.host_buffers):
+        drows, hrows = ((self.device_state_rows, self.host_state_rows) if state
+                        else (self.device_rows, self.host_rows))
+        what = "state buffers" if state else "buffers"
+        if di.min() < 0 or di.max() >= drows:
+            raise ValueError(f"device_indices: slots must lie in [0, {drows}) "
+                             f"(the device {what}' rows)")
+        if hi.min() < 0 or hi.max() >= hrows:
+            raise ValueError(f"host_indices: slots must lie in [0, {hrows}) "
+                             f"(the host {what}' rows)")
+        pairs = (zip(self.device_state_buffers, self.host_state_buffers) if state
+                 else zip(self.device_buffers, self.host_buffers))
+        backup = kind.startswith("backup")
+        for d, h in pairs:
             if _is_torch(d):
-                self._copy_torch(kind, d, h, di, hi)
-            elif kind == "backup":
+                self._copy_torch(backup, d, h, di, hi)
+            elif backup:
                 h[hi] = d[di]
             else:
                 d[di] = h[hi]
-        if kind == "backup":
+        if state:
+            if backup:
+                self.backed_up_states += n
+            else:
+                self.loaded_states += n
+            self.bytes_copied += n * self._state_bytes
+            return
+        if backup:
             self.backed_up_tokens += n
         else:
             self.loaded_tokens += n
         self.bytes_copied += n * self._row_bytes
 
     @staticmethod
-    def _copy_torch(kind, d, h, di, hi):
+    def _copy_torch(backup, d, h, di, hi):
         import torch
 
         hi_t = torch.from_numpy(hi)
         di_t = torch.from_numpy(di).to(d.device)
-        if kind == "backup":
+        if backup:
             h.index_copy_(0, hi_t, d.index_select(0, di_t).to("cpu"))
         else:
             d.index_copy_(0, di_t, h.index_select(0, hi_t).to(d.device))

@@ -6,7 +6,7 @@ second specialisation -- which would cost cold-start time on first use and
 disk in the cache. A fresh process runs every public operation (Full-only and
 SWA caches, page sizes 1 and 16, EAGLE, KV events, numpy / torch / list /
 ``array('q')`` values, the request path, step-wise eviction, reset, the host
-tier) and then
+tier, Full-only and with Mamba) and then
 reads each kernel's compiled signatures.
 """
 
@@ -119,6 +119,36 @@ WORKLOAD = textwrap.dedent("""
         c.insert(F.InsertParams(key=F.RadixKey(other), value=alloc.alloc(len(other))))
         c.evict(F.EvictParams(num_tokens=1 << 20))
         c.dec_host_lock_ref(m.best_match_node, hl)
+        c.evict_host(1 << 20)
+        c.sanity_check()
+    # HiCache with Mamba: state backups, demote, state-only and full load-backs (the
+    # request's slot), host state eviction, host locks
+    from types import SimpleNamespace
+    for page, extra in ((1, False), (16, True)):
+        alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
+        rtp = F.HybridReqToTokenPool(8, 512, mamba_size=16, enable_mamba_extra_buffer=extra)
+        c = F.UnifiedRadixCache(page_size=page, tree_components=(CT.FULL, CT.MAMBA),
+                                token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp,
+                                enable_mamba_extra_buffer=extra, enable_kv_cache_events=True)
+        c.init_hicache(host_size=4096, mamba_host_size=16, load_back_threshold=1,
+                       transfer=lambda kind, dev, host: None)
+        toks = list(range(1, 4 * page + 1))
+        for key in (toks, toks + list(range(500, 500 + page))):
+            c.insert(F.InsertParams(key=F.RadixKey(key), value=alloc.alloc(len(key)),
+                                    mamba_value=rtp.mamba_allocator.alloc(1)))
+        c.check_hicache_events()
+        c.evict(F.EvictParams(num_tokens=0, mamba_num=1))
+        c.evict(F.EvictParams(num_tokens=page, mamba_num=0))
+        m = c.match_prefix(F.MatchPrefixParams(key=F.RadixKey(toks)))
+        hl = c.inc_host_lock_ref(m.best_match_node)
+        c.dec_host_lock_ref(m.best_match_node, hl)
+        req = SimpleNamespace(last_node=m.last_device_node,
+                              mamba_host_hit_length=m.mamba_host_hit_length,
+                              kv=SimpleNamespace(mamba_pool_idx=None))
+        c.init_load_back(F.InitLoadBackParams(m.best_match_node, m.host_hit_length, None, req))
+        c.check_hicache_events()
+        c.evict(F.EvictParams(num_tokens=1 << 20, mamba_num=1 << 20))
+        c.evict_host(1, CT.MAMBA)
         c.evict_host(1 << 20)
         c.sanity_check()
     print(json.dumps({k.py_func.__module__ + "." + k.__name__: len(k.signatures) for k in KERNELS}))

@@ -33,18 +33,30 @@ Rules (hook names as SGLang's):
   stays), skipping the target, Mamba-locked nodes and nodes without exactly one
   child -- a soft cap, as SGLang's.
 
-Writes ``MAMBA_SLOT``, ``F_HAS(MAMBA)``, ``LOCK_COL(MAMBA)``, the Mamba ledgers
-and (through ``kernels/lru.py``) the Mamba LRU links.
+Host tier (HiCache, spec §6.3 / §8): a node may also hold a *host* state
+(column ``MAMBA_HOST_SLOT``, bit ``F_HAS(MAMBA, HOST)``, counted in
+``meta[M_MAMBA_HOST_TOTAL]``), taken by a backup and kept when the device state
+goes (a demotion, a tombstone); a host-only state is in the Mamba *host* LRU
+(list ``LRU_MAMBA_HOST``), which ``evict_host(n, MAMBA)`` walks from its tail
+skipping host-locked entries. Membership follows SGLang's moves exactly: a
+host-only state joins at the MRU end when its device state goes or its last
+host lock is released (unless it is in the list already), and leaves when a
+device state is set again, its first host lock is taken, or its host state is
+freed. ``validate_host`` (the device-or-host validator) accepts either state.
+
+Writes ``MAMBA_SLOT``, ``MAMBA_HOST_SLOT``, ``F_HAS(MAMBA)``, ``F_HAS(MAMBA,
+HOST)``, ``LOCK_COL(MAMBA)`` on both tiers, the Mamba ledgers and (through
+``kernels/lru.py``) the Mamba LRU links of both lists.
 """
 
 from ..kernels._jit import helper
-from ..kernels.actions import A_FREE_SLOT, SRC_OUT, emit
+from ..kernels.actions import A_FREE_HOST, A_FREE_SLOT, SRC_OUT, emit
 from ..kernels.layout import (
-    E_LOCK_UNDERFLOW, F_HAS, FLAGS, LAST_ACCESS, LOCK_REF, LRU_MAMBA, M_EVICTABLE,
-    M_MAMBA_PATH_CAP, M_NOUT, M_PROTECTED, M_TOTAL, MAMBA, MAMBA_SLOT, N_TIERS, NCHILD, NIL, OK,
-    PARENT, ROOT,
+    E_LOCK_UNDERFLOW, F_HAS, FLAGS, HOST, LAST_ACCESS, LOCK_REF, LRU_MAMBA, LRU_MAMBA_HOST,
+    M_EVICTABLE, M_MAMBA_HOST_TOTAL, M_MAMBA_PATH_CAP, M_NOUT, M_PROTECTED, M_TOTAL, MAMBA,
+    MAMBA_HOST_SLOT, MAMBA_SLOT, N_TIERS, NCHILD, NIL, OK, PARENT, ROOT,
 )
-from ..kernels.lru import lru_move_to_front, lru_push_front, lru_remove
+from ..kernels.lru import lru_in_list, lru_move_to_front, lru_push_front, lru_remove
 from ..kernels.order import fix
 from ..kernels.state import tick
 
@@ -53,6 +65,9 @@ PRIORITY_INTERNAL = 0
 #: FLAGS bit of a device state; column of the device Mamba lock_ref.
 F_HAS_MAMBA_DEV = F_HAS(MAMBA)
 MAMBA_LOCK = LOCK_REF + MAMBA * N_TIERS
+#: FLAGS bit of a host state; column of the host Mamba lock_ref.
+F_HAS_MAMBA_HOST = F_HAS(MAMBA, HOST)
+MAMBA_HOST_LOCK = LOCK_REF + MAMBA * N_TIERS + HOST
 
 
 @helper
@@ -67,6 +82,36 @@ def validate(nodes, s):
 
 
 @helper
+def has_host(nodes, s):
+    return (nodes[s, FLAGS] & F_HAS_MAMBA_HOST) != 0
+
+
+@helper
+def validate_host(nodes, s):
+    """``create_match_validator`` when host matches count: a state on either tier."""
+    return (nodes[s, FLAGS] & (F_HAS_MAMBA_DEV | F_HAS_MAMBA_HOST)) != 0
+
+
+@helper
+def host_only(nodes, s):
+    """SGLang ``has_host_value_only``: a host state and no device state."""
+    return (nodes[s, FLAGS] & (F_HAS_MAMBA_DEV | F_HAS_MAMBA_HOST)) == F_HAS_MAMBA_HOST
+
+
+@helper
+def needs_backup(nodes, s):
+    """SGLang ``needs_incremental_backup``: a device state with no host copy."""
+    return (nodes[s, FLAGS] & (F_HAS_MAMBA_DEV | F_HAS_MAMBA_HOST)) == F_HAS_MAMBA_DEV
+
+
+@helper
+def host_lru_join(nodes, s):
+    """A host-only state joins the host LRU at its MRU end, unless it is in it."""
+    if host_only(nodes, s) and not lru_in_list(nodes, LRU_MAMBA_HOST, s):
+        lru_push_front(nodes, LRU_MAMBA_HOST, s)
+
+
+@helper
 def refresh_lru(nodes, s):
     """Match end: the best node alone moves to the MRU end (when it owns a state)."""
     if s != ROOT and has_data(nodes, s):
@@ -76,7 +121,10 @@ def refresh_lru(nodes, s):
 @helper
 def attach(nodes, meta, s, slot):
     """Give node ``s`` the state ``slot``: data bit, MRU in the LRU, one unit on
-    the ledger (protected when the node is Mamba-locked)."""
+    the ledger (protected when the node is Mamba-locked); a host-only state
+    leaves the host LRU (SGLang ``set_component_device_value``)."""
+    if lru_in_list(nodes, LRU_MAMBA_HOST, s):
+        lru_remove(nodes, LRU_MAMBA_HOST, s)
     nodes[s, MAMBA_SLOT] = slot
     nodes[s, FLAGS] |= F_HAS_MAMBA_DEV
     lru_push_front(nodes, LRU_MAMBA, s)
@@ -184,6 +232,73 @@ def drop(nodes, meta, s):
     nodes[s, FLAGS] &= ~F_HAS_MAMBA_DEV
     nodes[s, MAMBA_SLOT] = NIL
     lru_remove(nodes, LRU_MAMBA, s)
+    host_lru_join(nodes, s)  # a host copy stays: host-only now
+
+
+@helper
+def attach_host(nodes, meta, s, hslot):
+    """A backup's commit: ``s`` takes the host state ``hslot`` beside its device
+    state (SGLang ``commit_hicache_transfer``, BACKUP_HOST)."""
+    nodes[s, MAMBA_HOST_SLOT] = hslot
+    nodes[s, FLAGS] |= F_HAS_MAMBA_HOST
+    meta[M_MAMBA_HOST_TOTAL] += 1
+    host_lru_join(nodes, s)
+
+
+@helper
+def drop_host(nodes, meta, s):
+    """Forget ``s``'s host state (column, bit, count, host LRU) -- the caller
+    emitted its free."""
+    nodes[s, FLAGS] &= ~F_HAS_MAMBA_HOST
+    nodes[s, MAMBA_HOST_SLOT] = NIL
+    meta[M_MAMBA_HOST_TOTAL] -= 1
+    if lru_in_list(nodes, LRU_MAMBA_HOST, s):
+        lru_remove(nodes, LRU_MAMBA_HOST, s)
+
+
+@helper
+def evict_host_component(nodes, meta, s, out, acts):
+    """Free ``s``'s host state: ``A_FREE_HOST(MAMBA)`` with its host slot. Returns
+    1. The caller checked room for 1 row and 1 value."""
+    at = meta[M_NOUT]
+    out[at] = nodes[s, MAMBA_HOST_SLOT]
+    meta[M_NOUT] = at + 1
+    emit(acts, meta, A_FREE_HOST, MAMBA, SRC_OUT, at, 1, 0)
+    drop_host(nodes, meta, s)
+    return 1
+
+
+@helper
+def acquire_host_lock(nodes, s):
+    """SGLang's Mamba ``acquire_component_lock(lock_host=True)``: the node itself
+    (never the root), with or without a host state; the first lock takes a
+    host-only state out of the host LRU."""
+    if s == ROOT:
+        return
+    if nodes[s, MAMBA_HOST_LOCK] == 0 and lru_in_list(nodes, LRU_MAMBA_HOST, s):
+        lru_remove(nodes, LRU_MAMBA_HOST, s)
+    nodes[s, MAMBA_HOST_LOCK] += 1
+
+
+@helper
+def check_host_release(nodes, s):
+    """``(OK, -1)`` when ``release_host_lock(s)`` would succeed, else
+    ``(E_LOCK_UNDERFLOW, s)`` (SGLang: "Mamba release hit host_lock_ref=0")."""
+    if s != ROOT and nodes[s, MAMBA_HOST_LOCK] <= 0:
+        return E_LOCK_UNDERFLOW, s
+    return OK, -1
+
+
+@helper
+def release_host_lock(nodes, s):
+    """The reverse of ``acquire_host_lock`` (checked first): the last release puts
+    a host-only state back in the host LRU (MRU) unless it is there. The caller
+    refreshes the leaf heaps."""
+    if s == ROOT:
+        return
+    nodes[s, MAMBA_HOST_LOCK] -= 1
+    if nodes[s, MAMBA_HOST_LOCK] == 0:
+        host_lru_join(nodes, s)
 
 
 @helper

@@ -35,6 +35,11 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
      evictable) disagree with a recount
 123  host tier: the duplicate list is broken (links, F_DUP marks, a dead
      member) or misses a settled duplicate (Full on both tiers, nothing in flight)
+124  Mamba host tier: a host-state bit without a slot (or a slot without the
+     bit), a host state without a Full host value or on a cache without Mamba
+     and a host tier, a negative Mamba host lock_ref (or one without Mamba),
+     the Mamba host LRU holding a node whose state is not host-only or missing
+     an unlocked host-only one, broken links, or ``M_MAMBA_HOST_TOTAL`` off
 ===  =====================================================================
 """
 
@@ -45,7 +50,8 @@ from .layout import (
     FULL, FULL_LOCK, LRU_NEXT, LRU_PREV, LRU_SWA, M_COMPONENTS, SWA, SWA_LOCK,
     HEAP_DEVICE, HEAP_HOST, HEAP_POS, HOST_HEAP_POS, N_SENTINELS, SENTINEL0, F_HAS_FULL_HOST,
     LOAD_PENDING, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, WT_PENDING, DUP_NEXT, DUP_PREV, F_DUP,
-    M_DUP_HEAD, M_DUP_TAIL,
+    M_DUP_HEAD, M_DUP_TAIL, F_HAS_MAMBA_HOST, LRU_MAMBA_HOST, MAMBA_HOST_SLOT,
+    M_MAMBA_HOST_TOTAL,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
@@ -100,6 +106,7 @@ def _check_aux(nodes, meta, hwm, lst, c, bit, members, evictable, protected):
 
 
 _MAMBA_LOCK = LOCK_REF + MAMBA * N_TIERS
+_MAMBA_HOST_LOCK = LOCK_REF + MAMBA * N_TIERS + 1
 _F_HAS_MAMBA = F_HAS(MAMBA)
 
 
@@ -146,6 +153,8 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     h_total = 0
     mamba_lock = _MAMBA_LOCK
     mamba_bit = _F_HAS_MAMBA
+    mh_total = 0
+    mh_listed = 0
     m_nodes = 0
     m_evictable = 0
     m_protected = 0
@@ -243,6 +252,22 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             return 119, s
         if (nodes[s, FLAGS] & mamba_bit) == 0 and nodes[s, MAMBA_SLOT] != NIL:
             return 119, s
+        mh = (f & F_HAS_MAMBA_HOST) != 0
+        if mh != (nodes[s, MAMBA_HOST_SLOT] != NIL) or (mh and nodes[s, MAMBA_HOST_SLOT] < 0):
+            return 124, s
+        if mh:
+            if not (mamba_on and host_on) or not (f & F_HAS_FULL_HOST):
+                return 124, s
+            mh_total += 1
+        hlk = nodes[s, _MAMBA_HOST_LOCK]
+        if hlk < 0 or (hlk > 0 and not mamba_on):
+            return 124, s
+        listed = lru_in_list(nodes, LRU_MAMBA_HOST, s)
+        h_only = mh and not (f & mamba_bit)
+        if (listed and not h_only) or (h_only and hlk == 0 and not listed):
+            return 124, s
+        if listed:
+            mh_listed += 1
         k, has, locked = _aux_node(nodes, s, mamba_on, LRU_MAMBA, mamba_bit, mamba_lock, lk)
         if k != 0:
             return 118 + k, s
@@ -303,4 +328,20 @@ def sanity_check(nodes, ctab, pool, heap, meta):
                    m_protected)
     if x != -2:
         return (120, x) if x != -3 else (121, NIL)
+    if mh_total != meta[M_MAMBA_HOST_TOTAL]:
+        return 124, NIL
+    h, t = lru_head(LRU_MAMBA_HOST), lru_tail(LRU_MAMBA_HOST)
+    count = 0
+    prev = h
+    x = nodes[h, LRU_NEXT + LRU_MAMBA_HOST]
+    while x != t:
+        if (x < FIRST_SLOT or x >= hwm or count > hwm
+                or nodes[x, LRU_PREV + LRU_MAMBA_HOST] != prev
+                or not (nodes[x, FLAGS] & F_ALIVE)):
+            return 124, x
+        count += 1
+        prev = x
+        x = nodes[x, LRU_NEXT + LRU_MAMBA_HOST]
+    if nodes[t, LRU_PREV + LRU_MAMBA_HOST] != prev or count != mh_listed:
+        return 124, NIL
     return 0, NIL

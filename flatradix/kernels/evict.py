@@ -69,10 +69,10 @@ PHASE_MAMBA = MAMBA
 
 @helper
 def _short(nodes, acts, out, meta, s):
-    """Room for one victim ``s`` (4 rows, its length + 1 values); else the needs."""
-    if acts_room(acts, out, meta, 4, nodes[s, KEY_LEN] + 1):
+    """Room for one victim ``s`` (5 rows, its length + 2 values); else the needs."""
+    if acts_room(acts, out, meta, 5, nodes[s, KEY_LEN] + 2):
         return False
-    need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN] + 1, meta[M_NACTS] + 4)
+    need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN] + 2, meta[M_NACTS] + 5)
     return True
 
 
@@ -95,15 +95,15 @@ def swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
 
 @helper
 def mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
-    """Evict Mamba from ``x``: delete it whole when it is an evictable device leaf,
-    else tombstone its state (no cascade). Returns ``(full units, swa units,
-    mamba states, deleted)``."""
+    """Evict Mamba from ``x``: evict it whole when it is an evictable device leaf
+    (``evict_leaf``: demoted when it has a host copy), else tombstone its state
+    (no cascade). Returns ``(full units, swa units, mamba states, deleted)``."""
     if is_device_leaf(nodes, x):
         n = nodes[x, KEY_LEN]
         w = n if swa.has_data(nodes, x) else 0
-        delete_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        evict_leaf(nodes, ctab, pool, heap, meta, x, out, acts)  # demoted when backed up
         return n, w, 1, True
-    mamba.evict_component(nodes, meta, x, out, acts)
+    mamba.evict_component(nodes, meta, x, out, acts)  # a host copy stays (host LRU)
     return 0, 0, 1, False
 
 

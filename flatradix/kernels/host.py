@@ -21,21 +21,23 @@ Full device ledgers (load-back) and the host ledgers ``M_HOST_TOTAL`` /
 ``M_HOST_EVICTABLE`` (through ``order.refresh_host_leaf``).
 """
 
-from ..components import full
+from ..components import full, mamba
 from ._jit import helper, kernel
 from .actions import (
     A_FREE_HOST, A_REMOVED, A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, acts_begin,
     acts_room, emit, out_put_col,
 )
 from .layout import (
-    DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS, FULL,
+    C_MAMBA, DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS,
+    FULL, LRU_MAMBA_HOST, M_COMPONENTS,
     FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
-    HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
+    HOST_HEAP_POS, HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
     M_DUP_HEAD, M_EVENTS, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST, M_HOST_TOTAL,
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
 from .dups import dup_remove, dup_update
+from .lru import lru_prev_unlocked, lru_tail_unlocked
 from .order import fix, refresh_leaf
 from .state import has_room, need, node_id, resolve, tick
 from .tree import (
@@ -55,16 +57,24 @@ def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
     """The nodes a write-through backup of node ``nid`` covers (SGLang
     ``_build_backup_kv_action``): ``nid`` and its ancestors up to the first one
     with a host value. Writes their slots to ``out[:k]``, ancestors first.
-    Returns ``(status, units, k)``; ``k`` 0 when ``nid`` is backed up already
-    (a re-backup is a no-op). ``E_STALE`` for a dead id, ``E_HOST_STATE`` when a
-    node of the chain has no device value, ``E_CAPACITY`` (``meta[M_NEED_OUT]``)
-    when ``out`` is short; nothing changes."""
+    Returns ``(status, units, k)`` (``units``: the Full units they lack on the
+    host). A node with a Full host copy is planned only when its Mamba state
+    needs one (SGLang's incremental backup, ``mamba.needs_backup``): ``k`` is 0
+    when ``nid`` needs nothing (a re-backup is a no-op). ``E_STALE`` for a dead
+    id, ``E_HOST_STATE`` when a node of the chain has no device value,
+    ``E_CAPACITY`` (``meta[M_NEED_OUT]``) when ``out`` is short; nothing
+    changes."""
     s = resolve(nodes, meta, nid)
     if s < 0 or s == ROOT:
         return E_STALE, 0, 0
     units = 0
     k = 0
     a = s
+    if nodes[s, FLAGS] & F_HAS_FULL_HOST:
+        if not ((meta[M_COMPONENTS] & C_MAMBA) and mamba.needs_backup(nodes, s)):
+            return OK, 0, 0
+        k = 1  # the state alone; its ancestors are backed up (write-through)
+        a = nodes[s, PARENT]
     while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_HOST):
         if not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
             return E_HOST_STATE, 0, 0
@@ -104,39 +114,54 @@ def node_device_values(nodes, ctab, pool, heap, meta, slot, out):
 
 
 @kernel
-def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, ack_id, lock, out):
+def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, ack_id, lock, out):
     """Commit the backup of the node in ``slot`` (one node of a ``backup_plan``
     chain, committed ancestors first): it takes ``host_slots`` (int64, one host
-    slot per unit) as its Full host value and the pending mark ``ack_id`` (> 0)
-    until ``backup_ack``; with ``lock`` it is path-locked on the device until
-    then (write-through holds the source KV). Its device indices are copied to
-    ``out[:len]`` (the transfer's source). Returns ``(status, units)``;
-    ``E_HOST_STATE`` when the node is not alive, has no device value or has a
-    host value, ``E_HOST_LEN`` when ``host_slots`` is not its length; nothing
-    changes then."""
+    slot per unit; empty when it has a Full host copy already) as its Full host
+    value, ``state_host`` (>= 0; -1: none) as its Mamba host state, and the
+    pending mark ``ack_id`` (> 0) until ``backup_ack``; with ``lock`` it is locked
+    on the device until then as ``inc_lock_ref`` locks it (the Full path, and the
+    node's Mamba lock on a Mamba cache: write-through holds the source). Its
+    device indices are copied to ``out[:len]`` (the transfer's source; none for a
+    state-only backup). Returns ``(status, units)``; ``E_HOST_STATE`` when the
+    node is not alive, has no device value, has a host value and no state to
+    back up, or ``state_host`` names a state it does not need backed up
+    (``mamba.needs_backup``); ``E_HOST_LEN`` when ``host_slots`` is not its
+    length (or not empty); nothing changes then."""
     if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
         return E_HOST_STATE, 0
     f = nodes[slot, FLAGS]
-    if not (f & F_HAS_FULL_DEV) or (f & F_HAS_FULL_HOST):
+    if not (f & F_HAS_FULL_DEV):
+        return E_HOST_STATE, 0
+    if state_host >= 0 and not ((meta[M_COMPONENTS] & C_MAMBA) and mamba.needs_backup(nodes, slot)):
         return E_HOST_STATE, 0
     n = nodes[slot, KEY_LEN]
+    if f & F_HAS_FULL_HOST:
+        if state_host < 0:
+            return E_HOST_STATE, 0
+        n = 0
     if host_slots.shape[0] != n:
         return E_HOST_LEN, n
     if out.shape[0] < n:
         need(meta, 0, 0, n, 0)
         return E_CAPACITY, 0
-    off = nodes[slot, KEY_OFF]
-    dst = pool[off:off + n, pool.shape[1] - 1]
-    src = pool[off:off + n, FULL_DEV]
-    o = out[:n]
-    for j in range(n):
-        dst[j] = host_slots[j]
-        o[j] = src[j]
-    nodes[slot, FLAGS] = f | F_HAS_FULL_HOST
+    if n:
+        off = nodes[slot, KEY_OFF]
+        dst = pool[off:off + n, pool.shape[1] - 1]
+        src = pool[off:off + n, FULL_DEV]
+        o = out[:n]
+        for j in range(n):
+            dst[j] = host_slots[j]
+            o[j] = src[j]
+        nodes[slot, FLAGS] = f | F_HAS_FULL_HOST
+        meta[M_HOST_TOTAL] += n
+    if state_host >= 0:
+        mamba.attach_host(nodes, meta, slot, state_host)
     nodes[slot, WT_PENDING] = ack_id
-    meta[M_HOST_TOTAL] += n
     if lock:
         full.acquire_component_lock(nodes, heap, meta, slot)
+        if meta[M_COMPONENTS] & C_MAMBA:
+            mamba.acquire_component_lock(nodes, meta, slot)
     return OK, n
 
 
@@ -146,7 +171,7 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
     clear the pending mark on ``nid`` and the ancestors carrying it (a split while
     pending left both fragments marked), emit ``A_STORED`` medium CPU per node,
     parents first (events on), and with ``unlock`` release the device path lock
-    of ``backup_commit``. Returns ``(status, nodes)``; ``E_HOST_STATE`` when
+    of ``backup_commit`` (and the node's Mamba lock). Returns ``(status, nodes)``; ``E_HOST_STATE`` when
     ``ack_id`` is not pending on ``nid``, ``E_STALE`` for a dead id; nothing
     changes then. E_CAPACITY (``meta[M_NEED_*]``) when ``acts`` / ``out`` are
     short."""
@@ -179,6 +204,8 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
             emit(acts, meta, A_STORED, FULL, SRC_POOL, out[j], nodes[out[j], KEY_LEN], MEDIUM_CPU)
         meta[M_NOUT] = k
     if unlock:
+        if (meta[M_COMPONENTS] & C_MAMBA) and nodes[s, mamba.MAMBA_LOCK] > 0:
+            mamba.release_component_lock(nodes, meta, s)
         full.release_component_lock(nodes, heap, meta, s)
     return OK, k
 
@@ -231,15 +258,20 @@ def load_plan(nodes, ctab, pool, heap, meta, nid, out):
 
 
 @kernel
-def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, acts):
+def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_slot, out, acts):
     """Commit the load-back ``load_plan(nid)`` planned: its nodes take
     ``dev_slots`` (int64, one KV index per unit, root-first, exactly the plan's
     units) as their Full device values, marked ``load_id`` (> 0) until
     ``load_ack``; ledgers credit them as protected where they are locked (the
     façade path-locks ``nid`` first), the parents count a device child again;
-    ``A_STORED`` medium GPU per node, parents first (events on). Returns
-    ``(status, units)``; ``E_HOST_LEN`` / ``E_STALE`` / ``E_HOST_STATE`` as the
-    plan, nothing changed."""
+    ``A_STORED`` medium GPU per node, parents first (events on). With
+    ``state_slot >= 0`` node ``nid``'s host-only Mamba state is restored into
+    that device slot (SGLang ``set_component_device_value``: it leaves the host
+    LRU, joins the device LRU's MRU end, protected while locked); a load may
+    restore the state alone (no units, no marks). Returns ``(status, units)``;
+    ``E_HOST_LEN`` / ``E_STALE`` / ``E_HOST_STATE`` as the plan, or
+    ``E_HOST_STATE`` for a ``state_slot`` while ``nid``'s state is not
+    host-only; nothing changed."""
     acts_begin(meta, 0)
     s = resolve(nodes, meta, nid)
     if s < 0:
@@ -249,6 +281,8 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, act
         return st, 0
     if units != dev_slots.shape[0]:
         return E_HOST_LEN, units
+    if state_slot >= 0 and not ((meta[M_COMPONENTS] & C_MAMBA) and mamba.host_only(nodes, s)):
+        return E_HOST_STATE, 0
     events = meta[M_EVENTS] != 0
     if events and not acts_room(acts, out, meta, k, k):
         need(meta, 0, 0, k, k)
@@ -268,6 +302,9 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, out, act
         for j in range(k):
             emit(acts, meta, A_STORED, FULL, SRC_POOL, out[j], nodes[out[j], KEY_LEN], MEDIUM_GPU)
         meta[M_NOUT] = k
+    if state_slot >= 0:
+        mamba.attach(nodes, meta, s, state_slot)
+        refresh_leaf(nodes, heap, meta, s)
     return OK, units
 
 
@@ -301,42 +338,61 @@ def _clear_load(nodes, heap, meta, s, load_id):
 
 @kernel
 def load_lock(nodes, ctab, pool, heap, meta, nid):
-    """The two pins a load-back holds until its ack (``inc_host_lock_ref`` and the
-    Full path lock of ``inc_lock_ref``, Full-only caches: the host tier's), in
-    one call. Returns ``(status, delta, stamp)``: ``delta`` the Full units moved
-    evictable -> protected, ``stamp`` the host-lock boundary (0: nothing
-    host-locked, as ``host_lock``). ``E_STALE`` for a dead id, nothing changed."""
+    """The two pins a load-back holds until its ack (``inc_host_lock_ref`` and
+    ``inc_lock_ref``: the Full host-lock segment and the Full path lock, and on
+    a Mamba cache the node's Mamba host and device locks), in one call. Returns
+    ``(status, delta, stamp)``: ``delta`` the Full units moved evictable ->
+    protected, ``stamp`` the Full host-lock boundary (0: nothing host-locked,
+    as ``host_lock``). ``E_STALE`` for a dead id, nothing changed."""
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0, 0
     stamp = _host_lock(nodes, heap, meta, s)
     delta = full.acquire_component_lock(nodes, heap, meta, s)
+    if meta[M_COMPONENTS] & C_MAMBA:
+        mamba.acquire_component_lock(nodes, meta, s)
+        refresh_leaf(nodes, heap, meta, s)
     return OK, delta, stamp
 
 
 @kernel
 def load_finish(nodes, ctab, pool, heap, meta, nid, load_id, stamp):
-    """``load_ack(nid, load_id)``, then the release of what ``load_lock(nid)``
-    took: the Full path lock and the host-lock segment up to ``stamp`` (0: none).
-    All three are checked before any change. Returns ``(status, slot)``:
-    ``E_STALE``; ``E_HOST_STATE`` (``load_id`` not pending on ``nid``);
+    """``load_ack(nid, load_id)`` (none for ``load_id`` 0: a load that restored a
+    Mamba state alone), then the release of what ``load_lock(nid)`` took: the
+    path lock (with the node's Mamba lock) and the host lock (the Full segment
+    up to ``stamp``, 0: none; the node's Mamba host lock). All are checked
+    before any change. Returns ``(status, slot)``: ``E_STALE``;
+    ``E_HOST_STATE`` (``load_id`` not pending on ``nid``);
     ``E_NOT_ANCHORED`` / ``E_LOCK_UNDERFLOW`` with the node slot, the path lock
     (released elsewhere); ``E_NO_BOUNDARY`` / ``E_LOCK_UNDERFLOW`` with slot -1,
     the host lock."""
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
-    if nodes[s, LOAD_PENDING] != load_id or load_id <= 0:
+    if load_id != 0 and (nodes[s, LOAD_PENDING] != load_id or load_id < 0):
         return E_HOST_STATE, 0
     st, bad = full.check_release(nodes, s)
     if st != OK:
         return st, bad
+    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    if mamba_on:
+        st, bad = mamba.check_release(nodes, s)
+        if st != OK:
+            return st, bad
     k = 0
     if stamp != 0:
         st, k = _host_unlock_check(nodes, s, stamp)
         if st != OK:
             return st, -1
-    _clear_load(nodes, heap, meta, s, load_id)
+    if mamba_on:
+        st, bad = mamba.check_host_release(nodes, s)
+        if st != OK:
+            return st, -1
+    if load_id != 0:
+        _clear_load(nodes, heap, meta, s, load_id)
+    if mamba_on:
+        mamba.release_component_lock(nodes, meta, s)
+        mamba.release_host_lock(nodes, s)
     full.release_component_lock(nodes, heap, meta, s)
     _host_unlock_apply(nodes, heap, meta, s, k)
     return OK, 0
@@ -402,11 +458,42 @@ def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
     while freed < num_units and meta[M_HEAP_N + HEAP_HOST] > 0:
         s = heap[HEAP_HOST, 0]
         n = nodes[s, KEY_LEN]
-        if not acts_room(acts, out, meta, 2, n):
-            need(meta, 0, 0, meta[M_NOUT] + n, meta[M_NACTS] + 2)
+        if not acts_room(acts, out, meta, 3, n + 1):
+            need(meta, 0, 0, meta[M_NOUT] + n + 1, meta[M_NACTS] + 3)
             return E_CAPACITY, freed
         freed += delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
     return OK, freed
+
+
+@kernel
+def evict_host_states(nodes, ctab, pool, heap, meta, num_states, out, acts):
+    """Free Mamba host states until ``num_states`` are freed or none is left
+    (SGLang ``evict_host(n, MAMBA)``, its Mamba ``drive_host_eviction``): walk
+    the Mamba host LRU from its least recent end, skipping host-locked entries;
+    an evictable host leaf is deleted whole (``tree.delete_host_leaf``: its Full
+    host value too), any other entry loses its host state only
+    (``A_FREE_HOST(MAMBA)``). The next entry is read before each victim goes.
+    Returns ``(status, states freed, Full host units freed)``; ``E_CAPACITY``
+    (``meta[M_NEED_*]``) when the buffers cannot hold the next victim: what was
+    freed so far is reported and a call with the rest continues."""
+    acts_begin(meta, 0)
+    freed = 0
+    units = 0
+    x = lru_tail_unlocked(nodes, LRU_MAMBA_HOST)
+    while freed < num_states and x != NIL:
+        n = nodes[x, KEY_LEN]
+        if not acts_room(acts, out, meta, 3, n + 1):
+            need(meta, 0, 0, meta[M_NOUT] + n + 1, meta[M_NACTS] + 3)
+            return E_CAPACITY, freed, units
+        nxt = lru_prev_unlocked(nodes, LRU_MAMBA_HOST, x)
+        if nodes[x, HOST_HEAP_POS] >= 0:  # an evictable host leaf: atomic
+            units += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        else:
+            mamba.evict_host_component(nodes, meta, x, out, acts)
+            refresh_leaf(nodes, heap, meta, x)
+        freed += 1
+        x = nxt
+    return OK, freed, units
 
 
 @kernel
@@ -422,8 +509,8 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     if nodes[s, HEAP_POS] < 0 or not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
         return E_HOST_STATE, 0
     n = nodes[s, KEY_LEN]
-    if not acts_room(acts, out, meta, 2, n):
-        need(meta, 0, 0, n, 2)
+    if not acts_room(acts, out, meta, 3, n + 1):
+        need(meta, 0, 0, n + 1, 3)
         return E_CAPACITY, 0
     demote(nodes, pool, heap, meta, s, out, acts)
     if meta[M_EVICT_WALK + FULL]:
@@ -464,8 +551,8 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
         units += nodes[x, KEY_LEN]
         x = _next_preorder(nodes, s, x)
     n = nodes[s, KEY_LEN]
-    if not acts_room(acts, out, meta, 2 * k + 4, units + n + 1):
-        need(meta, 0, 0, units + n + 1, 2 * k + 4)
+    if not acts_room(acts, out, meta, 3 * k + 5, units + k + n + 2):
+        need(meta, 0, 0, units + k + n + 2, 3 * k + 5)
         return E_CAPACITY, 0, 0
     # delete host leaves below s until none is left (each deletion may expose its parent)
     freed_host = 0
@@ -498,11 +585,13 @@ def _next_preorder(nodes, top, x):
 
 @kernel
 def host_lock(nodes, ctab, pool, heap, meta, nid):
-    """SGLang ``inc_host_lock_ref`` (Full): pin node ``nid``'s host copy against host
+    """SGLang ``inc_host_lock_ref``: pin node ``nid``'s host copy against host
     eviction: ``host lock_ref += 1`` on it, stamped as a segment boundary
     (``HOST_UUID``, a fresh stamp unless it has one). Returns ``(status, stamp)``;
     stamp 0 (nothing locked) for a node without a host copy (the root included)
-    unless under write-back (which pins it anyway, as SGLang)."""
+    unless under write-back (which pins it anyway, as SGLang). On a Mamba cache
+    the node's Mamba host lock is taken too, whatever it holds (never the root),
+    as SGLang's Mamba component does; a host-only state leaves the host LRU."""
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
@@ -511,6 +600,9 @@ def host_lock(nodes, ctab, pool, heap, meta, nid):
 
 @helper
 def _host_lock(nodes, heap, meta, s):
+    if meta[M_COMPONENTS] & C_MAMBA:  # the node's Mamba host lock, with or without a state
+        mamba.acquire_host_lock(nodes, s)
+        refresh_leaf(nodes, heap, meta, s)
     if not (nodes[s, FLAGS] & F_HAS_FULL_HOST) and meta[M_HOST] != HOST_WRITE_BACK:
         return 0  # nothing to pin (write-back pins any anchor, the root too, as SGLang)
     if nodes[s, HOST_UUID] == 0:
@@ -523,17 +615,28 @@ def _host_lock(nodes, heap, meta, s):
 
 @kernel
 def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
-    """SGLang ``dec_host_lock_ref`` (Full): release the host-lock segment from node
+    """SGLang ``dec_host_lock_ref``: release the Full host-lock segment from node
     ``nid`` up to the node carrying boundary ``stamp`` (one node unless a split
-    extended it). Checked before any change: ``E_STALE`` for a dead id,
+    extended it; 0: no segment) and, on a Mamba cache, the node's Mamba host
+    lock. Checked before any change: ``E_STALE`` for a dead id,
     ``E_NO_BOUNDARY`` when the stamp is not on the path, ``E_LOCK_UNDERFLOW``
-    when a node of the segment holds no host lock. Returns ``(status, nodes)``."""
+    when a node of the segment (or the node's Mamba host lock) holds no host
+    lock. Returns ``(status, nodes)``."""
     s = resolve(nodes, meta, nid)
     if s < 0:
         return E_STALE, 0
-    st, k = _host_unlock_check(nodes, s, stamp)
-    if st != OK:
-        return st, 0
+    k = 0
+    if stamp != 0:
+        st, k = _host_unlock_check(nodes, s, stamp)
+        if st != OK:
+            return st, 0
+    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    if mamba_on:
+        st, _ = mamba.check_host_release(nodes, s)
+        if st != OK:
+            return st, 0
+        mamba.release_host_lock(nodes, s)
+        refresh_leaf(nodes, heap, meta, s)
     _host_unlock_apply(nodes, heap, meta, s, k)
     return OK, k
 

@@ -3,13 +3,14 @@
 from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import (
-    A_ADOPTED, A_BACKUP, A_FREE_KV, A_STORED, MEDIUM_GPU, SRC_IN, SRC_POOL, acts_begin, emit,
+    A_ADOPTED, A_BACKUP, A_FREE_KV, A_STORED, ACT_AUX, MEDIUM_GPU, SRC_IN, SRC_POOL, acts_begin,
+    emit,
 )
 from .layout import (
     C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
     F_HAS_FULL_HOST, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
     M_COMPONENTS, M_EVENTS, M_HOST, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, M_WT_THRESHOLD, OK,
-    PRIORITY, ROOT, VALUES_UNCHECKED,
+    M_NACTS, PRIORITY, ROOT, VALUES_UNCHECKED, WT_PENDING,
 )
 from .dups import dup_update
 from .order import fix
@@ -19,6 +20,9 @@ from .tree import add_leaf, copy_values, restore_device, walk_child
 
 #: ``insert``'s ``flags`` bits.
 TRACK_ADOPTED = 1
+#: ``A_BACKUP`` row ``aux``: back the row's own node up without its Mamba state
+#: (the walk reached it before the commit attached one; see ``insert``).
+BACKUP_NO_STATE = 1
 
 
 @helper
@@ -109,7 +113,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     count_hits = meta[M_HOST] != HOST_WRITE_BACK
     backup_on = host_on and count_hits
     if host_on:  # per walked node and the leaf: a GPU store, an adopted range, a backup
-        need_acts += 3 * min(n // page + 1, meta[M_NLIVE]) + 3
+        need_acts += 3 * min(n // page + 1, meta[M_NLIVE]) + 4
     if mamba_on and meta[M_MAMBA_PATH_CAP] >= 0:
         # the per-path cap drops at most one state per node on the target's path
         # (every node holds at least a page; a split adds one)
@@ -153,9 +157,11 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                 emit(acts, meta, A_FREE_KV, FULL, SRC_IN, dup, length + m - dup, 0)
         if want_path:
             copy_values(pool, off, m, out, length)
+        walk_backup = -1
         if length + m > inserted_len and count_hits:
             nodes[child, HIT_COUNT] += 1
             if backup_on and _wants_backup(nodes, meta, child):
+                walk_backup = meta[M_NACTS]
                 emit(acts, meta, A_BACKUP, FULL, SRC_POOL, child, 0, 0)
         fix(nodes, heap, meta, child)
         length += m
@@ -163,6 +169,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
     prefix_len = length
     target = node
     if length < n:
+        walk_backup = -1  # the walk's last node is not the target
         target = add_leaf(nodes, ctab, pool, heap, meta, node, ns, key, value, length, n, priority)
         top = target
         if track and (swa_on or host_on):
@@ -188,6 +195,18 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                                                         target != node, mamba_slot) else 0
         if not exist:  # a state was attached: SGLang's MambaEvictExcessPathStates
             mamba.evict_excess_path_states(nodes, meta, target, out, acts)
+        if walk_backup >= 0:
+            # SGLang runs a walked node's backup at its barrier, before the commit gave
+            # the target its state: that backup leaves the state out (the row's aux),
+            # and the node is pending at the tail, so no incremental backup follows
+            if not exist:
+                acts[walk_backup, ACT_AUX] = BACKUP_NO_STATE
+        elif (backup_on and target == node and target != ROOT
+                and (nodes[target, FLAGS] & F_HAS_FULL_HOST)
+                and nodes[target, WT_PENDING] == 0 and mamba.needs_backup(nodes, target)):
+            # SGLang's incremental backup: a backed-up node the key ended on holds a
+            # state with no host copy
+            emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
     if swa_on and target != ROOT:
         swa.refresh_lru(nodes, meta, target)
     return OK, prefix_len, node_id(nodes, target), exist

@@ -86,22 +86,24 @@ HOST = 1
 N_TIERS = 2
 
 # ---------------------------------------------------------------- aux LRU lists
-#: One intrusive LRU list per auxiliary component on the device: Full has none
-#: (its eviction order is the leaf heap). List id of (c, DEVICE) for c in SWA,
-#: MAMBA. The host-tier lists of SWA and Mamba (and their link columns) land
-#: with those components' host tier; their sentinel rows are reserved already,
-#: so slot numbers will not move.
+#: One intrusive LRU list per auxiliary component and tier (Full has none: its
+#: eviction order is the leaf heaps): list id ``LRU_ID(c, t)`` for c in SWA,
+#: MAMBA and t in DEVICE, HOST. A host list orders the nodes whose component
+#: data is on the host only (SGLang's ``host_lru_lists``).
 N_LRU = N_COMPONENTS - 1
+#: Lists in all (link columns ``LRU_PREV`` / ``LRU_NEXT`` are this wide).
+N_LRU_LISTS = N_LRU * N_TIERS
 
 
 def LRU_ID(c, t=DEVICE):
-    """List id of the LRU of auxiliary component ``c`` on tier ``t`` (device only)."""
-    assert t == DEVICE, "host-tier LRU lists are not built yet"
-    return c - 1
+    """List id of the LRU of auxiliary component ``c`` on tier ``t``."""
+    return (c - 1) + t * N_LRU
 
 
 LRU_SWA = SWA - 1
 LRU_MAMBA = MAMBA - 1
+LRU_SWA_HOST = LRU_SWA + N_LRU
+LRU_MAMBA_HOST = LRU_MAMBA + N_LRU
 
 #: Sentinel slots: list ``l`` has head ``SENTINEL0 + 2l`` (its next is the most
 #: recently used entry) and tail ``SENTINEL0 + 2l + 1`` (its prev is the least
@@ -169,9 +171,10 @@ NODE_COLUMNS = (
     ("CREATION", 1),     # logical clock tick of creation (inherited by a split's upper part) (tree)
     ("HIT_COUNT", 1),    # insert-driven hit counter (LFU / SLRU) (insert, tree)
     ("PRIORITY", 1),     # request priority, max'ed along insert paths (insert, tree)
-    ("LRU_PREV", N_LRU),  # aux LRU links at LRU_PREV + LRU_ID(c) (lru only)
-    ("LRU_NEXT", N_LRU),  # (lru only)
+    ("LRU_PREV", N_LRU_LISTS),  # aux LRU links at LRU_PREV + LRU_ID(c, t) (lru only)
+    ("LRU_NEXT", N_LRU_LISTS),  # (lru only)
     ("MAMBA_SLOT", 1),   # Mamba device state slot; NIL when absent (components.mamba)
+    ("MAMBA_HOST_SLOT", 1),  # HiCache: Mamba host state slot; NIL when absent (components.mamba)
     ("SWA_UUID", 1),     # SWA window-lock boundary stamp (0 = none) (components.swa)
     ("TLRU_CACHED", 1),  # T-LRU: root-path depth in units (maintained only under tlru) (tree)
     ("TLRU_HIST", 1),    # T-LRU: high-water depth of the branch (tree)
@@ -207,6 +210,7 @@ PRIORITY = _COL["PRIORITY"]
 LRU_PREV = _COL["LRU_PREV"]
 LRU_NEXT = _COL["LRU_NEXT"]
 MAMBA_SLOT = _COL["MAMBA_SLOT"]
+MAMBA_HOST_SLOT = _COL["MAMBA_HOST_SLOT"]
 SWA_UUID = _COL["SWA_UUID"]
 TLRU_CACHED = _COL["TLRU_CACHED"]
 TLRU_HIST = _COL["TLRU_HIST"]
@@ -242,6 +246,7 @@ def F_HAS(c, t=DEVICE):
 F_HAS_FULL_DEV = 1 << (1 + FULL * N_TIERS + DEVICE)
 F_HAS_SWA_DEV = 1 << (1 + SWA * N_TIERS + DEVICE)
 F_HAS_FULL_HOST = 1 << (1 + FULL * N_TIERS + HOST)
+F_HAS_MAMBA_HOST = 1 << (1 + MAMBA * N_TIERS + HOST)
 #: FLAGS bit: the node is in the duplicate list (``kernels/dups.py``).
 F_DUP = 1 << (1 + N_COMPONENTS * N_TIERS)
 #: Column of the Full host lock_ref (a load-back's anchor, SGLang's host lock).
@@ -317,6 +322,7 @@ META_FIELDS = (
     ("HOST", 1),          # HiCache write policy (HOST_*; HOST_OFF: no host tier)
     ("WT_THRESHOLD", 1),  # hit count at which an insert backs a node up (write-through)
     ("HOST_TOTAL", 1),    # units holding a Full host value
+    ("MAMBA_HOST_TOTAL", 1),  # Mamba states held on the host (components.mamba)
     ("HOST_EVICTABLE", 1),  # units of the evictable host leaves (host-leaf heap)
     ("HOST_UUID_NEXT", 1),  # next Full host-lock boundary stamp (never reused, > 0)
     ("DUP_HEAD", 1),      # first / last slot of the duplicate list (NIL: empty) (dups)
@@ -362,6 +368,7 @@ M_NEED_ACTS = _META["NEED_ACTS"]
 M_HOST = _META["HOST"]
 M_WT_THRESHOLD = _META["WT_THRESHOLD"]
 M_HOST_TOTAL = _META["HOST_TOTAL"]
+M_MAMBA_HOST_TOTAL = _META["MAMBA_HOST_TOTAL"]
 M_HOST_EVICTABLE = _META["HOST_EVICTABLE"]
 M_HOST_UUID_NEXT = _META["HOST_UUID_NEXT"]
 M_DUP_HEAD = _META["DUP_HEAD"]

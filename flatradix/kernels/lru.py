@@ -1,7 +1,7 @@
 """Intrusive LRU lists of the auxiliary components (SWA, Mamba), one per (component, tier).
 
 Only this module writes ``nodes[:, LRU_PREV + l]`` and ``nodes[:, LRU_NEXT + l]``
-(``l = LRU_ID(c)``). Each list is doubly linked through those columns between
+(``l = LRU_ID(c, t)``). Each list is doubly linked through those columns between
 two sentinel slots that are never alive and never popped (vLLM's
 ``FreeKVCacheBlockQueue`` style): ``lru_head(l)`` (its next is the most recently
 used entry) and ``lru_tail(l)`` (its prev is the least recently used one), so
@@ -18,7 +18,7 @@ held. Every verb is O(1).
 """
 
 from ._jit import helper
-from .layout import LOCK_REF, LRU_NEXT, LRU_PREV, N_LRU, N_TIERS, NIL, SENTINEL0
+from .layout import LOCK_REF, LRU_NEXT, LRU_PREV, N_LRU, N_LRU_LISTS, N_TIERS, NIL, SENTINEL0
 
 
 @helper
@@ -33,14 +33,15 @@ def lru_tail(lst):
 
 @helper
 def lru_lock_col(lst):
-    """Device lock column of the component that list ``lst`` orders."""
-    return LOCK_REF + (lst + 1) * N_TIERS
+    """Lock column of the (component, tier) that list ``lst`` orders (a host list
+    skips host-locked entries)."""
+    return LOCK_REF + (lst % N_LRU + 1) * N_TIERS + lst // N_LRU
 
 
 @helper
 def lru_init(nodes):
     """Empty every list (the sentinels' rows are otherwise untouched)."""
-    for lst in range(N_LRU):
+    for lst in range(N_LRU_LISTS):
         h = lru_head(lst)
         t = lru_tail(lst)
         nodes[h, LRU_PREV + lst] = NIL

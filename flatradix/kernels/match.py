@@ -51,20 +51,23 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
         ok = True
         if swa_on:
             ok, acc = swa.validate(nodes, meta, child, acc)
+        ok_dev = ok
         if mamba_on and ok:
-            ok = mamba.validate(nodes, child)
+            ok_dev = mamba.validate(nodes, child)
+            # host tier: a host-only state counts for the host match
+            ok = mamba.validate_host(nodes, child) if host_on else ok_dev
         if ok:
             hbest = child
             hbest_len = length
-            if dev:
-                best = child
-                best_len = length
+        if ok_dev and dev:
+            best = child
+            best_len = length
         if partial:
             break
     if swa_on:
         swa.refresh_lru(nodes, meta, best)
     if mamba_on:
-        mamba.refresh_lru(nodes, best)
+        mamba.refresh_lru(nodes, hbest)  # SGLang refreshes best_match_node's state
     t = tick(meta)
     a = hbest  # SGLang stamps from the best match on either tier
     k = 0

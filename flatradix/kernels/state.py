@@ -16,8 +16,8 @@ from .layout import (
     M_WALK_N, M_WALK_PARENT,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
     M_HWM, M_NEED_ACTS, M_NEED_OUT, M_NEED_SLOTS, M_NEED_UNITS, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
-    M_HOST_EVICTABLE, M_HOST_TOTAL, M_HOST_UUID_NEXT, MAMBA_SLOT, DUP_NEXT, DUP_PREV, M_DUP_HEAD,
-    M_DUP_TAIL, N_COMPONENTS, N_HEAPS, N_LRU, N_TIERS, NEXT_SIB, NIL,
+    M_HOST_EVICTABLE, M_HOST_TOTAL, M_MAMBA_HOST_TOTAL, M_HOST_UUID_NEXT, MAMBA_SLOT, MAMBA_HOST_SLOT, DUP_NEXT, DUP_PREV, M_DUP_HEAD,
+    M_DUP_TAIL, N_COMPONENTS, N_HEAPS, N_LRU_LISTS, N_TIERS, NEXT_SIB, NIL,
     PARENT, PREV_SIB, PRIORITY, SENTINEL0, TICK,
 )
 from .lru import lru_init
@@ -93,10 +93,11 @@ def _clear_row(nodes, s):
     nodes[s, HOST_HEAP_POS] = NIL
     nodes[s, DUP_PREV] = NIL
     nodes[s, DUP_NEXT] = NIL
-    for i in range(N_LRU):
+    for i in range(N_LRU_LISTS):
         nodes[s, LRU_PREV + i] = NIL
         nodes[s, LRU_NEXT + i] = NIL
     nodes[s, MAMBA_SLOT] = NIL
+    nodes[s, MAMBA_HOST_SLOT] = NIL
 
 
 @helper
@@ -208,6 +209,7 @@ def reset_tree(nodes, ctab, meta):
     meta[M_WALK_N] = 0
     meta[M_WALK_PARENT] = NIL
     meta[M_HOST_TOTAL] = 0
+    meta[M_MAMBA_HOST_TOTAL] = 0
     meta[M_HOST_EVICTABLE] = 0
     meta[M_DUP_HEAD] = NIL
     meta[M_DUP_TAIL] = NIL

@@ -234,10 +234,11 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
 
     Emits ``A_FREE_SLOT(FULL)`` with its KV indices (copied to ``out``), then
     ``A_FREE_SLOT(SWA)`` over the same indices when it holds SWA data,
-    ``A_FREE_SLOT(MAMBA)`` with its state slot when it owns one and, with
+    ``A_FREE_SLOT(MAMBA)`` with its state slot when it owns one,
+    ``A_FREE_HOST(MAMBA)`` with its host state when it holds one and, with
     KV events on, ``A_REMOVED`` with its pool span (the rows keep their page
     digests until the next compaction). The parent re-enters the heap if it
-    became a leaf. The caller checked room for 4 rows and ``len + 1`` values.
+    became a leaf. The caller checked room for 5 rows and ``len + 2`` values.
     """
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
@@ -248,6 +249,8 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
         swa.release_deleted(nodes, meta, s)
     if mamba.has_data(nodes, s):
         mamba.evict_component(nodes, meta, s, out, acts)
+    if mamba.has_host(nodes, s):  # a host state left by a write-back duplicate reclaim
+        mamba.evict_host_component(nodes, meta, s, out, acts)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)
     dup_remove(nodes, meta, s)
@@ -269,15 +272,22 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
 @helper
 def demote(nodes, pool, heap, meta, s, out, acts):
     """Demote the unlocked, backed-up device leaf ``s`` (SGLang §8.3): free its Full
-    device value (``A_FREE_SLOT(FULL)`` with the indices copied to ``out``; with
-    events on, ``A_REMOVED`` medium GPU), keep the node host-only. Its parent
+    device value (``A_FREE_SLOT(FULL)`` with the indices copied to ``out``), and
+    its Mamba device state (``A_FREE_SLOT(MAMBA)``: the cascade; a Mamba host
+    state stays, in the Mamba host LRU), then with events on ``A_REMOVED``
+    medium GPU; the node stays host-only. Its parent
     loses a device child (it may become a device leaf) and ``s`` may become an
-    evictable host leaf. Returns its length. The caller checked room for 2 rows
-    and ``len`` values."""
+    evictable host leaf. Returns its length. The caller checked room for 3 rows
+    and ``len + 1`` values."""
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
     at = out_put_span(out, meta, pool, off, n)
     emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
+    if mamba.has_data(nodes, s):  # the cascade: a host copy stays (host LRU)
+        mamba.evict_component(nodes, meta, s, out, acts)
+    # SGLang then puts every host-only aux state in its host LRU (unless there),
+    # host-locked or not
+    mamba.host_lru_join(nodes, s)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_GPU)
     if nodes[s, HEAP_POS] >= 0:
@@ -321,15 +331,18 @@ def restore_device(nodes, pool, heap, meta, s, value, start):
 def delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     """Remove the evictable host leaf ``s`` (SGLang ``evict_host_leaf``): free its
     Full host value (``A_FREE_HOST`` with the host slots copied to ``out``; with
-    events on, ``A_REMOVED`` medium CPU) and delete the node; the parent may
+    events on, ``A_REMOVED`` medium CPU), then its Mamba host state
+    (``A_FREE_HOST(MAMBA)``), and delete the node; the parent may
     become an evictable host leaf. Returns its length. The caller checked room
-    for 2 rows and ``len`` values."""
+    for 3 rows and ``len + 1`` values."""
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
     at = out_put_col(out, meta, pool, off, n, pool.shape[1] - 1)
     emit(acts, meta, A_FREE_HOST, FULL, SRC_OUT, at, n, 0)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_CPU)
+    if mamba.has_host(nodes, s):  # atomic: every component's host data goes
+        mamba.evict_host_component(nodes, meta, s, out, acts)
     if nodes[s, HOST_HEAP_POS] >= 0:
         heap_remove(nodes, heap, meta, HEAP_HOST, s)
         meta[M_HOST_EVICTABLE] -= n

@@ -1,0 +1,422 @@
+"""Mamba on the host tier (HiCache, SGLang 0.5.23 spec §6.3 / §8): hand-worked scenarios,
+the reported bug "Mamba with HiCache prunes evicted nodes instead of moving them to the
+host", the slot partition on all four pools over random runs, bad input.
+
+Every expected value is worked out by hand from the spec (and checked against SGLang's
+own cache by ``tests/oracle/hicache_driver.py``'s ``*-mamba-*`` configurations): a
+backup copies a node's Full KV *and* its state; demoting a backed-up leaf frees both on
+the device and keeps both on the host; a match through a host-only state reports
+``mamba_host_hit_length`` 1; a load-back restores the state into a fresh device slot and
+copies it into the request's own slot; ``evict_host(n, MAMBA)`` frees host states from
+the least recently used end, a host leaf whole.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from flatradix import (
+    ComponentType, EvictParams, HybridReqToTokenPool, InitLoadBackParams, InsertParams,
+    LockRefError, MatchPrefixParams, RadixKey, TokenToKVPoolAllocator, UnifiedRadixCache,
+)
+from flatradix.inspection import all_mamba_host_values_flatten
+
+FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
+
+
+class Env:
+    """A FULL+MAMBA cache with flatradix's pools and a host tier; every transfer the
+    tree asks for is logged as ``(kind, device slots, host slots)``."""
+
+    def __init__(self, states=8, pool=64, host=64, host_states=16, policy="write_through",
+                 page=1, threshold=1):
+        self.alloc = TokenToKVPoolAllocator(pool, page_size=page)
+        self.pool = HybridReqToTokenPool(4, 256, mamba_size=states,
+                                         enable_mamba_extra_buffer=page > 1)
+        self.ma = self.pool.mamba_allocator
+        self.cache = UnifiedRadixCache(
+            page_size=page, tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, mamba_cache_chunk_size=4,
+            enable_mamba_extra_buffer=page > 1)
+        self.log = []
+        self.cache.init_hicache(host_size=host, mamba_host_size=host_states,
+                                hicache_write_policy=policy, load_back_threshold=threshold,
+                                transfer=lambda k, d, h: self.log.append(
+                                    (k, np.asarray(d).tolist(), np.asarray(h).tolist())))
+        self.caller = []   # state slots the test holds (requests')
+
+    def ins(self, toks):
+        kv = self.alloc.alloc(len(toks))
+        st = self.ma.alloc(1)
+        r = self.cache.insert(InsertParams(key=RadixKey(list(toks)), value=kv, mamba_value=st))
+        if r.mamba_exist:
+            self.ma.free(st)
+        return r, int(st[0])
+
+    def match(self, toks):
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(toks))))
+
+    def req(self, m=None, slot=None):
+        return SimpleNamespace(last_node=None if m is None else m.last_device_node,
+                               mamba_host_hit_length=0 if m is None else m.mamba_host_hit_length,
+                               kv=SimpleNamespace(mamba_pool_idx=slot))
+
+    def host_states(self):
+        return sorted(all_mamba_host_values_flatten(self.cache._engine).tolist())
+
+    def partition(self):
+        """Each of the four pools: free + tree (+ the test's) == every slot, disjoint."""
+        c = self.cache
+        c.sanity_check()
+        tree = np.asarray(c.all_values_flatten()).tolist()
+        assert len(set(tree)) == len(tree)
+        assert self.alloc.available_size() + len(tree) == self.alloc.size
+        states = c.all_mamba_values_flatten().tolist()
+        assert len(set(states)) == len(states)
+        assert self.ma.available_size() + len(states) + len(self.caller) == self.ma.size
+        htree = c.all_host_values_flatten().tolist()
+        assert c.mem_pool_host.available_size() + len(htree) == c.mem_pool_host.size
+        hs = self.host_states()
+        assert len(set(hs)) == len(hs) == c.mamba_host_total_size()
+        assert c.mamba_pool_host.available_size() + len(hs) == c.mamba_pool_host.size
+
+
+def same_state(before, after):
+    for k in before:
+        if isinstance(before[k], np.ndarray):
+            assert np.array_equal(before[k], after[k]), k
+        else:
+            assert before[k] == after[k], k
+
+
+def backed(env, *keys):
+    """Insert each key (backed up at its first hit under write_through) and ack."""
+    for k in keys:
+        env.ins(k)
+    env.cache.check_hicache_events()
+
+
+def test_backup_copies_the_state_and_demotion_keeps_it_on_the_host():
+    env = Env()
+    (_, s1), (_, s2) = env.ins(range(1, 9)), env.ins([1, 2, 3, 4, 50, 51, 52, 53])
+    env.cache.flush_pending_backups()
+    # two backups (one per new leaf; the second's split upper part is backed already)
+    kinds = [k for k, _, _ in env.log]
+    assert kinds == ["backup", "backup_state", "backup", "backup_state"]
+    assert [d for k, d, _ in env.log if k == "backup_state"] == [[s1], [s2]]
+    env.cache.writing_check()
+    assert env.cache.mamba_host_total_size() == 2
+    r = env.cache.evict(EvictParams(num_tokens=12, mamba_num=2))
+    # both leaves demoted: 4 + 4 Full tokens and their 2 states; the shared upper part
+    # [1, 2, 3, 4] (no state: a split's upper part holds none) then 4 more
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (12, 2)
+    assert env.cache.all_mamba_values_flatten().tolist() == []
+    assert env.cache.mamba_host_total_size() == 2       # moved to the host, not pruned
+    env.partition()
+
+
+def test_b_mamba_prune_evicted_nodes_keep_a_host_hit():
+    """Reported bug (issue 13): with HiCache, evicting a Mamba node must demote it
+    (host copy kept), so a later match still reports a host hit -- the Mamba walk's
+    leaf victims included."""
+    env = Env()
+    backed(env, range(1, 9))
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))   # the Mamba walk
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (8, 1)   # its leaf, demoted
+    m = env.match(range(1, 9))
+    assert (m.device_prefix_len, m.host_hit_length, m.mamba_host_hit_length) == (0, 8, 1)
+    assert m.mamba_branching_seqlen is None      # 8 is on the grid, not past 0 + 8
+    assert m.best_match_node != env.cache.root_node_handle()
+    env.partition()
+
+
+def test_load_back_restores_the_state_and_copies_it_into_the_request_slot():
+    env = Env()
+    backed(env, range(1, 9))
+    env.cache.evict(EvictParams(num_tokens=8, mamba_num=1))
+    env.log.clear()
+    m = env.match(range(1, 9))
+    host_state = env.host_states()[0]
+    req = env.req(m)
+    n, node = env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                          None, req))
+    assert (n, node) == (8, m.best_match_node)
+    got = int(req.kv.mamba_pool_idx)              # the load gave the request a slot
+    restored = env.cache.all_mamba_values_flatten().tolist()
+    assert len(restored) == 1 and restored[0] != got
+    assert [(k, d, h) for k, d, h in env.log if k == "load_state"] == [
+        ("load_state", restored, [host_state]), ("load_state", [got], [host_state])]
+    assert env.cache.mamba_protected_size() == 1  # pinned until the ack
+    env.cache.ready_to_load_host_cache()
+    env.cache.loading_check()
+    assert (env.cache.mamba_protected_size(), env.cache.mamba_evictable_size()) == (0, 1)
+    env.caller.append(got)
+    m2 = env.match(range(1, 9))
+    assert (m2.device_prefix_len, m2.mamba_host_hit_length) == (8, 0)
+    env.partition()
+
+
+def test_a_state_only_load_counts_the_full_tokens_it_made_usable():
+    """A node on the device whose state is on the host only (its device state was
+    tombstoned): SGLang loads the state alone and returns the Full device tokens from
+    the best node up to the request's device node."""
+    env = Env()
+    backed(env, range(1, 9), range(1, 13))   # a child: [1..8] is internal now
+    env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))  # LRU: [1..8]'s state
+    assert len(env.host_states()) == 2 and env.cache.mamba_evictable_size() == 1
+    m = env.match(range(1, 9))
+    assert (m.device_prefix_len, m.host_hit_length, m.mamba_host_hit_length) == (0, 8, 1)
+    req = env.req(m)
+    n, node = env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                          None, req))
+    assert (n, node) == (8, m.best_match_node)
+    env.caller.append(int(req.kv.mamba_pool_idx))
+    env.cache.check_hicache_events()
+    m2 = env.match(range(1, 9))
+    assert (m2.device_prefix_len, m2.mamba_host_hit_length) == (8, 0)
+    env.partition()
+
+
+def test_a_declined_load_gives_the_request_slot_back_and_keeps_its_own():
+    env = Env(threshold=1)
+    backed(env, range(1, 9))
+    env.cache.evict(EvictParams(num_tokens=8, mamba_num=1))
+    m = env.match(range(1, 9))
+    free_before = env.ma.available_size()
+    req = env.req(m)
+    # mem_quota 0: declined after the request slot was taken: it goes back, cleared
+    assert env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                       0, req)) == (0, m.last_device_node)
+    assert req.kv.mamba_pool_idx is None and env.ma.available_size() == free_before
+    own = int(env.ma.alloc(1)[0])          # a request holding its own slot keeps it
+    req = env.req(m, own)
+    assert not env.cache.load_back(m.best_match_node, 0, req)
+    assert req.kv.mamba_pool_idx == own and env.ma.is_held([own])[0]
+    env.caller.append(own)
+    assert env.cache.protected_size() == 0 and env.cache.mamba_protected_size() == 0
+    env.partition()
+
+
+def test_no_state_room_raises_and_gives_the_pins_back():
+    """The state pool empty and nothing evictable: SGLang asserts (and keeps the load's
+    locks); flatradix raises RuntimeError and releases them."""
+    env = Env(states=2)
+    backed(env, range(1, 9))
+    env.cache.evict(EvictParams(num_tokens=8, mamba_num=1))
+    env.caller += [int(env.ma.alloc(1)[0]), int(env.ma.alloc(1)[0])]   # the pool is empty
+    m = env.match(range(1, 9))
+    before = env.cache._snapshot()
+    with pytest.raises(RuntimeError, match="Cannot alloc mamba"):
+        env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length, None,
+                                                    env.req(m)))
+    after = env.cache._snapshot()
+    # every lock given back: the node table as before, but for the host-lock boundary
+    # stamp the pin left on the node (stamps are never reused; SGLang keeps its uuid too)
+    from flatradix.kernels.layout import HOST_UUID
+    cols = [c for c in range(before["nodes"].shape[1]) if c != HOST_UUID]
+    assert np.array_equal(before["nodes"][:, cols], after["nodes"][:, cols])
+    assert env.cache.protected_size() == 0 and env.cache.mamba_protected_size() == 0
+    env.partition()
+
+
+def test_evict_host_states_lru_first_skipping_host_locks_and_leaves_go_whole():
+    env = Env()
+    backed(env, range(1, 9), range(20, 28))
+    env.ins(list(range(1, 9)) + [9, 10, 11, 12])   # [1..8] internal from here on
+    env.cache.check_hicache_events()
+    # tombstone [1..8]'s device state (internal: the state goes, the node stays),
+    # demote the [20..27] leaf: both states host-only now, [1..8]'s first
+    env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    env.cache.evict(EvictParams(num_tokens=8, mamba_num=0))
+    hs = env.host_states()
+    assert len(hs) == 3
+    m = env.match(range(1, 9))
+    assert m.mamba_host_hit_length == 1
+    lock = env.cache.inc_host_lock_ref(m.best_match_node)   # pins [1..8]'s host state
+    assert env.cache.evict_host(1, MAMBA) == 1     # skips it: [20..27], a host leaf, whole
+    assert env.cache.host_total_size() == 8 + 4     # [1..8] and its child
+    assert env.match(range(20, 28)).host_hit_length == 0
+    env.cache.dec_host_lock_ref(m.best_match_node, lock)
+    assert env.cache.evict_host(1, MAMBA) == 1     # [1..8]'s now: internal, the state alone
+    assert env.cache.host_total_size() == 12
+    assert env.match(range(1, 9)).mamba_host_hit_length == 0
+    env.partition()
+
+
+def test_a_walked_backup_leaves_out_the_state_the_insert_commits():
+    """SGLang runs a walked node's backup at its barrier, before the commit attaches
+    the insert's state to that node: the backup holds the Full KV only, and the node
+    is pending at the tail, so no incremental state backup follows."""
+    env = Env(policy="write_through_selective")      # a backup at the second hit
+    _, s1 = env.ins([1, 2, 3, 4])                    # hit 1: no backup
+    st = env.ma.alloc(1)
+    r = env.cache.insert(InsertParams(key=RadixKey([1, 2]), value=env.alloc.alloc(2),
+                                      mamba_value=st, inserted_len=0))
+    # [1, 2] is split off [1, 2, 3, 4] (the upper part: hit count 1 copied, no state);
+    # the walk counts its second hit and backs it up, then the commit gives it the state
+    assert not r.mamba_exist
+    env.cache.flush_pending_backups()
+    assert [k for k, _, _ in env.log] == ["backup"]
+    env.cache.writing_check()
+    assert env.cache.mamba_host_total_size() == 0
+    # the next insert ending there backs the state up (SGLang's incremental backup)
+    st2 = env.ma.alloc(1)
+    r = env.cache.insert(InsertParams(key=RadixKey([1, 2]), value=env.alloc.alloc(2),
+                                      mamba_value=st2, inserted_len=2))
+    assert r.mamba_exist
+    env.ma.free(st2)
+    env.cache.flush_pending_backups()
+    assert [k for k, _, _ in env.log] == ["backup", "backup_state"]
+    assert env.log[-1][1] == [int(st[0])]
+    env.cache.writing_check()
+    assert env.cache.mamba_host_total_size() == 1
+    env.partition()
+
+
+def test_host_lock_receipts_on_a_mamba_cache():
+    env = Env()
+    backed(env, range(1, 9))
+    m = env.match(range(1, 9))
+    rec = env.cache.inc_host_lock_ref(m.last_device_node)
+    env.cache.dec_host_lock_ref(m.last_device_node, rec)
+    with pytest.raises(LockRefError, match="Mamba host lock"):
+        env.cache.dec_host_lock_ref(m.last_device_node, rec)
+    env.partition()
+
+
+def test_bad_input_is_refused_before_any_change():
+    alloc = TokenToKVPoolAllocator(64)
+    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool)
+    with pytest.raises(ValueError, match="write_back"):
+        cache.init_hicache(host_size=8, mamba_host_size=4, hicache_write_policy="write_back")
+    with pytest.raises(ValueError, match="mamba_host_size"):
+        cache.init_hicache(host_size=8)
+    assert not cache.enable_hicache
+    cache.init_hicache(hicache_ratio=2.0)
+    assert (cache.mem_pool_host.size, cache.mamba_pool_host.size) == (129, 9)  # 4 * 2 + 1
+    with pytest.raises(ValueError, match="component_type"):
+        cache.evict_host(1, ComponentType.SWA)
+    capped = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                               req_to_token_pool=pool, mamba_max_states_per_path=2)
+    with pytest.raises(ValueError, match="mamba_max_states_per_path"):
+        capped.init_hicache(host_size=8, mamba_host_size=4)
+    plain = UnifiedRadixCache(token_to_kv_pool_allocator=TokenToKVPoolAllocator(8))
+    with pytest.raises(ValueError, match="no Mamba"):
+        plain.init_hicache(host_size=8, mamba_host_size=4)
+    with pytest.raises(ValueError, match="component_type"):
+        (plain.init_hicache(host_size=8), plain.evict_host(1, MAMBA))
+    env = Env()
+    backed(env, range(1, 9))
+    env.cache.evict(EvictParams(num_tokens=8, mamba_num=1))
+    m = env.match(range(1, 9))
+    before = env.cache._snapshot()
+    with pytest.raises(ValueError, match="req"):
+        env.cache.load_back(m.best_match_node, None, req=SimpleNamespace(last_node=None))
+    same_state(before, env.cache._snapshot())
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective"])
+def test_random_runs_keep_all_four_pools_partitioned(policy):
+    rng = np.random.default_rng(11)
+    env = Env(states=6, pool=48, host=40, host_states=5, policy=policy)
+    c = env.cache
+    bases = [list(rng.integers(1, 6, size=12)) for _ in range(3)]
+    locks, hlocks = [], []
+    for _ in range(700):
+        op = int(rng.integers(0, 9))
+        toks = list(bases[int(rng.integers(0, 3))][:int(rng.integers(1, 13))])
+        if op <= 1:
+            if env.alloc.available_size() < len(toks):
+                c.evict(EvictParams(num_tokens=len(toks)))
+            if env.ma.available_size() == 0:
+                c.evict(EvictParams(num_tokens=0, mamba_num=1))
+            if env.alloc.available_size() >= len(toks) and env.ma.available_size():
+                env.ins(toks)
+        elif op == 2:
+            m = env.match(toks)
+            if (m.host_hit_length or m.mamba_host_hit_length) and not (
+                    env.ma.available_size() == 0 and c.mamba_evictable_size() == 0):
+                req = env.req(m)
+                c.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                    None, req))
+                if req.kv.mamba_pool_idx is not None:   # the request ends: its slot goes
+                    env.ma.free(np.asarray([int(req.kv.mamba_pool_idx)]))
+            elif rng.random() < 0.5 and len(locks) < 3:
+                locks.append((m.last_device_node, c.inc_lock_ref(m.last_device_node)))
+        elif op == 3 and locks:
+            nid, rec = locks.pop(int(rng.integers(0, len(locks))))
+            c.dec_lock_ref(nid, rec.to_dec_params())
+        elif op == 4:
+            c.evict(EvictParams(num_tokens=int(rng.integers(0, 10)),
+                                mamba_num=int(rng.integers(0, 3))))
+        elif op == 5:
+            c.evict_host(int(rng.integers(1, 3)), MAMBA if rng.random() < 0.5 else FULL)
+        elif op == 6:
+            m = env.match(toks)
+            if m.best_match_node != c.root_node_handle() and len(hlocks) < 2:
+                rec = c.inc_host_lock_ref(m.best_match_node)
+                if rec.component_host_lock_uuids:
+                    hlocks.append((m.best_match_node, rec))
+                else:
+                    c.dec_host_lock_ref(m.best_match_node, rec)
+        elif op == 7 and hlocks:
+            nid, rec = hlocks.pop()
+            c.dec_host_lock_ref(nid, rec)
+        else:
+            c.flush_pending_backups()
+            c.ready_to_load_host_cache()
+            c.writing_check(finish_count=int(rng.integers(0, 3)))
+            c.loading_check(finish_count=int(rng.integers(0, 2)))
+        env.partition()
+    for nid, rec in locks:
+        c.dec_lock_ref(nid, rec.to_dec_params())
+    for nid, rec in hlocks:
+        c.dec_host_lock_ref(nid, rec)
+    c.check_hicache_events()
+    c.ready_to_load_host_cache()
+    c.loading_check()
+    assert c.protected_size() == 0 and c.mamba_protected_size() == 0
+    c.evict(EvictParams(num_tokens=10**6, mamba_num=10**6))
+    c.evict_host(10**6)
+    assert c.mamba_host_total_size() == 0 and c.host_total_size() == 0
+    assert c.mamba_pool_host.available_size() == c.mamba_pool_host.size
+    assert env.ma.available_size() == env.ma.size
+    env.partition()
+
+
+def test_state_bytes_survive_backup_demote_and_load_back_with_kvtransfer():
+    from flatradix import KVTransfer
+
+    alloc = TokenToKVPoolAllocator(32)
+    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    ma = pool.mamba_allocator
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool, mamba_cache_chunk_size=4)
+    kv = [np.zeros((33, 2), dtype=np.float32)]
+    conv, temporal = np.zeros((5, 3), dtype=np.float32), np.zeros((5, 2, 2), dtype=np.float16)
+    with pytest.raises(ValueError, match="state_buffers"):   # a Mamba cache needs them
+        cache.init_hicache(host_size=16, mamba_host_size=3,
+                           transfer=KVTransfer.with_host_buffers(kv, 16))
+    assert not cache.enable_hicache
+    t = KVTransfer.with_host_buffers(kv, 16, device_state_buffers=[conv, temporal],
+                                     host_state_size=3)
+    cache.init_hicache(host_size=16, mamba_host_size=3, load_back_threshold=1, transfer=t)
+    v, st = alloc.alloc(4), ma.alloc(1)
+    s = int(st[0])
+    conv[s], temporal[s] = 7.5, 2.0                 # the state the model wrote
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=v, mamba_value=st))
+    cache.check_hicache_events()                    # backed up (first hit), acked
+    assert t.backed_up_states == 1
+    cache.evict(EvictParams(num_tokens=4, mamba_num=1))
+    conv[s], temporal[s] = -1.0, -1.0               # the freed slot is reused: garbage
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4])))
+    req = SimpleNamespace(last_node=m.last_device_node, mamba_host_hit_length=1,
+                          kv=SimpleNamespace(mamba_pool_idx=None))
+    cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length, None, req))
+    node_slot = cache.all_mamba_values_flatten().tolist()[0]
+    for slot in (node_slot, int(req.kv.mamba_pool_idx)):
+        assert (conv[slot] == 7.5).all() and (temporal[slot] == 2.0).all()
+    assert (t.loaded_states, t.backed_up_states) == (2, 1)
