@@ -1,6 +1,7 @@
 """Differential driver for the host tier (HiCache): flatradix against SGLang 0.5.23's
-own ``UnifiedRadixCache`` with HiCache on (``hicache_peer.py``), Full attention only,
-``write_through``, ``write_through_selective`` and ``write_back``.
+own ``UnifiedRadixCache`` with HiCache on (``hicache_peer.py``), Full attention
+(``write_through``, ``write_through_selective`` and ``write_back``) and Full + Mamba
+(the ``*-mamba-*`` configurations: the write-through policies).
 
 Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``)::
 
@@ -77,6 +78,20 @@ listed in ``DIFFERENCES`` below):
   trees' device values (through the bijection) and both ``sanity_check`` s, then
   evict everything on both tiers: both pools must be whole again.
 
+Full + Mamba (``mamba``: the device state pool's size; SGLang's own
+``HybridReqToTokenPool`` and ``HybridLinearKVPool``, its ``MambaPoolHost`` sized
+from the same ``hicache_ratio``): every insert donates a fresh state slot (the
+caller's goes back on ``mamba_exist``); ``evict`` asks for states too, ``evict_host``
+frees host states (``ComponentType.MAMBA``) or Full host tokens; a load sets the
+request's ``mamba_host_hit_length`` from its match and sometimes lets the request
+hold a state slot already; ``load_back`` also runs on a Mamba-only host hit.
+Compared as well: two more slot bijections (device states, host states; frees in
+order and as multisets), the state transfers of each submitted backup / load as
+(host state, device state) pairs, ``mamba_exist``, the state the request holds
+after a load (then freed once its copy was submitted), the Mamba ledgers and
+pools' availability, the host state count (Python core), and per node in the tree
+checks its state, host state, Mamba lock_ref and host lock_ref.
+
 The stream is cut into episodes of ``--episode`` ops on fresh caches. The first
 divergence stops a configuration: the op, both sides' values, then the episode
 shrunk by delta debugging (fresh caches per try; the same divergence label must
@@ -125,6 +140,12 @@ DIFFERENCES = """
    only by write_back's duplicate reclaim (evict_host), which neither side runs
    here, so nothing observable depends on it. Counted in the stats as
    `sglang_dup_registry_misses`.
+7. Mamba: a load-back that must give the request a state slot when the state
+   pool is empty and nothing is evictable fails on both sides, but SGLang's
+   (an AssertionError in `prepare_load_back`, raised before its try/finally)
+   leaves the load's host lock and path lock held for good; flatradix raises
+   RuntimeError and releases them. The driver skips such loads
+   (`load_skipped_no_state_room`); tests/test_hicache_mamba.py covers flatradix's.
 """
 
 # Divergences found by this driver and reported, not yet fixed in flatradix. Never
@@ -163,6 +184,17 @@ CONFIGS = {
                       device=16 * 4, host=12 * 4, max_pages=6, lbt=1),
     "p2-wb-lfu-t10": dict(page_size=2, policy="lfu", write_policy="write_back",
                           device=20 * 2, host=28 * 2, min_pages=4, max_pages=12, lbt=10),
+    # (FULL, MAMBA): ``mamba`` device states (SGLang sizes the host state pool from the
+    # same hicache_ratio), ``chunk`` the Mamba cache chunk; above page 1 the extra buffer
+    "p1-mamba-wt-lru": dict(page_size=1, policy="lru", write_policy="write_through",
+                            device=16, host=20, max_pages=6, lbt=1, mamba=6),
+    "p1-mamba-wts-lfu": dict(page_size=1, policy="lfu", write_policy="write_through_selective",
+                             device=20, host=16, max_pages=6, lbt=1, mamba=8),
+    "p1-mamba-wt-lru-t10": dict(page_size=1, policy="lru", write_policy="write_through",
+                                device=48, host=64, min_pages=6, max_pages=20, lbt=10,
+                                mamba=10),
+    "p4-mamba-wt-fifo": dict(page_size=4, policy="fifo", write_policy="write_through",
+                             device=16 * 4, host=20 * 4, max_pages=6, lbt=1, mamba=6, chunk=4),
 }
 
 # Self-test: deliberately wrong flatradix façades (FlatSide applies ``mutant``); each
@@ -184,6 +216,12 @@ MUTANTS = {
     "wb-always-drop": ("p1-wb-lru", dict(wb_always_drop=True)),
     # insert_host under write-through runs the write-back rules (no refill, no drop)
     "insert-host-as-write-back": ("p2-wts-lru", dict(insert_host_as_wb=True)),
+    # Mamba: a backup finds no host state slot (the node's backup gives up)
+    "mamba-no-state-backup": ("p1-mamba-wt-lru", dict(no_state_backup=True)),
+    # Mamba: match_prefix reports mamba_host_hit_length 0 (no state-only load-back)
+    "mamba-host-hit-zero": ("p1-mamba-wts-lfu", dict(mamba_host_hit_zero=True)),
+    # Mamba: a load-back never gives the request a slot of its own (no copy)
+    "mamba-no-request-state": ("p4-mamba-wt-fifo", dict(no_request_state=True)),
 }
 
 SELFTEST_OPS = 2000
@@ -227,21 +265,50 @@ class FlatSide:
             return self._free(idx)
 
         self.alloc.alloc, self.alloc.free = logged_alloc, logged_free
+        self.mamba = bool(cfg.get("mamba"))
+        extra = {}
+        if self.mamba:
+            CT = flatradix.ComponentType
+            self.rtp = flatradix.HybridReqToTokenPool(4, 256, mamba_size=cfg["mamba"],
+                                                      enable_mamba_extra_buffer=P > 1)
+            self.malloc = self.rtp.mamba_allocator
+            self._malloc, self._mfree = self.malloc.alloc, self.malloc.free
+
+            def logged_malloc(n):
+                out = self._malloc(n)
+                if out is not None:
+                    self.log.append(("malloc", np.asarray(out).reshape(-1).tolist()))
+                return out
+
+            def logged_mfree(idx):
+                self.log.append(("mfree", np.asarray(idx).reshape(-1).tolist()))
+                return self._mfree(idx)
+
+            self.malloc.alloc, self.malloc.free = logged_malloc, logged_mfree
+            extra = dict(tree_components=(CT.FULL, CT.MAMBA), req_to_token_pool=self.rtp,
+                         mamba_cache_chunk_size=cfg.get("chunk", 8),
+                         enable_mamba_extra_buffer=P > 1)
         self.cache = c = flatradix.UnifiedRadixCache(
             page_size=P, eviction_policy=cfg["policy"], token_to_kv_pool_allocator=self.alloc,
             enable_kv_cache_events=True,
             # tiny initial arrays: table growth and pool compaction run early and often
-            node_capacity=8, pool_capacity=128)
+            node_capacity=8, pool_capacity=128, **extra)
         # flatradix moves the bytes at commit (the transfer callable); they are
         # submitted (merged, one ack) at flush / ready: gathered until then
         self.backups, self.loads = [], []
+        self.state_backups, self.state_loads = [], []
 
         def transfer(kind, dev, host):
             pairs = list(zip(np.asarray(host).tolist(), np.asarray(dev).tolist()))
-            (self.backups if kind == "backup" else self.loads).append(pairs)
+            {"backup": self.backups, "load": self.loads, "backup_state": self.state_backups,
+             "load_state": self.state_loads}[kind].append(pairs)
 
+        hextra = {}
+        if self.mamba:  # SGLang's MambaPoolHost sizing, with the ratio the peer derives
+            ratio = (cfg["host"] - P + 0.5) / cfg["device"]
+            hextra["mamba_host_size"] = int(self.malloc.size * ratio) + 1
         c.init_hicache(host_size=cfg["host"], hicache_write_policy=cfg["write_policy"],
-                       load_back_threshold=cfg["lbt"], transfer=transfer)
+                       load_back_threshold=cfg["lbt"], transfer=transfer, **hextra)
         host = c.mem_pool_host
         halloc, hfree = host.alloc, host.free
 
@@ -256,6 +323,21 @@ class FlatSide:
             return hfree(idx)
 
         host.alloc, host.free = logged_halloc, logged_hfree
+        if self.mamba:
+            spool = c.mamba_pool_host
+            salloc, sfree = spool.alloc, spool.free
+
+            def logged_salloc(n):
+                out = salloc(n)
+                if out is not None:
+                    self.log.append(("salloc", out.tolist()))
+                return out
+
+            def logged_sfree(idx):
+                self.log.append(("sfree", np.asarray(idx).tolist()))
+                return sfree(idx)
+
+            spool.alloc, spool.free = logged_salloc, logged_sfree
         # ---- self-test mutants (never in a real configuration)
         if mut.get("wt_threshold_delta"):
             c._engine.st.meta[L.M_WT_THRESHOLD] += mut["wt_threshold_delta"]
@@ -295,6 +377,13 @@ class FlatSide:
                 finally:
                     meta[L.M_HOST] = old
             c.insert_host = as_write_back
+        if mut.get("no_state_backup"):
+            c._state_host_alloc = lambda: None
+        if mut.get("mamba_host_hit_zero"):
+            match0 = c.match_prefix
+            c.match_prefix = lambda params: match0(params)._replace(mamba_host_hit_length=0)
+        if mut.get("no_request_state"):
+            c._holds_state = staticmethod(lambda kv: True)
         if mut.get("host_hit_zero"):
             match = c.match_prefix
             c.match_prefix = lambda params: match(params)._replace(host_hit_length=0)
@@ -315,6 +404,13 @@ class FlatSide:
     def free_slots(self, slots):
         self._free(np.asarray(slots, dtype=np.int64))
 
+    def alloc_state(self):
+        out = self._malloc(1)
+        return None if out is None else int(np.asarray(out).reshape(-1)[0])
+
+    def free_state(self, slot):
+        self._mfree(np.asarray([slot], dtype=np.int64))
+
     def take_log(self):
         out, self.log = self.log, []
         return out
@@ -322,11 +418,13 @@ class FlatSide:
     def root(self):
         return self.cache.root_node_handle()
 
-    def insert(self, toks, value, prev, inserted):
+    def insert(self, toks, value, prev, inserted, state=None):
         fr = self.fr
+        extra = {} if state is None else dict(mamba_value=np.asarray([state], dtype=np.int64))
         return self.cache.insert(fr.InsertParams(
             key=fr.RadixKey(np.asarray(toks, dtype=np.int64)),
-            value=np.asarray(value, dtype=np.int64), prev_prefix_len=prev, inserted_len=inserted))
+            value=np.asarray(value, dtype=np.int64), prev_prefix_len=prev, inserted_len=inserted,
+            **extra))
 
     def match(self, toks):
         return self.cache.match_prefix(self.fr.MatchPrefixParams(
@@ -335,14 +433,26 @@ class FlatSide:
     def path_device_indices(self, node, n):
         return np.asarray(self.cache.path_device_indices(node))[:n].tolist() if n else []
 
-    def init_load_back(self, best, hit, mem_quota, last_node):
-        req = SimpleNamespace(last_node=last_node)
-        return self.cache.init_load_back(self.fr.InitLoadBackParams(
-            best_match_node=best, host_hit_length=hit, mem_quota=mem_quota, req=req))
+    def _req(self, last_node, mamba_host_hit=0, state=None):
+        from .hicache_peer import _ReqKV
 
-    def load_back(self, node, mem_quota, last_node):
-        req = SimpleNamespace(last_node=last_node)
-        return self.cache.load_back(node, mem_quota, req=req)
+        return SimpleNamespace(last_node=last_node, mamba_host_hit_length=mamba_host_hit,
+                               kv=_ReqKV(state))
+
+    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
+        from .hicache_peer import _slot
+
+        req = self._req(last_node, mamba_host_hit, state)
+        r = self.cache.init_load_back(self.fr.InitLoadBackParams(
+            best_match_node=best, host_hit_length=hit, mem_quota=mem_quota, req=req))
+        return r, _slot(req.kv.mamba_pool_idx)
+
+    def load_back(self, node, mem_quota, last_node, state=None):
+        from .hicache_peer import _slot
+
+        req = self._req(last_node, 0, state)
+        r = self.cache.load_back(node, mem_quota, req=req)
+        return r, _slot(req.kv.mamba_pool_idx)
 
     def host_lock(self, node):
         return self.cache.inc_host_lock_ref(node)
@@ -362,28 +472,38 @@ class FlatSide:
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
 
-    def evict(self, n):
-        return self.cache.evict(self.fr.EvictParams(num_tokens=n)).num_tokens_evicted
+    def evict(self, n, states=0):
+        r = self.cache.evict(self.fr.EvictParams(num_tokens=n, mamba_num=states))
+        return r.num_tokens_evicted if not self.mamba else (r.num_tokens_evicted,
+                                                            r.mamba_num_evicted)
 
     def take_submitted(self):
-        """(backups, loads) submitted since the last call: each a list of (host,
-        device) pairs. flatradix records the pairs at commit; a commit's pairs are
-        submitted once its queue is empty again (flush / ready submit the whole
-        queue; no op both commits and submits)."""
+        """(backups, loads, state backups, state loads) submitted since the last
+        call: each a list of (host, device) pairs. flatradix records the pairs at
+        commit; a commit's pairs are submitted once its queue is empty again
+        (flush / ready submit the whole queue; no op both commits and submits)."""
         c = self.cache
-        b = l = []
-        if self.backups and not c._write_queue:
+        b = l = bs = ls = []
+        if (self.backups or self.state_backups) and not c._write_queue:
             b, self.backups = [p for x in self.backups for p in x], []
-        if self.loads and not c._load_queue:
+            bs, self.state_backups = [p for x in self.state_backups for p in x], []
+        if (self.loads or self.state_loads) and not c._load_queue:
             l, self.loads = [p for x in self.loads for p in x], []
-        return b, l
+            ls, self.state_loads = [p for x in self.state_loads for p in x], []
+        return b, l, bs, ls
 
     # -- state views (the queues are private to flatradix's façade: read for the oracle)
     def sizes(self):
         c = self.cache
-        return dict(evictable=c.evictable_size(), protected=c.protected_size(),
-                    total=tuple(c.total_size()), device_available=self.alloc.available_size(),
-                    host_available=c.mem_pool_host.available_size())
+        out = dict(evictable=c.evictable_size(), protected=c.protected_size(),
+                   total=tuple(c.total_size()), device_available=self.alloc.available_size(),
+                   host_available=c.mem_pool_host.available_size())
+        if self.mamba:
+            out.update(mamba_evictable=c.mamba_evictable_size(),
+                       mamba_protected=c.mamba_protected_size(),
+                       state_available=self.malloc.available_size(),
+                       state_host_available=c.mamba_pool_host.available_size())
+        return out
 
     def protocol(self):
         c = self.cache
@@ -393,10 +513,15 @@ class FlatSide:
                     load_queue=list(c._load_queue), load_acks=[list(a) for a in c._load_acks])
 
     def host_ledger(self):
-        return self.cache.host_total_size(), self.cache.host_evictable_size()
+        c = self.cache
+        out = (c.host_total_size(), c.host_evictable_size())
+        return out + (c.mamba_host_total_size(),) if self.mamba else out
 
     def values(self):
         return np.asarray(self.cache.all_values_flatten()).tolist()
+
+    def state_values(self):
+        return np.asarray(self.cache.all_mamba_values_flatten()).reshape(-1).tolist()
 
     def tree(self):
         """{path tokens: (device slots | None, host slots | None, write-through ack id
@@ -416,10 +541,17 @@ class FlatSide:
                 path = paths[int(nodes[s, L.PARENT])] + tuple(info["key"].tolist())
                 paths[s] = path
                 pending = int(nodes[s, L.WT_PENDING])
-                out[path] = (info["value"].tolist() if not info["evicted"] else None,
-                             info["host_value"].tolist() if info["backuped"] else None,
-                             pending or None, info["lock_ref"], int(nodes[s, L.FULL_HOST_LOCK]),
-                             info["hit_count"])
+                row = (info["value"].tolist() if not info["evicted"] else None,
+                       info["host_value"].tolist() if info["backuped"] else None,
+                       pending or None, info["lock_ref"], int(nodes[s, L.FULL_HOST_LOCK]),
+                       info["hit_count"])
+                if self.mamba:
+                    f = int(nodes[s, L.FLAGS])
+                    row += ((int(nodes[s, L.MAMBA_SLOT]) if f & L.F_HAS(L.MAMBA) else None,
+                             int(nodes[s, L.MAMBA_HOST_SLOT]) if f & L.F_HAS_MAMBA_HOST else None,
+                             int(nodes[s, L.LOCK_COL(L.MAMBA)]),
+                             int(nodes[s, L.LOCK_COL(L.MAMBA, L.HOST)])),)
+                out[path] = row
         return out
 
     def check(self):
@@ -435,7 +567,9 @@ class SglSide:
         self.name = f"sglang-{core}"
         self.core = core
         self.h = SglHiCache(core, cfg["page_size"], cfg["device"], cfg["host"],
-                            cfg["write_policy"], cfg["policy"], cfg["lbt"])
+                            cfg["write_policy"], cfg["policy"], cfg["lbt"],
+                            mamba_states=cfg.get("mamba", 0), chunk=cfg.get("chunk", 8))
+        self.mamba = self.h.mamba
         self.cache = self.h.cache
         self._d2h = self._h2d = 0
 
@@ -445,14 +579,20 @@ class SglSide:
     def free_slots(self, slots):
         self.h.free_slots(slots)
 
+    def alloc_state(self):
+        return self.h.alloc_state()
+
+    def free_state(self, slot):
+        self.h.free_state(slot)
+
     def take_log(self):
         return self.h.take_log()
 
     def root(self):
         return self.h.root
 
-    def insert(self, toks, value, prev, inserted):
-        return self.h.insert(toks, value, prev, inserted)
+    def insert(self, toks, value, prev, inserted, state=None):
+        return self.h.insert(toks, value, prev, inserted, state)
 
     def match(self, toks):
         return self.h.match(toks)
@@ -460,11 +600,11 @@ class SglSide:
     def path_device_indices(self, node, n):
         return self.h.path_device_indices(node, n)
 
-    def init_load_back(self, best, hit, mem_quota, last_node):
-        return self.h.init_load_back(best, hit, mem_quota, last_node)
+    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
+        return self.h.init_load_back(best, hit, mem_quota, last_node, mamba_host_hit, state)
 
-    def load_back(self, node, mem_quota, last_node):
-        return self.cache.load_back(node, mem_quota, req=self.h.make_req(last_node))
+    def load_back(self, node, mem_quota, last_node, state=None):
+        return self.h.load_back(node, mem_quota, last_node, state)
 
     def host_lock(self, node):
         return self.cache.inc_host_lock_ref(node)
@@ -481,21 +621,29 @@ class SglSide:
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
 
-    def evict(self, n):
-        return self.h.evict(n)
+    def evict(self, n, states=0):
+        return self.h.evict(n, states)
 
     def take_submitted(self):
         e = self.h.engine
         b = [p for x in e.d2h[self._d2h:] for p in x]
         l = [p for x in e.h2d[self._h2d:] for p in x]
+        bs = [p for x in e.d2h_state[self._d2h:] for p in x]
+        ls = [p for x in e.h2d_state[self._h2d:] for p in x]
         self._d2h, self._h2d = len(e.d2h), len(e.h2d)
-        return b, l
+        return b, l, bs, ls
 
     def sizes(self):
         c = self.cache
-        return dict(evictable=c.full_evictable_size(), protected=c.full_protected_size(),
-                    total=tuple(c.total_size()), device_available=self.h.alloc.available_size(),
-                    host_available=self.h.host_available())
+        out = dict(evictable=c.full_evictable_size(), protected=c.full_protected_size(),
+                   total=tuple(c.total_size()), device_available=self.h.alloc.available_size(),
+                   host_available=self.h.host_available())
+        if self.mamba:
+            out.update(mamba_evictable=c.mamba_evictable_size(),
+                       mamba_protected=c.mamba_protected_size(),
+                       state_available=self.h.malloc.available_size(),
+                       state_host_available=self.h.state_host_available())
+        return out
 
     def protocol(self):
         c, h = self.cache, self.h
@@ -505,10 +653,21 @@ class SglSide:
                     load_queue=h.load_queue(), load_acks=h.load_acks())
 
     def host_ledger(self):
-        return self.h.host_ledger() if self.core == "python" else None
+        if self.core != "python":
+            return None
+        out = self.h.host_ledger()
+        if self.mamba:
+            tc = self.cache.tree_core
+            M = self.h.S.ComponentType.MAMBA
+            out = out + (sum(1 for n in tc._node_arena.values() if n is not tc.root_node
+                             and n.component_data[M].host_value is not None),)
+        return out
 
     def values(self):
         return self.cache.all_values_flatten().tolist()
+
+    def state_values(self):
+        return self.cache.all_mamba_values_flatten().reshape(-1).tolist()
 
     def tree(self):
         """``FlatSide.tree`` from the Python core's node arena (None: Rust core)."""
@@ -529,10 +688,15 @@ class SglSide:
             if n is tc.root_node:
                 continue
             cd = n.component_data[FULL]
-            out[path(n)] = (None if cd.value is None else cd.value.tolist(),
-                            None if cd.host_value is None else cd.host_value.tolist(),
-                            n.write_through_pending_id, cd.lock_ref, cd.host_lock_ref,
-                            n.hit_count)
+            row = (None if cd.value is None else cd.value.tolist(),
+                   None if cd.host_value is None else cd.host_value.tolist(),
+                   n.write_through_pending_id, cd.lock_ref, cd.host_lock_ref, n.hit_count)
+            if self.mamba:
+                md = n.component_data[self.h.S.ComponentType.MAMBA]
+                row += ((None if md.value is None else int(md.value.reshape(-1)[0]),
+                         None if md.host_value is None else int(md.host_value.reshape(-1)[0]),
+                         md.lock_ref, md.host_lock_ref),)
+            out[path(n)] = row
         return out
 
     def check(self):
@@ -649,6 +813,10 @@ class Executor:
         self.ids.bind("root", self.root_a, self.b.root())
         self.dev = SlotMap("device")
         self.host = SlotMap("host")
+        self.mamba = bool(cfg.get("mamba"))
+        self.mdev = SlotMap("state")          # Mamba device state slots
+        self.req_states = []                  # finished requests' slots, freed after submission
+        self.shost = SlotMap("state_host")    # Mamba host state slots
         self.locks = []
         self.host_locks = []
         self.nops = 0
@@ -689,7 +857,8 @@ class Executor:
     def _drain(self, what):
         """Replay both sides' allocation / free logs into the slot bijections."""
         la, lb = self.a.take_log(), self.b.take_log()
-        for tier, smap, ordered in (("d", self.dev, True), ("h", self.host, False)):
+        for tier, smap, ordered in (("d", self.dev, True), ("h", self.host, False),
+                                    ("m", self.mdev, True), ("s", self.shost, False)):
             ra, rb = _runs(la, tier), _runs(lb, tier)
             compare(f"{what}.{smap.tier}_alloc_free_runs",
                     [(k, len(s)) for k, s in ra], [(k, len(s)) for k, s in rb])
@@ -710,7 +879,13 @@ class Executor:
 
     def _sync(self, what):
         self._drain(what)
-        (ba, la), (bb, lb) = self.a.take_submitted(), self.b.take_submitted()
+        (ba, la, bsa, lsa), (bb, lb, bsb, lsb) = self.a.take_submitted(), self.b.take_submitted()
+        for kind, pa, pb in (("backup_state", bsa, bsb), ("load_state", lsa, lsb)):
+            if pa or pb:
+                mb = [(self.shost.b2a.get(hh, ("?", hh)), self.mdev.b2a.get(d, ("?", d)))
+                      for hh, d in pb]
+                compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
+                self.stats[f"submitted_{kind}s"] += len(pa)
         for kind, pa, pb in (("backup", ba, bb), ("load", la, lb)):
             if pa or pb:
                 if kind == "backup" and self.cfg["write_policy"] == "write_back":
@@ -727,6 +902,11 @@ class Executor:
                       for hh, d in pb]
                 compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
                 self.stats[f"submitted_{kind}_tokens"] += len(pa)
+        if self.req_states and not self.a.protocol()["load_queue"] and \
+                not self.b.protocol()["load_queue"]:
+            for ka, kb in self.req_states:
+                self._free_state(f"{what}.req_state_free", ka, kb)
+            self.req_states = []
         compare(f"{what}.sizes", self.a.sizes(), self.b.sizes())
         pa, pb = self.a.protocol(), self.b.protocol()
         for k in ("ongoing_write_through", "ongoing_load_back", "write_queue", "load_queue"):
@@ -759,6 +939,17 @@ class Executor:
         compare(f"{what}.tree.paths", sorted(ta), sorted(tb))
         for path, (da, ha, pa, *rest_a) in ta.items():
             db, hb, pb, *rest_b = tb[path]
+            if self.mamba:
+                (ma, mha, *mla), (mb, mhb, *mlb) = rest_a.pop(), rest_b.pop()
+                if (ma is None) != (mb is None) or (
+                        ma is not None and ma != self.mdev.to_a(what, [mb])[0]):
+                    raise Divergence(f"{what}.tree.mamba_value",
+                                     f"node {path}: first={ma} second={mb}")
+                if (mha is None) != (mhb is None) or (
+                        mha is not None and mha != self.shost.b2a.get(mhb)):
+                    raise Divergence(f"{what}.tree.mamba_host_value",
+                                     f"node {path}: first={mha} second={mhb}")
+                compare(f"{what}.tree.mamba(lock_ref,host_lock_ref)@{path}", mla, mlb)
             if (da is None) != (db is None) or (da is not None and da != self.dev.to_a(what, db)):
                 raise Divergence(f"{what}.tree.device_value",
                                  f"node {path}: first={da} second={db}")
@@ -849,8 +1040,16 @@ class Executor:
             depth = cut
             if cut:
                 ma, mb = self._match("insert_host.match_anchor", toks[:cut])
-                compare("insert_host.anchor_depth", ma.device_prefix_len + ma.host_hit_length,
-                        cut)
+                got = ma.device_prefix_len + ma.host_hit_length
+                compare("insert_host.anchor_depth", got,
+                        mb.device_prefix_len + mb.host_hit_length)
+                if self.mamba:
+                    # Mamba's validator may stop the anchor's match above ``cut`` (a
+                    # node without a state): the refill starts there
+                    n += depth - got
+                    depth = got
+                else:
+                    compare("insert_host.anchor_depth(cut)", got, cut)
                 ba, bb = self._both("insert_host.anchor_backuped",
                                     lambda: self.a.cache.is_backuped(ma.last_host_node),
                                     lambda: self.b.cache.is_backuped(mb.last_host_node))
@@ -865,6 +1064,13 @@ class Executor:
             else:
                 ma = SimpleNamespace(last_host_node=self.root_a)
                 mb = SimpleNamespace(last_host_node=self.b.root())
+        elif self.mamba and depth and self.cfg["write_policy"] != "write_back" and \
+                not self.a.cache.is_backuped(ma.last_host_node):
+            # Mamba's validator can end the match above nodes that are cached on the
+            # device only, so the refill would walk them below a device-only anchor:
+            # SGLang's invariant-breaking case above, skipped the same way
+            self.stats["insert_host_unbacked_anchor_skipped"] += 1
+            return
         xa, xb = self._both("insert_host.host_alloc", lambda: self.a.host_alloc(n),
                             lambda: self.b.host_alloc(n))
         if (xa is None) != (xb is None):
@@ -903,8 +1109,37 @@ class Executor:
         self._both(what, lambda: self.a.free_slots(xa), lambda: self.b.free_slots(xb))
         self.dev.release(what, xa, xb, True)
 
+    def _state(self, what):
+        """One Mamba state slot on each side for the caller (None when the pools
+        are empty even after one state was evicted on both sides)."""
+        sa, sb = self._both(what, self.a.alloc_state, self.b.alloc_state)
+        if sa is None or sb is None:
+            if (sa is None) != (sb is None):
+                raise Divergence(f"{what}.state_alloc_failed", f"first={sa} second={sb}")
+            ea, eb = self._both(f"{what}.evict", lambda: self.a.evict(0, 1),
+                                lambda: self.b.evict(0, 1))
+            compare(f"{what}.evict.(num_evicted,mamba_num_evicted)", ea, eb)
+            self._drain(f"{what}.evict")
+            sa, sb = self._both(what, self.a.alloc_state, self.b.alloc_state)
+            if (sa is None) != (sb is None):
+                raise Divergence(f"{what}.state_alloc_failed", f"first={sa} second={sb}")
+            if sa is None:
+                return None, None
+        self.mdev.bind(what, [sa], [sb])
+        return sa, sb
+
+    def _free_state(self, what, sa, sb):
+        self._both(what, lambda: self.a.free_state(sa), lambda: self.b.free_state(sb))
+        self.mdev.release(what, [sa], [sb], True)
+
     def op_insert(self, toks, use_prev, il_pick):
         n = len(toks)
+        sa = sb = None
+        if self.mamba:
+            sa, sb = self._state("insert.state")
+            if sa is None:
+                self.stats["insert_no_state"] += 1
+                return
         va, vb = self._alloc("insert.alloc", n)
         if va is None:
             ea, eb = self._both("insert.evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
@@ -913,6 +1148,8 @@ class Executor:
             va, vb = self._alloc("insert.alloc", n)
             if va is None:
                 self.stats["insert_noalloc"] += 1
+                if sa is not None:
+                    self._free_state("insert.state_free", sa, sb)
                 return
         ma, mb = self._match("insert.match", toks)
         prev = ma.device_prefix_len if use_prev else 0
@@ -923,9 +1160,15 @@ class Executor:
             pb = self.b.path_device_indices(mb.last_device_node, prev)
             self._driver_free("insert.prefix_free", va[:prev], vb[:prev])
             va[:prev], vb[:prev] = pa, pb
-        ra, rb = self._both("insert", lambda: self.a.insert(toks, va, prev, il),
-                            lambda: self.b.insert(toks, vb, prev, il))
+        ra, rb = self._both("insert", lambda: self.a.insert(toks, va, prev, il, sa),
+                            lambda: self.b.insert(toks, vb, prev, il, sb))
         compare("insert.prefix_len", ra.prefix_len, rb.prefix_len)
+        if self.mamba:
+            compare("insert.mamba_exist", bool(ra.mamba_exist), bool(rb.mamba_exist))
+            if ra.mamba_exist:  # the node had a state: the caller's goes back
+                self._drain("insert")
+                self._free_state("insert.state_free", sa, sb)
+                self.stats["insert_mamba_exist"] += 1
         compare("insert.total_len", ra.total_len, rb.total_len)
         self.bind_node("insert.last_device_node", ra.last_device_node, rb.last_device_node)
         self._backuped("insert.last_device_node", ra.last_device_node, rb.last_device_node)
@@ -993,12 +1236,28 @@ class Executor:
         if self.host_locks:
             self._hunlock(k)
 
-    def op_evict(self, n):
-        ea, eb = self._both("evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
-        compare("evict.num_evicted", ea, eb)
-        self.stats["evicted_tokens"] += ea
+    def op_evict(self, n, states=None):
+        if not self.mamba:
+            ea, eb = self._both("evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
+            compare("evict.num_evicted", ea, eb)
+            self.stats["evicted_tokens"] += ea
+            return
+        m = n if states is None else states  # the wind-down evicts every state too
+        ea, eb = self._both("evict", lambda: self.a.evict(n, m), lambda: self.b.evict(n, m))
+        compare("evict.(num_evicted,mamba_num_evicted)", ea, eb)
+        self.stats["evicted_tokens"] += ea[0]
+        self.stats["evicted_states"] += ea[1]
 
-    def op_evict_host(self, n):
+    def op_evict_host(self, n, component=0):
+        if component:
+            CTa = self.a.fr.ComponentType if hasattr(self.a, "fr") else self.a.h.S.ComponentType
+            CTb = self.b.h.S.ComponentType
+            ea, eb = self._both("evict_host(MAMBA)",
+                                lambda: self.a.cache.evict_host(n, CTa.MAMBA),
+                                lambda: self.b.cache.evict_host(n, CTb.MAMBA))
+            compare("evict_host(MAMBA).num_evicted", ea, eb)
+            self.stats["evict_host_states"] += ea
+            return
         ea, eb = self._both("evict_host", lambda: self.a.cache.evict_host(n),
                             lambda: self.b.cache.evict_host(n))
         compare("evict_host.num_evicted", ea, eb)
@@ -1040,10 +1299,37 @@ class Executor:
         # DIFFERENCES 1: SGLang cycles its producer index 0, 1, 2; flatradix returns 0
         compare("ready_to_load_host_cache.submitted(>=0)", ra >= 0, rb >= 0)
 
-    def op_load(self, toks, quota, pins):
+    def _no_state_room(self):
+        """The Mamba state pool is empty and no state is evictable (sizes were found
+        equal at the last sync, so SGLang's view decides for both): a load-back that
+        must give the request a slot then fails -- SGLang with an AssertionError
+        that leaves the load's host lock and path lock held (DIFFERENCES 7) -- so
+        the driver skips it."""
+        sz = self.b.sizes()
+        return self.mamba and sz["state_available"] == 0 and sz["mamba_evictable"] == 0
+
+    def _req_state_done(self, what, ka, kb):
+        """The request's Mamba slot after a load (its own, or one the load gave it):
+        the same on both sides; then the request goes and frees it."""
+        self._drain(what)
+        if (ka is None) != (kb is None):
+            raise Divergence(f"{what}.req_mamba_pool_idx", f"first={ka} second={kb}")
+        if ka is not None:
+            compare(f"{what}.req_mamba_pool_idx", ka, self.mdev.to_a(what, [kb])[0])
+            # freed once the load's copy into it was submitted (compared through the map)
+            self.req_states.append((ka, kb))
+            self.stats["load_req_states"] += 1
+
+    def op_load(self, toks, quota, pins, held=False):
         """match + init_load_back as the scheduler's PrefillAdder does it: with
         ``pins``, lock(last_device_node), a host lock and lock(best_match_node) are
-        held around the call (``inc_host_lock_ref(best_match_node)`` in between)."""
+        held around the call (``inc_host_lock_ref(best_match_node)`` in between).
+        ``held`` (Mamba): the request holds a state slot already, taken before the
+        match (taking it may evict a state)."""
+        sa = sb = None
+        if self.mamba and held:  # the request holds a state already (the copy's target)
+            sa, sb = self._state("load.req_state")
+            self._drain("load.req_state")
         ma, mb = self._match("load.match", toks)
         q = None if quota is None else quota * self.P
         if pins:
@@ -1053,12 +1339,24 @@ class Executor:
                                 lambda: self.b.host_lock(mb.best_match_node))
             ka, kb = self._both("load.pin_best", lambda: self.a.cache.lock(ma.best_match_node),
                                 lambda: self.b.cache.lock(mb.best_match_node))
-        ra, rb = self._both(
+        if sa is None and self._no_state_room():
+            self.stats["load_skipped_no_state_room"] += 1
+            ra, rb = ((0, ma.last_device_node), None), ((0, mb.last_device_node), None)
+            if pins:
+                self._both("load.unpin", lambda: (self.a.cache.unlock(ka),
+                                                  self.a.host_unlock(ma.best_match_node, ha),
+                                                  self.a.cache.unlock(la)),
+                           lambda: (self.b.cache.unlock(kb),
+                                    self.b.host_unlock(mb.best_match_node, hb),
+                                    self.b.cache.unlock(lb)))
+            return
+        (ra, ka_), (rb, kb_) = self._both(
             "init_load_back",
             lambda: self.a.init_load_back(ma.best_match_node, ma.host_hit_length, q,
-                                          ma.last_device_node),
+                                          ma.last_device_node, ma.mamba_host_hit_length, sa),
             lambda: self.b.init_load_back(mb.best_match_node, mb.host_hit_length, q,
-                                          mb.last_device_node))
+                                          mb.last_device_node, mb.mamba_host_hit_length, sb))
+        self._req_state_done("init_load_back", ka_, kb_)
         if pins:
             self._both("load.unpin", lambda: (self.a.cache.unlock(ka),
                                               self.a.host_unlock(ma.best_match_node, ha),
@@ -1072,16 +1370,26 @@ class Executor:
         self.stats["load_nonzero"] += ra[0] > 0
         self.stats["load_declined_with_host_hit"] += ra[0] == 0 and ma.host_hit_length > 0
 
-    def op_load_back(self, toks, quota):
+    def op_load_back(self, toks, quota, held=False):
+        sa = sb = None
+        if self.mamba and held:  # taken before the match: taking it may evict a state
+            sa, sb = self._state("load_back.req_state")
+            self._drain("load_back.req_state")
         ma, mb = self._match("load_back.match", toks)
-        if ma.host_hit_length == 0:
+        if ma.host_hit_length == 0 and not ma.mamba_host_hit_length:
+            if sa is not None:
+                self._free_state("load_back.req_state_free", sa, sb)
             return
         q = None if quota is None else quota * self.P
-        ra, rb = self._both(
+        if sa is None and self._no_state_room():
+            self.stats["load_skipped_no_state_room"] += 1
+            return
+        (ra, ka_), (rb, kb_) = self._both(
             "load_back",
-            lambda: self.a.load_back(ma.best_match_node, q, ma.last_device_node),
-            lambda: self.b.load_back(mb.best_match_node, q, mb.last_device_node))
+            lambda: self.a.load_back(ma.best_match_node, q, ma.last_device_node, sa),
+            lambda: self.b.load_back(mb.best_match_node, q, mb.last_device_node, sb))
         compare("load_back.loaded", bool(ra), bool(rb))
+        self._req_state_done("load_back", ka_, kb_)
         self.stats["load_back_true"] += bool(ra)
 
     def op_content(self):
@@ -1089,6 +1397,10 @@ class Executor:
         va, vb = self._both("content", self.a.values, self.b.values)
         compare("content.all_values_flatten(sorted, mapped)", sorted(va),
                 sorted(self.dev.to_a("content", vb)))
+        if self.mamba:
+            sa, sb = self._both("content.states", self.a.state_values, self.b.state_values)
+            compare("content.all_mamba_values_flatten(sorted, mapped)", sorted(sa),
+                    sorted(self.mdev.to_a("content", sb)))
         self._both("content.sanity_check", self.a.check, self.b.check)
         self._tree("content")
         self.stats["sglang_dup_registry_misses"] = getattr(self.b, "dup_registry_misses", 0)
@@ -1137,15 +1449,25 @@ class Generator:
             return (kind, r.randrange(1 << 16))
         if kind == "unlock":
             return ("unlock", r.randrange(1 << 16))
+        mamba = bool(self.cfg.get("mamba"))
         if kind == "evict":
+            if mamba:
+                return ("evict", r.choice((0, r.randint(1, 6 * P))), r.choice((0, 0, 1, 2)))
             return ("evict", r.randint(1, 6 * P))
         if kind == "evict_host":
+            if mamba and r.random() < 0.4:
+                return ("evict_host", r.randint(1, 3), 2)
             return ("evict_host", r.randint(1, 8 * P))
         if kind in ("wcheck", "lcheck"):
             return (kind, None if r.random() < 0.4 else r.randrange(4))
         if kind == "load":
+            if mamba:
+                return ("load", self.key(tail=True), r.choice(QUOTAS), r.random() < 0.5,
+                        r.random() < 0.25)
             return ("load", self.key(tail=True), r.choice(QUOTAS), r.random() < 0.5)
         if kind == "load_back":
+            if mamba:
+                return ("load_back", self.key(tail=True), r.choice(QUOTAS), r.random() < 0.25)
             return ("load_back", self.key(tail=True), r.choice(QUOTAS))
         return (kind,)
 

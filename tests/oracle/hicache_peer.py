@@ -1,5 +1,6 @@
-"""SGLang 0.5.23's ``UnifiedRadixCache`` with HiCache on, run on CPU (Full attention
-only): the peer ``hicache_driver.py`` compares flatradix's host tier against.
+"""SGLang 0.5.23's ``UnifiedRadixCache`` with HiCache on, run on CPU (Full attention,
+or Full + Mamba with ``mamba_states``): the peer ``hicache_driver.py`` compares
+flatradix's host tier against.
 
 Runs only in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``), with
 ``SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never OMP_NUM_THREADS=1``.
@@ -31,7 +32,11 @@ Recording (the allocators still do their real work):
   host allocation / host free, interleaved in call order, as
   ``("dfree" | "dalloc" | "halloc" | "hfree", [slots])``. The driver's own
   allocations and frees (``alloc_slots`` / ``free_slots``) are not logged.
-* ``engine.d2h`` / ``engine.h2d``: the submitted transfers.
+* ``engine.d2h`` / ``engine.h2d``: the submitted transfers (KV pairs);
+  ``engine.d2h_state`` / ``engine.h2d_state``: their Mamba state pairs.
+* Full + Mamba: the state allocator's allocations / frees made by SGLang
+  (``"malloc"`` / ``"mfree"``) and the Mamba host pool's (``"salloc"`` /
+  ``"sfree"``), in the same log.
 
 The host pool is sized exactly ``host_tokens``: SGLang sizes it
 ``(int(device * hicache_ratio) // P + 1) * P``, so the ratio is picked to land on it.
@@ -50,6 +55,23 @@ os.environ.setdefault("SGLANG_RUST_BUILD_MODE", "never")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _S = None
+
+
+class _ReqKV:
+    """The request KV fields a load-back reads and writes (SGLang's ``Req.kv``)."""
+
+    def __init__(self, idx=None):
+        self.mamba_pool_idx = idx
+        self.mamba_cow_src_index = None
+        self.mamba_needs_clear = False
+
+    @property
+    def holds_mamba(self):
+        return self.mamba_pool_idx is not None
+
+
+def _slot(x):
+    return None if x is None else int(x)
 
 
 def sgl():
@@ -125,15 +147,20 @@ class FakeL2Engine:
         self.d2h = []
         self.h2d = []
 
+        self.d2h_state = []  # Mamba state transfers, (host state, device state) pairs
+        self.h2d_state = []
+
     @staticmethod
-    def _pairs(transfers):
+    def _pairs(transfers, states):
         out = []
         for t in transfers:
-            out.extend(zip(t.host_indices.tolist(), t.device_indices.tolist()))
+            if (type(t.host_pool).__name__ == "MambaPoolHost") == states:
+                out.extend(zip(t.host_indices.tolist(), t.device_indices.tolist()))
         return out
 
     def submit_device_to_host(self, transfers):
-        self.d2h.append(self._pairs(transfers))
+        self.d2h.append(self._pairs(transfers, False))
+        self.d2h_state.append(self._pairs(transfers, True))
         return self.S.TransferCompletion(FakeEvent(), FakeEvent(), False)
 
     def submit_host_to_device(self, transfers, *, transfer_layer_id_max, start_event=None,
@@ -141,7 +168,8 @@ class FakeL2Engine:
         if on_layer_done is not None:
             for layer_id in range(transfer_layer_id_max):
                 on_layer_done(layer_id)
-        self.h2d.append(self._pairs(transfers))
+        self.h2d.append(self._pairs(transfers, False))
+        self.h2d_state.append(self._pairs(transfers, True))
         return self.S.TransferCompletion(FakeEvent(), FakeEvent(), False)
 
 
@@ -149,7 +177,7 @@ class SglHiCache:
     """SGLang's cache + pools + controller, and the calls a scheduler makes."""
 
     def __init__(self, core, page_size, device_tokens, host_tokens, write_policy,
-                 eviction_policy="lru", load_back_threshold=None):
+                 eviction_policy="lru", load_back_threshold=None, mamba_states=0, chunk=8):
         S = self.S = sgl()
         import torch
 
@@ -163,9 +191,31 @@ class SglHiCache:
             hicache_io_backend="direct", hicache_mem_layout="page_first_direct",
             hicache_ratio=ratio, hicache_size=0, hicache_storage_backend=None,
             hicache_host_memory_mode="cache")
-        self.kv = S.MHATokenToKVPool(size=device_tokens, page_size=P, dtype=torch.float16,
-                                     head_num=1, head_dim=8, layer_num=1, device="cpu",
-                                     enable_memory_saver=False)
+        self.mamba = bool(mamba_states)
+        if self.mamba:
+            # (FULL, MAMBA): SGLang's HybridReqToTokenPool (one-layer Mamba2 states; the
+            # extra buffer above page 1, as the scheduler requires) and its hybrid KV pool
+            from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+            from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+            from sglang.srt.runtime_context import get_server_args
+
+            get_server_args()._mamba_cache_chunk_size = chunk
+            shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
+                                            num_heads=1, head_dim=2, state_size=1,
+                                            conv_kernel=2)
+            self.rtp = HybridReqToTokenPool(
+                size=4, mamba_size=mamba_states, mamba_spec_state_size=4,
+                max_context_len=max(64, device_tokens + host_tokens), device="cpu",
+                enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
+                mamba_layer_ids=[0], enable_mamba_extra_buffer=P > 1,
+                speculative_num_draft_tokens=3)
+            self.kv = HybridLinearKVPool(size=device_tokens, dtype=torch.float16, page_size=P,
+                                         head_num=1, head_dim=8, full_attention_layer_ids=[1],
+                                         device="cpu", mamba_pool=self.rtp.mamba_pool)
+        else:
+            self.kv = S.MHATokenToKVPool(size=device_tokens, page_size=P, dtype=torch.float16,
+                                         head_num=1, head_dim=8, layer_num=1, device="cpu",
+                                         enable_memory_saver=False)
         if P == 1:
             self.alloc = S.TokenToKVPoolAllocator(device_tokens, torch.float16, "cpu", self.kv,
                                                   False)
@@ -205,12 +255,34 @@ class SglHiCache:
             return out
 
         self.alloc.alloc = logged_alloc
-        self.rtp = S.ReqToTokenPool(size=4, max_context_len=max(64, device_tokens + host_tokens),
-                                    device="cpu", enable_memory_saver=False)
+        comps = (S.ComponentType.FULL,)
+        extra = {}
+        if self.mamba:
+            comps = (S.ComponentType.FULL, S.ComponentType.MAMBA)
+            extra = dict(enable_mamba_extra_buffer=P > 1)
+            self.malloc = self.rtp.mamba_allocator
+            real_malloc, real_mfree = self.malloc.alloc, self.malloc.free
+
+            def logged_malloc(n, *a, _real=real_malloc, **k):
+                out = _real(n, *a, **k)
+                if not self._quiet and out is not None:
+                    self.log.append(("malloc", out.tolist()))
+                return out
+
+            def logged_mfree(idx, *a, _real=real_mfree, **k):
+                if not self._quiet:
+                    self.log.append(("mfree", idx.reshape(-1).tolist()))
+                return _real(idx, *a, **k)
+
+            self.malloc.alloc, self.malloc.free = logged_malloc, logged_mfree
+        else:
+            self.rtp = S.ReqToTokenPool(size=4,
+                                        max_context_len=max(64, device_tokens + host_tokens),
+                                        device="cpu", enable_memory_saver=False)
         self.params = S.CacheInitParams(
             disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
             page_size=P, eviction_policy=eviction_policy, enable_kv_cache_events=True,
-            tree_components=(S.ComponentType.FULL,), tree_core_backend=core)
+            tree_components=comps, tree_core_backend=core, **extra)
         self.cache = S.UnifiedRadixCache(self.params)
         want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[core]
         if type(self.cache.tree_core).__name__ != want:
@@ -240,6 +312,25 @@ class SglHiCache:
 
         self.host_pool.alloc = logged_halloc
         self.host_pool.free = logged_hfree
+        self.state_host_pool = None
+        if self.mamba:
+            from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PoolName
+
+            self.state_host_pool = self.host_group.entry_map[PoolName.MAMBA].host_pool
+            real_salloc, real_sfree = self.state_host_pool.alloc, self.state_host_pool.free
+
+            def logged_salloc(n, *a, _real=real_salloc, **k):
+                out = _real(n, *a, **k)
+                if out is not None:
+                    self.log.append(("salloc", out.tolist()))
+                return out
+
+            def logged_sfree(idx, _real=real_sfree):
+                self.log.append(("sfree", idx.tolist()))
+                return _real(idx)
+
+            self.state_host_pool.alloc = logged_salloc
+            self.state_host_pool.free = logged_sfree
         self.cache.take_events()  # the construction's AllBlocksCleared
         self._rid = 0
 
@@ -263,6 +354,22 @@ class SglHiCache:
         finally:
             self._quiet = False
 
+    def alloc_state(self):
+        """One fresh Mamba state slot (an int), or None; not logged."""
+        self._quiet = True
+        try:
+            out = self.malloc.alloc(1)
+        finally:
+            self._quiet = False
+        return None if out is None else int(out[0])
+
+    def free_state(self, slot):
+        self._quiet = True
+        try:
+            self.malloc.free(self.torch.as_tensor([slot], dtype=self.torch.int64))
+        finally:
+            self._quiet = False
+
     def take_log(self):
         out, self.log = self.log, []
         return out
@@ -272,10 +379,13 @@ class SglHiCache:
         return self.cache.root_node_handle()
 
     # ------------------------------------------------------------ tree ops
-    def insert(self, tokens, value, prev_prefix_len, inserted_len):
+    def insert(self, tokens, value, prev_prefix_len, inserted_len, state=None):
+        extra = {}
+        if state is not None:
+            extra["mamba_value"] = self.torch.as_tensor([state], dtype=self.torch.int64)
         return self.cache.insert(self.S.InsertParams(
             key=self.key(tokens), value=self.torch.as_tensor(value, dtype=self.torch.int64),
-            prev_prefix_len=prev_prefix_len, inserted_len=inserted_len))
+            prev_prefix_len=prev_prefix_len, inserted_len=inserted_len, **extra))
 
     def match(self, tokens):
         return self.cache.match_prefix(self.S.MatchPrefixParams(key=self.key(tokens)))
@@ -283,20 +393,33 @@ class SglHiCache:
     def path_device_indices(self, node, n):
         return self.cache.path_device_indices(node)[:n].tolist() if n else []
 
-    def make_req(self, last_node):
-        """The request fields ``init_load_back`` reads (as the scheduler sets them)."""
+    def make_req(self, last_node, mamba_host_hit=0, state=None):
+        """The request fields ``init_load_back`` reads (as the scheduler sets them);
+        ``state``: a Mamba slot the request holds already."""
         self._rid += 1
-        return SimpleNamespace(rid=f"r{self._rid}", last_node=last_node, swa_host_hit_length=0,
-                               mamba_host_hit_length=0, auxiliary_swa_host_hit_length=0,
-                               kv=SimpleNamespace(mamba_pool_idx=None, holds_mamba=False))
+        idx = None if state is None else self.torch.tensor(state, dtype=self.torch.int64)
+        req = SimpleNamespace(rid=f"r{self._rid}", last_node=last_node, swa_host_hit_length=0,
+                              mamba_host_hit_length=mamba_host_hit,
+                              auxiliary_swa_host_hit_length=0, kv=_ReqKV(idx))
+        return req
 
-    def init_load_back(self, best, hit, mem_quota, last_node):
-        return self.cache.init_load_back(self.S.InitLoadBackParams(
-            best_match_node=best, host_hit_length=hit, mem_quota=mem_quota,
-            req=self.make_req(last_node)))
+    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
+        """``(result, the request's Mamba slot after the call or None)``."""
+        req = self.make_req(last_node, mamba_host_hit, state)
+        r = self.cache.init_load_back(self.S.InitLoadBackParams(
+            best_match_node=best, host_hit_length=hit, mem_quota=mem_quota, req=req))
+        return r, _slot(req.kv.mamba_pool_idx)
 
-    def evict(self, n):
-        return self.cache.evict(self.S.EvictParams(num_tokens=n)).num_tokens_evicted
+    def load_back(self, node, mem_quota, last_node, state=None):
+        req = self.make_req(last_node, 0, state)
+        r = self.cache.load_back(node, mem_quota, req=req)
+        return r, _slot(req.kv.mamba_pool_idx)
+
+    def evict(self, n, states=0):
+        r = self.cache.evict(self.S.EvictParams(num_tokens=n, mamba_num=states) if self.mamba
+                             else self.S.EvictParams(num_tokens=n))
+        return r.num_tokens_evicted if not self.mamba else (r.num_tokens_evicted,
+                                                            r.mamba_num_evicted)
 
     def host_alloc(self, n):
         """``n`` host slots from the host pool (logged ``halloc``), or None."""
@@ -340,6 +463,9 @@ class SglHiCache:
 
     def host_available(self):
         return self.host_group.available_size()
+
+    def state_host_available(self):
+        return self.state_host_pool.available_size()
 
     def host_ledger(self):
         """Python core only: (host tokens in the tree, of them on evictable host leaves)."""

@@ -1,10 +1,11 @@
 """Differential test of the host tier (HiCache): flatradix against SGLang 0.5.23's own
 ``UnifiedRadixCache`` with HiCache on CPU, with both of SGLang's tree cores (pure
 Python and Rust), on every configuration of ``tests/oracle/hicache_driver.py``
-(write_through and write_through_selective; pages 1, 2 and 4; lru, lfu, fifo;
-load_back_threshold 1 and 10; small device and host pools), compared after every
-op: return values, slots on both tiers through bijections, the transfers, sizes,
-the backup / load-back protocol state and the KV events.
+(write_through, write_through_selective and write_back; pages 1, 2 and 4; lru, lfu,
+fifo; load_back_threshold 1 and 10; small device and host pools; Full attention and
+Full + Mamba), compared after every op: return values, slots on both tiers (KV and
+Mamba states) through bijections, the transfers, sizes, the backup / load-back
+protocol state and the KV events.
 
 SGLang only runs in its own venv (``../shared/tools/setup_sglang_oracle.sh``), so
 the driver runs there in two subprocesses, one per SGLang core, side by side; this
@@ -33,10 +34,12 @@ TIMEOUT_S = int(os.environ.get("FLATRADIX_ORACLE_TIMEOUT", "900"))
 # Mirrors hicache_driver.CONFIGS / MUTANTS (the driver itself only imports in the
 # oracle venv); test_config_lists_match checks the copies.
 CONFIGS = ("p1-wt-lru", "p1-wt-lru-t10", "p4-wt-lru", "p2-wts-lru", "p2-wts-lru-t10",
-           "p1-wt-lfu", "p4-wt-fifo", "p1-wb-lru", "p4-wb-lru", "p2-wb-lfu-t10")
+           "p1-wt-lfu", "p4-wt-fifo", "p1-wb-lru", "p4-wb-lru", "p2-wb-lfu-t10",
+           "p1-mamba-wt-lru", "p1-mamba-wts-lfu", "p1-mamba-wt-lru-t10", "p4-mamba-wt-fifo")
 MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-host-evict",
            "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop",
-           "insert-host-as-write-back")
+           "insert-host-as-write-back", "mamba-no-state-backup", "mamba-host-hit-zero",
+           "mamba-no-request-state")
 
 
 @pytest.fixture(scope="module")
