@@ -324,7 +324,7 @@ def build_parser():
         "check_hicache_events. Reports device hits, host hits (tokens loaded back) and "
         "misses; hit ratio = (device + host hits) / prompt tokens. With --sweep: a device x "
         "host grid (--plot draws it as a heatmap). Full attention only (not with "
-        "--swa-window or --mamba-states).")
+        "--swa-window or --mamba-states: the replay does not drive a hybrid host tier yet).")
     g.add_argument("--host-capacity", type=_host_capacities, default=None,
                    metavar="TOKENS[,TOKENS...]",
                    help="host pool in tokens (0, 2M, 8M, inf); several run once each (with "
@@ -417,9 +417,10 @@ def _check_options(args):
              f"in), got {small[0] if small else ''}")
     if args.host_capacity is not None:
         for opt, v in (("--swa-window", args.swa_window), ("--mamba-states", args.mamba_states)):
-            need(not v, f"--host-capacity with {opt}: the cache's host tier holds "
-                        f"Full-attention KV only (SGLang's HiCache for hybrid models is not "
-                        f"built yet); drop one of the two")
+            need(not v, f"--host-capacity with {opt}: the replay drives the host tier "
+                        f"for Full attention only (the cache's host tier takes Full + Mamba "
+                        f"but not SWA yet, and the replay's Mamba mode does not drive it "
+                        f"yet); drop one of the two")
     else:
         for opt, v in (("--write-policy", args.write_policy),
                        ("--load-back-threshold", args.load_back_threshold)):

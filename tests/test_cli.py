@@ -200,10 +200,10 @@ OPTION_ERRORS = {
         ["--mamba-states", "no linear-attention / Mamba layer"]),
     # the host tier (issue 13)
     "host_with_swa": (["--host-capacity", "1M", "--swa-window", "512"],
-                      ["--host-capacity with --swa-window: the cache's host tier holds "
-                       "Full-attention KV only"]),
+                      ["--host-capacity with --swa-window: the replay drives the host tier "
+                       "for Full attention only"]),
     "host_with_mamba": (["--host-capacity", "1M", "--mamba-states", "8"],
-                        ["--host-capacity with --mamba-states", "Full-attention KV only"]),
+                        ["--host-capacity with --mamba-states", "for Full attention only"]),
     "write_policy_without_host": (["--write-policy", "write_through"],
                                   ["--write-policy needs --host-capacity (the host tier)"]),
     "load_back_threshold_without_host": (["--load-back-threshold", "5"],

@@ -456,9 +456,10 @@ def test_cli_host_sweep_csv_and_plot(tmp_path):
 
 @pytest.mark.parametrize("args,what", [
     (["--host-capacity", "1M", "--swa-window", "512"],
-     "--host-capacity with --swa-window: the cache's host tier holds Full-attention KV only"),
+     "--host-capacity with --swa-window: the replay drives the host tier for Full attention only"),
     (["--host-capacity", "1M", "--mamba-states", "8"],
-     "--host-capacity with --mamba-states: the cache's host tier holds Full-attention KV only"),
+     "--host-capacity with --mamba-states: the replay drives the host tier for Full attention "
+     "only"),
     (["--write-policy", "write_through"], "--write-policy needs --host-capacity"),
     (["--load-back-threshold", "5"], "--load-back-threshold needs --host-capacity"),
     (["--host-capacity", "-1"], "argument --host-capacity: host capacity must be a whole"),

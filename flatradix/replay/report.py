@@ -337,8 +337,8 @@ def _series_runs(swa_windows, mamba_states, host_capacities=None):
     if hosts:
         if windows or states:
             raise ValueError(f"host_capacities (the host tier) with "
-                             f"{'swa_windows' if windows else 'mamba_states'}: the cache's host "
-                             f"tier holds Full-attention KV only")
+                             f"{'swa_windows' if windows else 'mamba_states'}: the replay "
+                             f"drives the host tier for Full attention only")
         return HOST_MODE, "host_capacity", [dict(host_capacity=h) for h in hosts]
     if windows and states:
         if len(windows) > 1 and len(states) > 1:

@@ -932,9 +932,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     if host:
         for given, what in ((swa, "swa_window"), (mamba, "mamba_states")):
             if given:
-                raise ValueError(f"host_capacity (the host tier) with {what}: the cache's host "
-                                 f"tier holds Full-attention KV only (init_hicache refuses a "
-                                 f"cache with SWA or Mamba); drop one of the two")
+                raise ValueError(f"host_capacity (the host tier) with {what}: the replay "
+                                 f"drives the host tier for Full attention only (the cache's "
+                                 f"host tier refuses SWA; its Mamba host tier is not driven "
+                                 f"by the replay yet); drop one of the two")
         if isinstance(host_capacity, bool) or not isinstance(
                 host_capacity, (int, np.integer, float)) or (
                 isinstance(host_capacity, float) and host_capacity != math.inf):
