@@ -868,8 +868,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         with self._mutex:
             done = swa_done = m_done = 0
             phase = 0
-            if self._hicache_policy == "write_back":  # SGLang's step-wise round
-                done, parts = self._evict_write_back(num)
+            if self._hicache_policy == "write_back":  # SGLang's step-wise rounds
+                done, m_done, parts = self._evict_write_back(num, mamba_num)
                 phase = -1
             while phase >= 0:
                 st, f, w, m, phase = _k_evict(*eng.st, num - done, swa_num - swa_done,
@@ -924,10 +924,23 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             if st == L.E_NEED_BACKUP:  # write-back: back the victim up, then demote / drop it
-                n, freed = self._write_back_victim(nid, None)
+                mf = []
+                n, freed, k = self._write_back_victim(nid, None, mf)
+                if mf:  # the controller frees them: the tree holds them no more
+                    self._vals.mamba_owned.difference_update(mf[0].tolist())
                 return EvictStep(int(nid), self._vals.out(freed), n, True,
                                  swa_freed_indices=self._vals.empty(),
-                                 mamba_freed_indices=self._mamba_empty())
+                                 mamba_freed_indices=(self._mamba_slots(mf[0]) if mf
+                                                      else self._mamba_empty()), mamba_num=k)
+            if st == L.E_NEED_STATE_BACKUP:  # write-back: back the node up, then tombstone
+                mf = []
+                k = self._state_victim(nid, mf)
+                if mf:
+                    self._vals.mamba_owned.difference_update(mf[0].tolist())
+                return EvictStep(None, self._vals.empty(), 0, True,
+                                 swa_freed_indices=self._vals.empty(),
+                                 mamba_freed_indices=(self._mamba_slots(mf[0]) if mf
+                                                      else self._mamba_empty()), mamba_num=k)
             rows = eng.actions()
             # the controller frees the step's slots: execute the events only
             mamba_freed = []

@@ -1,7 +1,7 @@
 """HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
 
-Full attention, and Full + Mamba (write-through policies; spec §6.3 HiCache
-notes): SWA and Mamba under write-back are refused (``ValueError``).
+Full attention, and Full + Mamba (spec §6.3 HiCache notes): SWA is refused
+(``ValueError``), and so is Mamba with ``mamba_max_states_per_path``.
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
 first hit, ``write_through_selective`` at its second, ``write_back`` only when
@@ -137,8 +137,8 @@ class HiCacheMixin:
         a state pool of ``S`` states; the ``transfer`` callable then also gets
         ``"backup_state"`` / ``"load_state"`` calls with state slots. Raises
         ``ValueError`` for an unknown policy, a cache with SWA, a Mamba cache
-        under ``write_back`` or with ``mamba_max_states_per_path`` (not built
-        yet), a missing size, or a second call; nothing changes then.
+        with ``mamba_max_states_per_path`` (not built yet), a missing size, or a
+        second call; nothing changes then.
         """
         def arg(name, given):
             if given is not None:
@@ -152,9 +152,6 @@ class HiCacheMixin:
         if self._swa:
             raise ValueError("init_hicache: the host tier supports Full and Full + Mamba "
                              f"caches for now; this cache has components {self.components}")
-        if self._mamba and policy == "write_back":
-            raise ValueError("init_hicache: a Mamba cache's host tier supports write_through "
-                             "and write_through_selective for now, got write_back")
         if self._mamba and self.mamba_max_states_per_path != -1:
             raise ValueError("init_hicache: mamba_max_states_per_path with the host tier is "
                              "not supported yet (its eviction must run between the insert's "
@@ -708,6 +705,11 @@ class HiCacheMixin:
                                            "pool is empty and nothing is evictable")
                     kv.mamba_pool_idx = self._vals.mamba_out(new_req_slot)[0]
                 restore = mamba and st == L.OK and self._state_host_only(slot)
+                if restore and self._hicache_policy == "write_back" and int(
+                        eng.st.nodes[slot, L.LOAD_PENDING]) not in (0, nid):
+                    # SGLang: the state's node is pinned by another load-back: the
+                    # whole spec is rejected (the caller recomputes)
+                    st, restore = K.E_HOST_STATE, False
                 if st != L.OK:
                     units = 0
                 if ((units < max(1, self.load_back_threshold) and not restore)
@@ -874,36 +876,59 @@ class HiCacheMixin:
 
     # ------------------------------------------------------------------ write-back
     def _write_back_backup(self, nid):
-        """Back up the unbacked device leaf ``nid`` before its demotion (write-back:
-        that node only), then complete it at once as SGLang's eviction does
-        (``writing_check(write_back=True)``). Returns False when no host slots
-        could be found (host eviction included). Under the cache lock."""
+        """Back up the unbacked device node ``nid`` before its demotion or, in a
+        Mamba round, before its state's tombstone (write-back: that node only; its
+        Mamba device state too when it has no host copy), then complete it at once
+        as SGLang's eviction does (``writing_check(write_back=True)``). Returns
+        False when no host slots could be found (host eviction included; for the
+        state: one host state evicted first). Under the cache lock."""
         eng = self._engine
         s = nid & 0xFFFFFFFF
-        n = int(eng.st.nodes[s, L.KEY_LEN])
+        nodes = eng.st.nodes
+        n = int(nodes[s, L.KEY_LEN])
+        state = (self._host_mamba is not None and (int(nodes[s, L.FLAGS]) & (
+            L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS(L.MAMBA))
         host = self._host.alloc(n)
         if host is None:
             self._evict_host_units(n - self._host.available_size())
             host = self._host.alloc(n)
             if host is None:
                 return False
+        hstate = None
+        if state:
+            hstate = self._state_host_alloc()
+            if hstate is None:  # SGLang's rollback: the Full host slots go back
+                self._host.free(host)
+                return False
         if not self._copy("backup", s, host):
+            if hstate is not None:
+                self._host_mamba.free(hstate)
             self._raise_transfer_error()  # the victim stays on the device, unbacked
-        st, _ = self._call_out(K.backup_commit, s, host, -1, nid, False)
+        if state and not self._copy_state(
+                "backup_state", np.array([eng.st.nodes[s, L.MAMBA_SLOT]], dtype=np.int64),
+                hstate):
+            self._host_mamba.free(hstate)
+            self._host.free(host)
+            self._raise_transfer_error()
+        st, _ = self._call_out(K.backup_commit, s, host, -1 if hstate is None
+                               else int(hstate[0]), nid, False)
         assert st == L.OK, st
         self.ongoing_write_through[nid] = nid
         self._write_queue.append(nid)
         self.writing_check(write_back=True)
         return True
 
-    def _write_back_victim(self, nid, vals):
+    def _write_back_victim(self, nid, vals, mamba_out=None):
         """The deferred demote of an evicted write-back victim: back it up and
         demote it, or, when the host is full, drop it with its host-only subtree
         (SGLang ``drop_subtree_no_host``; declined while any of it is locked or in
         flight: the node then stays on the device). Executes the step's actions
-        (``vals``: the allocator to free into, or None: the caller frees) and
-        returns ``(device units freed, freed Full slots)``."""
+        (``vals``: the allocator to free into, or None: the caller frees; the
+        state slots then go to ``mamba_out``) and returns ``(device units freed,
+        freed Full slots, device states freed)``."""
         eng = self._engine
+        s = nid & 0xFFFFFFFF
+        had_state = self._mamba and bool(int(eng.st.nodes[s, L.FLAGS]) & L.F_HAS(L.MAMBA))
         if self._write_back_backup(nid):
             st, n = eng.call(K.demote_leaf, nid)
             assert st == L.OK, st
@@ -911,34 +936,69 @@ class HiCacheMixin:
             st, n, _ = eng.call(K.drop_subtree, nid)
             assert st == L.OK, st
         freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
-                        host_mamba=self._host_mamba)
-        return int(n), freed
+                        mamba_out=mamba_out, host_mamba=self._host_mamba)
+        return int(n), freed, int(had_state and n > 0)
 
-    def _evict_write_back(self, num):
-        """``evict`` under write-back: SGLang's step-wise round (a victim's backup
-        runs before its demotion); returns ``(units, freed slots parts)``."""
+    def _state_victim(self, nid, mamba_out=None):
+        """A write-back Mamba round's internal victim (``E_NEED_STATE_BACKUP``,
+        SGLang's ``InternalStateBackup``): one host state evicted first when the
+        state pool is empty, the node backed up (``_write_back_backup``), then its
+        state tombstoned when it still qualifies (``host.finish_state_eviction``).
+        Returns the device states freed. Under the cache lock."""
+        eng = self._engine
+        if self._host_mamba.available_size() < 1:
+            self._evict_host_states(1)
+        if self.ongoing_write_through:  # another backup may cover the node: finish it
+            self.writing_check(write_back=True)
+        self._write_back_backup(nid)
+        st, k = eng.call(K.finish_state_eviction, nid)
+        assert st == L.OK, st
+        execute(eng.actions(), eng.out, None, self._vals if mamba_out is None else None,
+                self._sink, mamba_out=mamba_out)
+        return int(k)
+
+    def _evict_write_back(self, num, mamba_num=0):
+        """``evict`` under write-back: SGLang's step-wise rounds (a victim's backup
+        runs before its demotion; a Mamba round's internal state is backed up
+        before its tombstone): the Full round, then (Mamba) the state round for
+        what the Full round's demotions did not free. Returns ``(units, states,
+        freed slots parts)``."""
+        done, m_done, parts = self._write_back_round(L.FULL, num)
+        if self._mamba and mamba_num > m_done:
+            d2, m2, more = self._write_back_round(L.MAMBA, mamba_num - m_done)
+            done += d2  # the state round's leaf victims free their Full KV too
+            m_done += m2
+            parts += more
+        self.writing_check(write_back=True)
+        return done, m_done, parts
+
+    def _write_back_round(self, c, num):
         eng = self._engine
         st_ = eng.st
-        if _k_evict_start(st_.nodes, st_.heap, st_.meta, L.FULL, num) != L.OK:
+        if _k_evict_start(st_.nodes, st_.heap, st_.meta, c, num) != L.OK:
             raise RuntimeError("device eviction already in progress")
-        done = 0
+        done = m_done = 0
         parts = []
         try:
             while True:
-                st, nid, f, _, _ = eng.call(_k_evict_next, L.FULL)
+                st, nid, f, _, m = eng.call(_k_evict_next, c)
                 if st == L.E_NEED_BACKUP:
-                    n, freed = self._write_back_victim(nid, self._vals)
+                    n, freed, k = self._write_back_victim(nid, self._vals)
                     done += n
+                    m_done += k
                     parts.append(freed)
                     continue
+                if st == L.E_NEED_STATE_BACKUP:
+                    m_done += self._state_victim(nid)
+                    continue
                 parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
-                if f == 0:
+                if f == 0 and m == 0:
                     break
                 done += f
+                m_done += m
         finally:
-            _k_evict_end(eng.meta, L.FULL)
-        self.writing_check(write_back=True)
-        return done, parts
+            _k_evict_end(eng.meta, c)
+        return done, m_done, parts
 
     # ------------------------------------------------------------------ host eviction
     def evict_host(self, num_tokens, component_type=None):

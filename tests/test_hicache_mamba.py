@@ -290,8 +290,6 @@ def test_bad_input_is_refused_before_any_change():
     pool = HybridReqToTokenPool(4, 64, mamba_size=4)
     cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
                               req_to_token_pool=pool)
-    with pytest.raises(ValueError, match="write_back"):
-        cache.init_hicache(host_size=8, mamba_host_size=4, hicache_write_policy="write_back")
     with pytest.raises(ValueError, match="mamba_host_size"):
         cache.init_hicache(host_size=8)
     assert not cache.enable_hicache
@@ -318,7 +316,50 @@ def test_bad_input_is_refused_before_any_change():
     same_state(before, env.cache._snapshot())
 
 
-@pytest.mark.parametrize("policy", ["write_through", "write_through_selective"])
+def test_write_back_backs_an_internal_state_up_before_its_tombstone():
+    """SGLang's InternalStateBackup: under write-back the Mamba round offers an
+    internal node's unbacked state (with its Full KV) to the host before it drops
+    the device state; a leaf victim is backed up and demoted as in the Full round."""
+    env = Env(policy="write_back")
+    env.ins(range(1, 9))
+    env.ins(list(range(1, 9)) + [20, 21])          # [1..8] internal, both with states
+    assert env.cache.host_total_size() == 0         # write-back backs nothing up at insert
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    # the LRU tail is [1..8]'s state (internal): backed up (8 tokens + the state),
+    # then tombstoned; no Full token leaves the device
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (0, 1)
+    assert env.cache.host_total_size() == 8 and env.cache.mamba_host_total_size() == 1
+    assert [k for k, _, _ in env.log] == ["backup", "backup_state"]
+    r = env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    # next: the leaf [20, 21] -- backed up with its state and demoted
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (2, 1)
+    assert env.cache.host_total_size() == 10 and env.cache.mamba_host_total_size() == 2
+    m = env.match(range(1, 9))
+    assert (m.device_prefix_len, m.host_hit_length, m.mamba_host_hit_length) == (0, 8, 1)
+    env.partition()
+
+
+def test_write_back_host_hit_counts_only_nodes_with_a_host_copy():
+    """SGLang's host_hit_length sums the Full host values from the best node up to
+    the device match: under write-back a device-only node may lie between them."""
+    env = Env(policy="write_back")
+    env.ins([1, 2, 3, 4])
+    env.ins([1, 2, 3, 4, 5, 6])             # [1..4] internal, its state LRU-older
+    env.ins([1, 2, 3, 4, 5, 6, 7, 8])       # [5, 6] internal too
+    # tombstone [1..4]'s state (backed up with its KV first), then [5, 6]'s
+    env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    env.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    # host eviction reclaims the oldest settled duplicate's Full host copy: [1..4]'s
+    # (its state stays on the host)
+    assert env.cache.evict_host(1) == 4
+    m = env.match([1, 2, 3, 4, 5, 6])
+    # best: [5, 6] (host-only state); device match: the root (no device state on the
+    # way); host hit: [5, 6]'s 2 units only, not the 6 between the two nodes
+    assert (m.device_prefix_len, m.host_hit_length, m.mamba_host_hit_length) == (0, 2, 1)
+    env.partition()
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
 def test_random_runs_keep_all_four_pools_partitioned(policy):
     rng = np.random.default_rng(11)
     env = Env(states=6, pool=48, host=40, host_states=5, policy=policy)

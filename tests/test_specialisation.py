@@ -151,6 +151,25 @@ WORKLOAD = textwrap.dedent("""
         c.evict_host(1, CT.MAMBA)
         c.evict_host(1 << 20)
         c.sanity_check()
+    # write-back with Mamba: an internal state backed up before its tombstone (the
+    # whole evict and the step-wise round), a leaf victim backed up and demoted
+    for step in (False, True):
+        alloc = F.TokenToKVPoolAllocator(4096)
+        rtp = F.HybridReqToTokenPool(8, 512, mamba_size=16)
+        c = F.UnifiedRadixCache(tree_components=(CT.FULL, CT.MAMBA), token_to_kv_pool_allocator=alloc,
+                                req_to_token_pool=rtp)
+        c.init_hicache(host_size=4096, mamba_host_size=16, hicache_write_policy="write_back")
+        for key in ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6]):
+            c.insert(F.InsertParams(key=F.RadixKey(key), value=alloc.alloc(len(key)),
+                                    mamba_value=rtp.mamba_allocator.alloc(1)))
+        if step:
+            c.evict_device_start(CT.MAMBA, 2)
+            c.evict_device_next_node(CT.MAMBA)
+            c.evict_device_next_node(CT.MAMBA)
+            c.evict_device_end(CT.MAMBA)
+        else:
+            c.evict(F.EvictParams(num_tokens=0, mamba_num=2))
+        c.sanity_check()
     print(json.dumps({k.py_func.__module__ + "." + k.__name__: len(k.signatures) for k in KERNELS}))
 """)
 

@@ -36,7 +36,8 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
 123  host tier: the duplicate list is broken (links, F_DUP marks, a dead
      member) or misses a settled duplicate (Full on both tiers, nothing in flight)
 124  Mamba host tier: a host-state bit without a slot (or a slot without the
-     bit), a host state without a Full host value or on a cache without Mamba
+     bit), a host state without a Full host value (under write-back: without
+     Full data on either tier) or on a cache without Mamba
      and a host tier, a negative Mamba host lock_ref (or one without Mamba),
      the Mamba host LRU holding a node whose state is not host-only or missing
      an unlocked host-only one, broken links, or ``M_MAMBA_HOST_TOTAL`` off
@@ -51,7 +52,7 @@ from .layout import (
     HEAP_DEVICE, HEAP_HOST, HEAP_POS, HOST_HEAP_POS, N_SENTINELS, SENTINEL0, F_HAS_FULL_HOST,
     LOAD_PENDING, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, WT_PENDING, DUP_NEXT, DUP_PREV, F_DUP,
     M_DUP_HEAD, M_DUP_TAIL, F_HAS_MAMBA_HOST, LRU_MAMBA_HOST, MAMBA_HOST_SLOT,
-    M_MAMBA_HOST_TOTAL,
+    M_MAMBA_HOST_TOTAL, HOST_WRITE_BACK,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
@@ -256,7 +257,11 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         if mh != (nodes[s, MAMBA_HOST_SLOT] != NIL) or (mh and nodes[s, MAMBA_HOST_SLOT] < 0):
             return 124, s
         if mh:
-            if not (mamba_on and host_on) or not (f & F_HAS_FULL_HOST):
+            # a Full host copy under it, except under write-back, whose duplicate
+            # reclaim may free the Full host copy of a device node and keep its state's
+            if not (mamba_on and host_on) or not (
+                    f & F_HAS_FULL_HOST
+                    or (meta[M_HOST] == HOST_WRITE_BACK and f & F_HAS_FULL_DEV)):
                 return 124, s
             mh_total += 1
         hlk = nodes[s, _MAMBA_HOST_LOCK]

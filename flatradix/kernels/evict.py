@@ -38,7 +38,8 @@ from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    C_MAMBA, C_SWA, E_CAPACITY, E_NEED_BACKUP, E_NO_WALK, E_WALK_OPEN, F_HAS_FULL_HOST, FLAGS,
+    C_MAMBA, C_SWA, E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_WALK_OPEN,
+    F_HAS_FULL_HOST, FLAGS,
     FULL, HOST_WRITE_BACK, M_HOST, HEAP_DEVICE, HEAP_POS, KEY_LEN,
     LRU_MAMBA, LRU_SWA, MAMBA,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
@@ -289,6 +290,11 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     is over (its request met, or nothing evictable: then all counts are 0).
     The step's actions are emitted as in ``evict``. ``E_CAPACITY``
     (``meta[M_NEED_*]``) when the buffers cannot hold the victim: nothing changed.
+    Write-back (SGLang's deferred steps, the round moving on either way, nothing
+    changed): ``E_NEED_BACKUP`` with a Full round's victim, or a Mamba round's
+    device leaf, that has no host copy; ``E_NEED_STATE_BACKUP`` with a Mamba
+    round's internal victim whose state and Full KV have no host copy (the
+    caller backs it up, then ``host.finish_state_eviction``).
     """
     if not meta[M_EVICT_WALK + component]:
         return E_NO_WALK, -1, 0, 0, 0
@@ -333,6 +339,15 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
         return E_CAPACITY, -1, 0, 0, 0
     meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_prev_unlocked(nodes, lst, x))
     nid = node_id(nodes, x)
+    if component == MAMBA and meta[M_HOST] == HOST_WRITE_BACK:
+        if is_device_leaf(nodes, x):
+            if not (nodes[x, FLAGS] & F_HAS_FULL_HOST):
+                # as the Full round: the caller backs the leaf up, then demotes / drops it
+                return E_NEED_BACKUP, nid, 0, 0, 0
+        elif mamba.needs_backup(nodes, x) and not (nodes[x, FLAGS] & F_HAS_FULL_HOST):
+            # SGLang's InternalStateBackup: the state is offered for a host backup
+            # (with the node's Full KV) before host.finish_state_eviction tombstones it
+            return E_NEED_STATE_BACKUP, nid, 0, 0, 0
     if component == SWA:
         f, w, m, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
         meta[M_EVICT_DONE + SWA] += w

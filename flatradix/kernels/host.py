@@ -32,7 +32,8 @@ from .layout import (
     FULL, LRU_MAMBA_HOST, M_COMPONENTS,
     FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
     HOST_HEAP_POS, HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
-    M_DUP_HEAD, M_EVENTS, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST, M_HOST_TOTAL,
+    M_DUP_HEAD, M_EVENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST,
+    M_HOST_TOTAL, MAMBA,
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
@@ -497,6 +498,34 @@ def evict_host_states(nodes, ctab, pool, heap, meta, num_states, out, acts):
 
 
 @kernel
+def finish_state_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
+    """Resume a write-back Mamba round after ``evict_next`` answered
+    ``E_NEED_STATE_BACKUP`` for node ``nid`` and the caller tried its backup
+    (SGLang ``finish_mamba_state_eviction``): when the node still holds an
+    unlocked device state in the Mamba LRU and no load restores it, its state is
+    tombstoned (``A_FREE_SLOT(MAMBA)``; a host copy stays, in the host LRU) and
+    counted toward the round; a node that became an evictable device leaf or
+    lost its Full device value becomes the round's cursor again (the walk
+    re-selects it); otherwise nothing changes. Returns ``(status, states
+    freed)``; ``E_STALE`` never (a dead node just ends the step)."""
+    acts_begin(meta, 0)
+    s = resolve(nodes, meta, nid)
+    if s < 0 or not mamba.has_data(nodes, s) or nodes[s, mamba.MAMBA_LOCK] > 0 \
+            or nodes[s, LOAD_PENDING] != 0:
+        return OK, 0
+    if nodes[s, HEAP_POS] >= 0 or not (nodes[s, FLAGS] & F_HAS_FULL_DEV):
+        meta[M_EVICT_CURSOR + MAMBA] = nid
+        return OK, 0
+    if not acts_room(acts, out, meta, 1, 1):
+        need(meta, 0, 0, 1, 1)
+        return E_CAPACITY, 0
+    mamba.evict_component(nodes, meta, s, out, acts)
+    if meta[M_EVICT_WALK + MAMBA]:
+        meta[M_EVICT_DONE + MAMBA] += 1
+    return OK, 1
+
+
+@kernel
 def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Demote node ``nid`` now that its write-back backup is done (SGLang
     ``demote``): it must be an evictable device leaf with a host copy
@@ -512,9 +541,12 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     if not acts_room(acts, out, meta, 3, n + 1):
         need(meta, 0, 0, n + 1, 3)
         return E_CAPACITY, 0
+    state = mamba.has_data(nodes, s)
     demote(nodes, pool, heap, meta, s, out, acts)
     if meta[M_EVICT_WALK + FULL]:
         meta[M_EVICT_DONE + FULL] += n
+    if state and meta[M_EVICT_WALK + MAMBA]:
+        meta[M_EVICT_DONE + MAMBA] += 1
     return OK, n
 
 
@@ -561,9 +593,12 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
         while nodes[x, NCHILD] > 0:
             x = nodes[x, FIRST_CHILD]
         freed_host += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+    state = mamba.has_data(nodes, s)
     freed = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
     if meta[M_EVICT_WALK + FULL]:
         meta[M_EVICT_DONE + FULL] += freed
+    if state and meta[M_EVICT_WALK + MAMBA]:
+        meta[M_EVICT_DONE + MAMBA] += 1
     return OK, freed, freed_host
 
 

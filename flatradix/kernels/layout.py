@@ -417,6 +417,9 @@ E_BAD_CURSOR = 9      # an SWA eviction cursor that is not page-aligned (insert;
 E_NO_BOUNDARY = 10    # an SWA window release whose boundary stamp is not on the path
 E_NEED_BACKUP = 11    # write-back: the step's victim has no host copy; back it up, then
                       # demote it (host.demote_leaf) or drop it (host.drop_subtree)
+E_NEED_STATE_BACKUP = 12  # write-back, a Mamba round: the victim is an internal node whose
+                      # state and Full KV have no host copy; back it up, then
+                      # host.finish_state_eviction (SGLang's InternalStateBackup)
 
 #: ``insert``'s ``limit`` argument: no check of the values (they are token ids) /
 #: only ``>= 0`` (no allocator bound known)

@@ -17,8 +17,9 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     """One match (the body of ``match_prefix``); the caller checked room for a split.
     Returns ``(prefix_len, best_slot, last_visited_slot, full_kv_hit_length,
     host_best_len, host_best_slot)``: the device match, then (host tier on) the
-    deepest node with Full data on either tier and its depth (without a host
-    tier: the device match again)."""
+    deepest node valid on either tier and the device length plus SGLang's host
+    hit (the Full host units between the two nodes; without a host tier: the
+    device match again)."""
     page = meta[M_PAGE]
     swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
     mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
@@ -64,6 +65,17 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
             best_len = length
         if partial:
             break
+    if host_on and hbest != best:
+        # SGLang's host_hit_length: the units of the nodes holding a Full host copy
+        # from the best node up to the device match (under write-back a device-only
+        # node may lie between them)
+        h = 0
+        a = hbest
+        while a != best and a != ROOT:
+            if nodes[a, FLAGS] & F_HAS_FULL_HOST:
+                h += nodes[a, KEY_LEN]
+            a = nodes[a, PARENT]
+        hbest_len = best_len + h
     if swa_on:
         swa.refresh_lru(nodes, meta, best)
     if mamba_on:
@@ -99,8 +111,9 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     Host tier on (HiCache, SGLang §8): host-only nodes (a Full host value, no
     device value) are walked too; ``prefix_len`` and ``best_node_id`` are the
     device match (its indices in ``out``), ``host_hit_length`` the units of
-    host-only nodes between it and ``host_node_id``, the deepest node with Full
-    data on either tier (SGLang's ``best_match_node`` / ``last_host_node``),
+    the nodes with a Full host copy from ``host_node_id`` up to it (SGLang's
+    Full finaliser), ``host_node_id`` the deepest node valid on either tier
+    (SGLang's ``best_match_node`` / ``last_host_node``),
     from which the path is stamped. Without a host tier they are 0 and the
     device best node.
 

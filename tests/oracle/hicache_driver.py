@@ -1,7 +1,7 @@
 """Differential driver for the host tier (HiCache): flatradix against SGLang 0.5.23's
 own ``UnifiedRadixCache`` with HiCache on (``hicache_peer.py``), Full attention
 (``write_through``, ``write_through_selective`` and ``write_back``) and Full + Mamba
-(the ``*-mamba-*`` configurations: the write-through policies).
+(the ``*-mamba-*`` configurations).
 
 Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``)::
 
@@ -195,6 +195,10 @@ CONFIGS = {
                                 mamba=10),
     "p4-mamba-wt-fifo": dict(page_size=4, policy="fifo", write_policy="write_through",
                              device=16 * 4, host=20 * 4, max_pages=6, lbt=1, mamba=6, chunk=4),
+    "p1-mamba-wb-lru": dict(page_size=1, policy="lru", write_policy="write_back",
+                            device=16, host=20, max_pages=6, lbt=1, mamba=6),
+    "p4-mamba-wb-lfu": dict(page_size=4, policy="lfu", write_policy="write_back",
+                            device=16 * 4, host=12 * 4, max_pages=6, lbt=1, mamba=8, chunk=4),
 }
 
 # Self-test: deliberately wrong flatradix façades (FlatSide applies ``mutant``); each
@@ -377,6 +381,14 @@ class FlatSide:
                 finally:
                     meta[L.M_HOST] = old
             c.insert_host = as_write_back
+        if self.mamba:  # count SGLang's InternalStateBackup steps (write-back)
+            state_victim = c._state_victim
+
+            def counted(*a, **k):
+                self.state_victims += 1
+                return state_victim(*a, **k)
+            self.state_victims = 0
+            c._state_victim = counted
         if mut.get("no_state_backup"):
             c._state_host_alloc = lambda: None
         if mut.get("mamba_host_hit_zero"):
@@ -432,6 +444,9 @@ class FlatSide:
 
     def path_device_indices(self, node, n):
         return np.asarray(self.cache.path_device_indices(node))[:n].tolist() if n else []
+
+    def node_depth(self, node):
+        return self.cache._path_units(node, None)
 
     def _req(self, last_node, mamba_host_hit=0, state=None):
         from .hicache_peer import _ReqKV
@@ -599,6 +614,14 @@ class SglSide:
 
     def path_device_indices(self, node, n):
         return self.h.path_device_indices(node, n)
+
+    def node_depth(self, node):
+        n = self.cache.tree_core.node_by_id(node)  # the Python core (a --first side)
+        d = 0
+        while n is not self.cache.tree_core.root_node:
+            d += len(n.key)
+            n = n.parent
+        return d
 
     def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
         return self.h.init_load_back(best, hit, mem_quota, last_node, mamba_host_hit, state)
@@ -882,6 +905,11 @@ class Executor:
         (ba, la, bsa, lsa), (bb, lb, bsb, lsb) = self.a.take_submitted(), self.b.take_submitted()
         for kind, pa, pb in (("backup_state", bsa, bsb), ("load_state", lsa, lsb)):
             if pa or pb:
+                if kind == "backup_state" and self.cfg["write_policy"] == "write_back":
+                    # as the KV below: slots may be handed out again within the op
+                    compare(f"{what}.submitted_backup_states", len(pa), len(pb))
+                    self.stats["submitted_backup_states"] += len(pa)
+                    continue
                 mb = [(self.shost.b2a.get(hh, ("?", hh)), self.mdev.b2a.get(d, ("?", d)))
                       for hh, d in pb]
                 compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
@@ -967,6 +995,9 @@ class Executor:
         kind = op[0]
         getattr(self, "op_" + kind)(*op[1:])
         self._sync(kind)
+        if getattr(self.a, "state_victims", 0):
+            self.stats["write_back_state_backups"] += self.a.state_victims
+            self.a.state_victims = 0
         self.nops += 1
         self.stats[kind] += 1
         if self.nops % CHECK_EVERY == 0:
@@ -1018,6 +1049,16 @@ class Executor:
     def op_match(self, toks):
         self._match("match", toks)
 
+    def _anchor_depth(self, m):
+        """The tokens up to a match's ``last_host_node``: ``device_prefix_len +
+        host_hit_length``, except under write-back with Mamba, where SGLang's host
+        hit leaves out device-only nodes between the device match and the best
+        node (their depth read from the first side's tree; the refill's events
+        compare the rest)."""
+        if not (self.mamba and self.cfg["write_policy"] == "write_back"):
+            return m.device_prefix_len + m.host_hit_length
+        return self.a.node_depth(m.last_host_node)
+
     def op_insert_host(self, toks, pages, back):
         """A storage prefetch's refill (SGLang ``_handle_prefetch_result``): after a
         match, up to ``pages`` pages of ``toks`` past its device + host hit get
@@ -1030,7 +1071,7 @@ class Executor:
         and the walk meets the nodes cached since (refills, splits)."""
         ma, mb = self._match("insert_host.match", toks)
         P = self.P
-        depth = ma.device_prefix_len + ma.host_hit_length
+        depth = self._anchor_depth(ma)
         n = min((len(toks) - depth) // P, pages) * P
         if n <= 0:
             return
@@ -1040,9 +1081,10 @@ class Executor:
             depth = cut
             if cut:
                 ma, mb = self._match("insert_host.match_anchor", toks[:cut])
-                got = ma.device_prefix_len + ma.host_hit_length
-                compare("insert_host.anchor_depth", got,
-                        mb.device_prefix_len + mb.host_hit_length)
+                got = self._anchor_depth(ma)
+                compare("insert_host.anchor_(device_prefix_len,host_hit_length)",
+                        (ma.device_prefix_len, ma.host_hit_length),
+                        (mb.device_prefix_len, mb.host_hit_length))
                 if self.mamba:
                     # Mamba's validator may stop the anchor's match above ``cut`` (a
                     # node without a state): the refill starts there
