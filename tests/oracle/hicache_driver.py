@@ -256,19 +256,7 @@ class FlatSide:
         mut = cfg.get("mutant", {})
         self.log = []
         self.alloc = flatradix.TokenToKVPoolAllocator(cfg["device"], page_size=P)
-        self._alloc, self._free = self.alloc.alloc, self.alloc.free
-
-        def logged_alloc(n):
-            out = self._alloc(n)
-            if out is not None:
-                self.log.append(("dalloc", np.asarray(out).tolist()))
-            return out
-
-        def logged_free(idx):
-            self.log.append(("dfree", np.asarray(idx).tolist()))
-            return self._free(idx)
-
-        self.alloc.alloc, self.alloc.free = logged_alloc, logged_free
+        self._alloc, self._free = self._logged(self.alloc, "d")
         self.mamba = bool(cfg.get("mamba"))
         extra = {}
         if self.mamba:
@@ -276,19 +264,7 @@ class FlatSide:
             self.rtp = flatradix.HybridReqToTokenPool(4, 256, mamba_size=cfg["mamba"],
                                                       enable_mamba_extra_buffer=P > 1)
             self.malloc = self.rtp.mamba_allocator
-            self._malloc, self._mfree = self.malloc.alloc, self.malloc.free
-
-            def logged_malloc(n):
-                out = self._malloc(n)
-                if out is not None:
-                    self.log.append(("malloc", np.asarray(out).reshape(-1).tolist()))
-                return out
-
-            def logged_mfree(idx):
-                self.log.append(("mfree", np.asarray(idx).reshape(-1).tolist()))
-                return self._mfree(idx)
-
-            self.malloc.alloc, self.malloc.free = logged_malloc, logged_mfree
+            self._malloc, self._mfree = self._logged(self.malloc, "m")
             extra = dict(tree_components=(CT.FULL, CT.MAMBA), req_to_token_pool=self.rtp,
                          mamba_cache_chunk_size=cfg.get("chunk", 8),
                          enable_mamba_extra_buffer=P > 1)
@@ -313,35 +289,9 @@ class FlatSide:
             hextra["mamba_host_size"] = int(self.malloc.size * ratio) + 1
         c.init_hicache(host_size=cfg["host"], hicache_write_policy=cfg["write_policy"],
                        load_back_threshold=cfg["lbt"], transfer=transfer, **hextra)
-        host = c.mem_pool_host
-        halloc, hfree = host.alloc, host.free
-
-        def logged_halloc(n):
-            out = halloc(n)
-            if out is not None:
-                self.log.append(("halloc", out.tolist()))
-            return out
-
-        def logged_hfree(idx):
-            self.log.append(("hfree", np.asarray(idx).tolist()))
-            return hfree(idx)
-
-        host.alloc, host.free = logged_halloc, logged_hfree
+        self._logged(c.mem_pool_host, "h")
         if self.mamba:
-            spool = c.mamba_pool_host
-            salloc, sfree = spool.alloc, spool.free
-
-            def logged_salloc(n):
-                out = salloc(n)
-                if out is not None:
-                    self.log.append(("salloc", out.tolist()))
-                return out
-
-            def logged_sfree(idx):
-                self.log.append(("sfree", np.asarray(idx).tolist()))
-                return sfree(idx)
-
-            spool.alloc, spool.free = logged_salloc, logged_sfree
+            self._logged(c.mamba_pool_host, "s")
         # ---- self-test mutants (never in a real configuration)
         if mut.get("wt_threshold_delta"):
             c._engine.st.meta[L.M_WT_THRESHOLD] += mut["wt_threshold_delta"]
@@ -407,6 +357,25 @@ class FlatSide:
                     c._write_queue = []
             c.flush_pending_backups = flush_each
         c.take_events()
+
+    def _logged(self, pool, tier):
+        """Log every ``pool.alloc`` / ``pool.free`` the cache makes as ``(tier +
+        "alloc" | tier + "free", slots)``; returns the unlogged pair (the driver's
+        own calls)."""
+        alloc, free = pool.alloc, pool.free
+
+        def logged_alloc(n):
+            out = alloc(n)
+            if out is not None:
+                self.log.append((tier + "alloc", np.asarray(out).reshape(-1).tolist()))
+            return out
+
+        def logged_free(idx):
+            self.log.append((tier + "free", np.asarray(idx).reshape(-1).tolist()))
+            return free(idx)
+
+        pool.alloc, pool.free = logged_alloc, logged_free
+        return alloc, free
 
     # -- slots the driver hands to inserts (not logged)
     def alloc_slots(self, n):
