@@ -784,11 +784,14 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 adopted = {ComponentType(c): r for c, r in adopted.items()}
             else:  # only components that adopted something appear (SGLang: {} when none)
                 adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
+        result = InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
+                              duplicate_indices=dup_out, mamba_exist=exist,
+                              swa_branch_inserted=branch_inserted)
         if self._host is not None:
-            self._raise_transfer_error()  # a backup's copy failed: raised once all is done
-        return InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
-                            duplicate_indices=dup_out, mamba_exist=exist,
-                            swa_branch_inserted=branch_inserted)
+            # a backup's copy failed: raised once all is done, carrying the insert's
+            # result (a Mamba caller frees its slot on mamba_exist)
+            self._raise_transfer_error(result)
+        return result
 
     def _swa_params(self, params):
         """``(cursor, swa_branching_seqlen)`` of an ``InsertParams``, validated."""

@@ -9,7 +9,9 @@ eviction takes it: backed up, completed at once, then demoted; host eviction
 then first reclaims the host copies of nodes still on the device) and an
 optional transfer callable that moves the KV bytes (the tree
 only moves indices: ``transfer(kind, device_indices, host_indices)`` with
-``kind`` ``"backup"`` (device -> host) or ``"load"`` (host -> device); without
+``kind`` ``"backup"`` (device -> host) or ``"load"`` (host -> device) for KV
+slots, and on a Mamba cache ``"backup_state"`` / ``"load_state"`` for state
+slots -- a callable written for Full-only caches must refuse those; without
 one no bytes move, which is what trace replays and tests need).
 
 The step-wise protocol is SGLang's: a backup is committed when an insert asks
@@ -49,6 +51,12 @@ from .kernels.slots import slots_free as _k_slots_free
 from .transfer import KVTransfer
 
 _EMPTY = np.empty(0, dtype=np.int64)
+
+
+class _Declined(Exception):
+    """A load-back given up after its slots were taken (they go back)."""
+
+
 #: Largest host pool (tokens), as the device pools' bound.
 MAX_HOST_SIZE = 1 << 40
 
@@ -137,8 +145,12 @@ class HiCacheMixin:
         a state pool of ``S`` states; the ``transfer`` callable then also gets
         ``"backup_state"`` / ``"load_state"`` calls with state slots. Raises
         ``ValueError`` for an unknown policy, a cache with SWA, a Mamba cache
-        with ``mamba_max_states_per_path`` (not built yet), a missing size, or a
-        second call; nothing changes then.
+        with ``mamba_max_states_per_path`` (not built yet), a missing size (or a
+        Mamba host size below 1, or one given to a cache without Mamba), a
+        ``KVTransfer`` whose buffers are smaller than the pools (or without state
+        buffers on a Mamba cache), or a second call; ``TypeError`` for a
+        non-number ratio or size, a non-callable ``transfer``; nothing changes
+        then.
         """
         def arg(name, given):
             if given is not None:
@@ -181,6 +193,10 @@ class HiCacheMixin:
         if self._mamba:
             if mamba_host_size is not None:
                 state_size = as_count(mamba_host_size, "mamba_host_size")
+                if state_size < 1:
+                    raise ValueError("mamba_host_size must be >= 1: every backup of a node "
+                                     "with a state needs a host state slot (with none, nothing "
+                                     "would ever be backed up)")
             elif ratio is not None:
                 states = getattr(self._vals.mamba, "size", None)
                 if not isinstance(states, (int, np.integer)):
@@ -308,11 +324,17 @@ class HiCacheMixin:
             h = self._host_mamba.alloc(1)
         return h
 
-    def _raise_transfer_error(self):
+    def _raise_transfer_error(self, insert_result=None):
         """Raise the first exception a transfer callable raised during this call
-        (the state is consistent: that backup was not committed)."""
+        (the state is consistent: that backup was not committed). An insert's
+        result rides on it as ``insert_result`` (the insert itself is done)."""
         e, self._transfer_error = self._transfer_error, None
         if e is not None:
+            if insert_result is not None:
+                try:
+                    e.insert_result = insert_result
+                except AttributeError:  # an exception type without a __dict__
+                    pass
             raise e
 
     # the request path's inserts back nodes up too: a failed copy is raised at the end
@@ -452,11 +474,15 @@ class HiCacheMixin:
         """SGLang ``inc_host_lock_ref``: pin ``node``'s host copy against host eviction
         (a scheduler pins a match's ``best_match_node`` around ``init_load_back``).
         Returns the receipt (``IncLockRefResult``; ``component_host_lock_uuids``
-        ``{FULL: stamp}``, empty when the node has no host copy: no Full host
-        lock). On a Mamba cache the node's Mamba host lock is taken as well,
-        whatever it holds (SGLang's Mamba component; never the root), and
-        ``dec_host_lock_ref`` releases it with any receipt of this node.
-        ``NodeAccessError`` for a stale id. O(1)."""
+        ``{FULL: stamp}``; empty when the node has no host copy, except under
+        write-back, which pins any node, as SGLang). On a Mamba cache the node's
+        Mamba host lock is taken as well, whatever it holds (SGLang's Mamba
+        component; never the root), and ``dec_host_lock_ref`` releases it with
+        any receipt of this node. A host lock does not keep a device-only node
+        from device eviction (as SGLang's): pin such a node with ``inc_lock_ref``
+        too, or release the receipt before it can be evicted (a release on a
+        deleted node raises ``NodeAccessError``). ``NodeAccessError`` for a stale
+        id. O(1)."""
         nid = as_node_id(node, "node")
         with self._mutex:
             stamp = 0
@@ -597,9 +623,14 @@ class HiCacheMixin:
         > 0``. Returns ``(loaded_tokens, node)``: the best match node when Full
         tokens were loaded, else ``(0, params.req.last_node)`` (the request's device
         match; ``params.req`` may be None, then the best match node's id is
-        returned with 0). On a Mamba cache the count is SGLang's: the Full device
-        tokens from the best node up to ``req.last_node`` once the load is in (a
-        load of the best node's state alone counts the nodes it made usable)."""
+        returned with 0). On a Mamba cache with ``req.last_node`` given, the count is
+        SGLang's: the Full device tokens from the best node up to it once the load
+        is in (a load of the best node's state alone counts the nodes it made
+        usable); without one, the Full tokens loaded. Checked before any change:
+        ``req.last_node`` (``NodeAccessError`` when stale) and, on a Mamba cache,
+        ``req.kv.mamba_pool_idx`` (None, or a slot the request holds: handed out
+        by the state allocator and not held by the tree; ``ValueError`` /
+        ``TypeError`` otherwise)."""
         self._check_host("init_load_back")
         if type(params) is not InitLoadBackParams and not (
                 hasattr(params, "best_match_node") and hasattr(params, "host_hit_length")):
@@ -611,22 +642,24 @@ class HiCacheMixin:
         if quota is not None:
             quota = as_count(quota, "params.mem_quota")
         req = getattr(params, "req", None)
-        last = getattr(req, "last_node", None) if req is not None else None
-        if last is None:
-            last = best
+        given_last = getattr(req, "last_node", None) if req is not None else None
+        if given_last is not None:
+            given_last = as_node_id(given_last, "params.req.last_node")
+            self._slot(given_last, "params.req.last_node")  # NodeAccessError when stale
+        last = best if given_last is None else given_last
         state_hit = 0
         if self._host_mamba is not None and req is not None:
             state_hit = as_count(getattr(req, "mamba_host_hit_length", 0) or 0,
                                  "params.req.mamba_host_hit_length")
-            self._check_load_req(req)
+            self._check_load_req(req, "params.req")
         # a load when the best node is host-only or a hit is positive; with no
         # hit, a best node on the device (no units to load) is left as it is
         n, done = self._load(best, quota, "params.best_match_node",
                              hit == 0 and state_hit == 0, req)
-        if done and self._host_mamba is not None:
+        if done and self._host_mamba is not None and given_last is not None:
             # SGLang counts the Full device tokens from the best node up to the
             # request's device node once the load is in (a state-only load too)
-            n = self._path_units(best, last)
+            n = self._path_units(best, given_last)
         if n > 0:
             return n, best
         return 0, last
@@ -659,12 +692,16 @@ class HiCacheMixin:
             self._check_load_req(req)
         return self._load(node, mem_quota, req=req)[1]
 
-    @staticmethod
-    def _check_load_req(req):
+    def _check_load_req(self, req, name="req"):
+        """A Mamba load-back's request, checked before any change: ``.kv`` with
+        ``mamba_pool_idx`` None or one state slot the request holds (handed out by
+        the state allocator, not one the tree holds)."""
         kv = getattr(req, "kv", None)
         if kv is None or not hasattr(kv, "mamba_pool_idx"):
-            raise ValueError("req: a Mamba load-back needs a request with a .kv holding "
+            raise ValueError(f"{name}: a Mamba load-back needs a request with a .kv holding "
                              "mamba_pool_idx (SGLang's Req)")
+        if kv.mamba_pool_idx is not None:  # in the pool, handed out, not the tree's
+            self._vals.mamba_slot(kv.mamba_pool_idx, f"{name}.kv.mamba_pool_idx")
 
     @staticmethod
     def _holds_state(kv):
@@ -733,19 +770,22 @@ class HiCacheMixin:
                         dev = dev.cpu().numpy()
                     dev = np.ascontiguousarray(dev, dtype=np.int64)
                 dstate = -1
-                if restore:
-                    d = self._state_device_alloc()
-                    if d is None:  # SGLang's rollback: the Full slots go back
-                        if units:
-                            self._vals.free(dev)
-                        return 0, False
-                    dstate = d
-                if not self._load_copies(units, dev, host, slot, dstate, kv):
+                try:  # from here the load's own slots go back if it is not made
+                    if restore:
+                        d = self._state_device_alloc()  # may evict (and raise)
+                        if d is None:  # SGLang's rollback: the Full slots go back
+                            raise _Declined
+                        dstate = d
+                    if not self._load_copies(units, dev, host, slot, dstate, kv):
+                        self._raise_transfer_error()
+                except BaseException as e:
                     if units:
                         self._vals.free(dev)
                     if dstate >= 0:
                         self._vals.free_mamba(np.array([dstate], dtype=np.int64))
-                    self._raise_transfer_error()
+                    if isinstance(e, _Declined):
+                        return 0, False
+                    raise
                 load_id = nid if units else 0
                 st, _ = eng.call(K.load_commit, nid, dev, load_id, dstate)
                 assert st == L.OK, st

@@ -4,7 +4,8 @@ names between device KV buffers and host KV buffers.
 The tree moves slot indices only. ``init_hicache(transfer=f)`` calls
 ``f(kind, device_indices, host_indices)`` before it commits each backup
 (``kind == "backup"``: device -> host) and each load-back (``"load"``: host ->
-device); when ``f`` raises, nothing of that copy is committed. ``KVTransfer``
+device) of KV slots, and on a Mamba cache of state slots (``"backup_state"`` /
+``"load_state"``); when ``f`` raises, nothing of that copy is committed. ``KVTransfer``
 is such an ``f`` over the engine's own buffers (SGLang's role:
 ``HiCacheController`` with its host pool's ``backup_from_device_all_layer`` /
 ``load_to_device_per_layer``), synchronous: every copy is complete when the

@@ -461,3 +461,88 @@ def test_state_bytes_survive_backup_demote_and_load_back_with_kvtransfer():
     for slot in (node_slot, int(req.kv.mamba_pool_idx)):
         assert (conv[slot] == 7.5).all() and (temporal[slot] == 2.0).all()
     assert (t.loaded_states, t.backed_up_states) == (2, 1)
+
+
+# ---------------------------------------------------------------------- fresh-user findings
+def test_a_load_whose_state_eviction_raises_gives_its_full_slots_back():
+    """(helper-25) The state pool full: restoring the state evicts one, and that
+    eviction raises (here: a step-wise round is open); the load's Full device slots,
+    taken before, go back with its pins."""
+    env = Env(policy="write_back", states=3, pool=24)
+    c = env.cache
+    env.ins(range(1, 9))
+    c.evict(EvictParams(num_tokens=8, mamba_num=1))       # backed up, demoted
+    env.ins(range(20, 24))
+    while env.ma.available_size():
+        env.caller.append(int(env.ma.alloc(1)[0]))
+    m = env.match(range(1, 9))
+    c.evict_device_start(FULL, 1)
+    with pytest.raises(RuntimeError, match="already in progress"):
+        c.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length, None,
+                                            env.req(m, env.caller[0])))
+    c.evict_device_end(FULL)
+    assert c.protected_size() == 0 and c.mamba_protected_size() == 0
+    env.partition()
+
+
+def test_load_back_request_fields_are_checked_before_any_change():
+    env = Env()
+    backed(env, range(1, 9))
+    env.cache.evict(EvictParams(num_tokens=8, mamba_num=1))
+    env.ins(range(30, 34))
+    m = env.match(range(1, 9))
+    tree_slot = env.cache.all_mamba_values_flatten().tolist()[0]
+    before = env.cache._snapshot()
+    for idx, err, what in ((tree_slot, ValueError, "already cached by the tree"),
+                           ("x", TypeError, "mamba_pool_idx"), (999, ValueError, "outside"),
+                           (np.array([2, 3]), ValueError, "mamba_pool_idx")):
+        with pytest.raises(err, match=what):
+            env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                        None, env.req(m, idx)))
+    bad = env.req(m)
+    bad.last_node = "bad"
+    with pytest.raises(TypeError, match="last_node"):
+        env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                    None, bad))
+    same_state(before, env.cache._snapshot())
+    # without a request the count is the Full tokens loaded, as on a Full-only cache
+    assert env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length)) \
+        == (8, m.best_match_node)
+    env.cache.check_hicache_events()
+    env.partition()
+
+
+def test_a_failed_backup_copy_in_an_insert_carries_the_insert_result():
+    boom = [False]
+
+    def transfer(kind, dev, host):
+        if boom[0] and kind == "backup":
+            raise OSError("DMA error")
+
+    alloc = TokenToKVPoolAllocator(32)
+    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool)
+    cache.init_hicache(host_size=16, mamba_host_size=4, transfer=transfer,
+                       hicache_write_policy="write_through_selective")
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=alloc.alloc(4),
+                              mamba_value=pool.mamba_allocator.alloc(1)))   # hit 1
+    boom[0] = True
+    st = pool.mamba_allocator.alloc(1)
+    with pytest.raises(OSError) as e:   # hit 2: the backup's copy fails
+        cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=alloc.alloc(4),
+                                  mamba_value=st))
+    assert e.value.insert_result.mamba_exist      # the node had a state: st is ours
+    pool.mamba_allocator.free(st)
+    assert pool.mamba_allocator.available_size() == 3
+    cache.sanity_check()
+
+
+def test_a_zero_mamba_host_pool_is_refused():
+    alloc = TokenToKVPoolAllocator(32)
+    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool)
+    with pytest.raises(ValueError, match="mamba_host_size must be >= 1"):
+        cache.init_hicache(host_size=16, mamba_host_size=0)
+    assert not cache.enable_hicache
