@@ -546,3 +546,144 @@ def test_a_zero_mamba_host_pool_is_refused():
     with pytest.raises(ValueError, match="mamba_host_size must be >= 1"):
         cache.init_hicache(host_size=16, mamba_host_size=0)
     assert not cache.enable_hicache
+
+
+# ---------------------------------------------------------------------- hypothesis machine
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+_BASES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [5, 5, 6, 6, 7, 7, 8, 8], [4, 3, 2, 1])
+
+
+class MambaHostTierMachine(RuleBasedStateMachine):
+    """The Mamba host tier under a random schedule (every write policy): inserts with
+    states, matches with locks, host locks and load-backs (the request holding no
+    slot, or its own), whole and step-wise evictions of both components, host
+    eviction of both, and the ack calls at arbitrary points (acks late and
+    interleaved). Invariant after every step: all four pools partition exactly
+    (``Env.partition``: KV and state slots on both tiers) and ``sanity_check()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.env = None
+
+    @rule(policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+          host=st.sampled_from([6, 12, 40]), host_states=st.sampled_from([1, 2, 6]),
+          page=st.sampled_from([1, 2]))
+    @precondition(lambda self: self.env is None)
+    def build(self, policy, host, host_states, page):
+        self.env = Env(states=5, pool=24, host=host * page, host_states=host_states,
+                       policy=policy, page=page)
+        self.locks, self.hlocks = [], []
+
+    def _toks(self, b, cut):
+        t = _BASES[b][:cut]
+        return t[:len(t) - len(t) % self.env.cache.page_size]
+
+    @rule(b=st.integers(0, 3), cut=st.integers(1, 8))
+    @precondition(lambda self: self.env is not None)
+    def insert(self, b, cut):
+        env, c = self.env, self.env.cache
+        toks = self._toks(b, cut)
+        if not toks:
+            return
+        if env.ma.available_size() == 0:
+            c.evict(EvictParams(num_tokens=0, mamba_num=1))
+        if env.alloc.available_size() < len(toks):
+            c.evict(EvictParams(num_tokens=len(toks)))
+        if env.ma.available_size() and env.alloc.available_size() >= len(toks):
+            env.ins(toks)
+
+    @rule(b=st.integers(0, 3), cut=st.integers(1, 8), what=st.sampled_from(
+        ["lock", "hlock", "load", "load_own"]))
+    @precondition(lambda self: self.env is not None)
+    def match(self, b, cut, what):
+        env, c = self.env, self.env.cache
+        toks = self._toks(b, cut)
+        if not toks:
+            return
+        own = None
+        if what == "load_own" and env.ma.available_size():
+            own = int(env.ma.alloc(1)[0])     # the request holds a slot (before the match)
+        m = env.match(toks)
+        if what == "lock" and len(self.locks) < 3:
+            self.locks.append((m.last_device_node, c.inc_lock_ref(m.last_device_node)))
+        elif what == "hlock" and len(self.hlocks) < 2:
+            rec = c.inc_host_lock_ref(m.best_match_node)
+            if rec.component_host_lock_uuids:
+                self.hlocks.append((m.best_match_node, rec))
+            else:  # nothing pinned on the Full side: the node may go, release now
+                c.dec_host_lock_ref(m.best_match_node, rec)
+        elif what.startswith("load") and (m.host_hit_length or m.mamba_host_hit_length):
+            req = env.req(m, own)
+            if own is not None or env.ma.available_size() or c.mamba_evictable_size():
+                c.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                    None, req))
+            if req.kv.mamba_pool_idx is not None:  # the request ends: its slot goes
+                env.ma.free(np.asarray([int(req.kv.mamba_pool_idx)]))
+                own = None
+        if own is not None:
+            env.ma.free(np.asarray([own]))
+
+    @rule(i=st.integers(0, 2), host=st.booleans())
+    @precondition(lambda self: self.env is not None and (self.locks or self.hlocks))
+    def release(self, i, host):
+        c = self.env.cache
+        if host and self.hlocks:
+            nid, rec = self.hlocks.pop(i % len(self.hlocks))
+            c.dec_host_lock_ref(nid, rec)
+        elif self.locks:
+            nid, rec = self.locks.pop(i % len(self.locks))
+            c.dec_lock_ref(nid, rec.to_dec_params())
+
+    @rule(n=st.integers(0, 12), states=st.integers(0, 3), stepwise=st.booleans())
+    @precondition(lambda self: self.env is not None)
+    def evict(self, n, states, stepwise):
+        env, c = self.env, self.env.cache
+        if not stepwise:
+            c.evict(EvictParams(num_tokens=n, mamba_num=states))
+            return
+        c.evict_device_start(MAMBA, states)  # the controller frees what each step names
+        try:
+            while True:
+                step = c.evict_device_next_node(MAMBA)
+                if len(step.freed_indices):
+                    env.alloc.free(step.freed_indices)
+                if step.mamba_freed_indices is not None and len(step.mamba_freed_indices):
+                    env.ma.free(step.mamba_freed_indices)
+                if not step.made_progress:
+                    break
+        finally:
+            c.evict_device_end(MAMBA)
+
+    @rule(n=st.integers(1, 8), states=st.booleans())
+    @precondition(lambda self: self.env is not None)
+    def evict_host(self, n, states):
+        self.env.cache.evict_host(n, MAMBA if states else FULL)
+
+    @rule(what=st.sampled_from(["flush", "wcheck", "ready", "lcheck", "step"]),
+          k=st.integers(0, 2))
+    @precondition(lambda self: self.env is not None)
+    def acks(self, what, k):
+        c = self.env.cache
+        if what == "flush":
+            c.flush_pending_backups()
+        elif what == "wcheck":
+            c.writing_check(finish_count=k)
+        elif what == "ready":
+            c.ready_to_load_host_cache()
+        elif what == "lcheck":
+            c.loading_check(finish_count=k)
+        else:
+            c.check_hicache_events()
+
+    @invariant()
+    def partitioned(self):
+        if self.env is not None:
+            self.env.partition()
+
+
+MambaHostTierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
+                                                  deadline=None)
+TestMambaHostTierMachine = MambaHostTierMachine.TestCase
