@@ -501,12 +501,14 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 # after the insert: a refused call changes nothing
                 eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
             out = eng.out
-            backups = None
+            backups = path_cap = None
             if self._host is not None:  # backups run amid the rows (engine calls): copy out
                 out = eng.out[:max(n if want_path else 0, int(eng.meta[L.M_NOUT]))].copy()
                 backups = self._run_backup
+                path_cap = self._run_path_cap
             freed = execute(eng.actions(), out, value, self._vals, self._sink,
-                            keep_own=keep_own, adopted=adopted, backups=backups)
+                            keep_own=keep_own, adopted=adopted, backups=backups,
+                            path_cap=path_cap)
             path = out[:n] if want_path else None
         return plen, target, freed, path, adopted, bool(exist)
 

@@ -30,7 +30,7 @@ assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
 
 
 def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None,
-            host=None, backups=None, host_mamba=None):
+            host=None, backups=None, host_mamba=None, path_cap=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -51,7 +51,8 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     (``AssertionError``: a host slot is never dropped); ``backups``: called with the node slot of
     each ``A_BACKUP`` row when the row is reached (the façade backs the node up
     there, as SGLang's insert does at that barrier; it makes engine calls, so
-    ``out`` must then be a copy). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
+    ``out`` must then be a copy); ``path_cap``: called with the node slot of an
+    ``A_PATH_CAP`` row (the façade runs the Mamba per-path cap there). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
 
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.
@@ -74,6 +75,11 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
         if kind == A.A_BACKUP:
             if backups is not None:  # run now: its events fall at the walk's position
                 backups(off, aux)
+            continue
+        if kind == A.A_PATH_CAP:
+            if path_cap is None:
+                raise AssertionError("A_PATH_CAP row with no path_cap callable given")
+            path_cap(off)
             continue
         if kind == A.A_ADOPTED:
             if adopted is not None:

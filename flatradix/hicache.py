@@ -1,7 +1,7 @@
 """HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
 
 Full attention, and Full + Mamba (spec §6.3 HiCache notes): SWA is refused
-(``ValueError``), and so is Mamba with ``mamba_max_states_per_path``.
+(``ValueError``).
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
 first hit, ``write_through_selective`` at its second, ``write_back`` only when
@@ -144,8 +144,7 @@ class HiCacheMixin:
         ``hicache_ratio`` as SGLang's ``MambaPoolHost``: ``int(S * ratio) + 1`` for
         a state pool of ``S`` states; the ``transfer`` callable then also gets
         ``"backup_state"`` / ``"load_state"`` calls with state slots. Raises
-        ``ValueError`` for an unknown policy, a cache with SWA, a Mamba cache
-        with ``mamba_max_states_per_path`` (not built yet), a missing size (or a
+        ``ValueError`` for an unknown policy, a cache with SWA, a missing size (or a
         Mamba host size below 1, or one given to a cache without Mamba), a
         ``KVTransfer`` whose buffers are smaller than the pools (or without state
         buffers on a Mamba cache), or a second call; ``TypeError`` for a
@@ -164,10 +163,6 @@ class HiCacheMixin:
         if self._swa:
             raise ValueError("init_hicache: the host tier supports Full and Full + Mamba "
                              f"caches for now; this cache has components {self.components}")
-        if self._mamba and self.mamba_max_states_per_path != -1:
-            raise ValueError("init_hicache: mamba_max_states_per_path with the host tier is "
-                             "not supported yet (its eviction must run between the insert's "
-                             f"backups); this cache has {self.mamba_max_states_per_path}")
         if self._host is not None:
             raise ValueError("init_hicache: the host tier is already on")
         ratio = arg("hicache_ratio", hicache_ratio)
@@ -424,6 +419,18 @@ class HiCacheMixin:
             assert st == L.OK, st
             self.ongoing_write_through[cid] = cid
             self._write_queue.append(cid)
+
+    def _run_path_cap(self, s):
+        """An insert's ``A_PATH_CAP`` row (Mamba's per-path cap with the host tier, at
+        its place among the insert's backups, as SGLang's action): the cap's
+        tombstones, their state slots freed. Under the cache lock."""
+        eng = self._engine
+        while True:
+            st, _ = K.path_cap(*eng.st, s, eng.out, eng.acts)
+            if st == L.OK:
+                break
+            eng.grow()
+        execute(eng.actions(), eng.out, None, self._vals, self._sink)
 
     def flush_pending_backups(self):
         """Submit the queued backups as one transfer with one ack (SGLang

@@ -297,10 +297,6 @@ def test_bad_input_is_refused_before_any_change():
     assert (cache.mem_pool_host.size, cache.mamba_pool_host.size) == (129, 9)  # 4 * 2 + 1
     with pytest.raises(ValueError, match="component_type"):
         cache.evict_host(1, ComponentType.SWA)
-    capped = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
-                               req_to_token_pool=pool, mamba_max_states_per_path=2)
-    with pytest.raises(ValueError, match="mamba_max_states_per_path"):
-        capped.init_hicache(host_size=8, mamba_host_size=4)
     plain = UnifiedRadixCache(token_to_kv_pool_allocator=TokenToKVPoolAllocator(8))
     with pytest.raises(ValueError, match="no Mamba"):
         plain.init_hicache(host_size=8, mamba_host_size=4)
@@ -461,6 +457,42 @@ def test_state_bytes_survive_backup_demote_and_load_back_with_kvtransfer():
     for slot in (node_slot, int(req.kv.mamba_pool_idx)):
         assert (conv[slot] == 7.5).all() and (temporal[slot] == 2.0).all()
     assert (t.loaded_states, t.backed_up_states) == (2, 1)
+
+
+def test_the_per_path_cap_runs_after_the_walks_backups():
+    """SGLang defers MambaEvictExcessPathStates behind the insert's walk backups:
+    a walked node's backup copies its state before the cap drops it from the device."""
+    alloc = TokenToKVPoolAllocator(32)
+    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    ma = pool.mamba_allocator
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool, mamba_max_states_per_path=1)
+    cache.init_hicache(host_size=16, mamba_host_size=4,
+                       hicache_write_policy="write_through_selective")
+    a = alloc.alloc(2)
+    cache.insert(InsertParams(key=RadixKey([1, 2]), value=a,
+                              mamba_value=ma.alloc(1)))            # A: hit 1, a state
+    v = np.concatenate([np.asarray(a), np.asarray(alloc.alloc(2))])  # A's own slots + 2
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=v,
+                              mamba_value=ma.alloc(1), prev_prefix_len=2))
+    # the walk counted A's second hit: its backup ran first, with the state, and locks
+    # A until its ack; then the new leaf took its state and the cap (1 a path) skipped
+    # A (locked: the cap is soft). Had the cap run first, A's state would be gone and
+    # its backup without one.
+    cache.check_hicache_events()
+    assert cache.mamba_host_total_size() == 1
+    assert len(cache.all_mamba_values_flatten()) == 2 and ma.available_size() == 2
+    cache.sanity_check()
+    # the next insert below the leaf: now the cap drops A's state (unlocked, one child);
+    # its host copy stays, in the host LRU
+    v = np.concatenate([np.asarray(cache.match_prefix(MatchPrefixParams(
+        key=RadixKey([1, 2, 3, 4]))).device_indices), np.asarray(alloc.alloc(2))])
+    cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4, 5, 6]), value=v,
+                              mamba_value=ma.alloc(1), prev_prefix_len=4))
+    cache.check_hicache_events()
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2])))
+    assert (m.device_prefix_len, m.mamba_host_hit_length) == (0, 1)
+    cache.sanity_check()
 
 
 # ---------------------------------------------------------------------- fresh-user findings

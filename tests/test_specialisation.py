@@ -129,7 +129,8 @@ WORKLOAD = textwrap.dedent("""
         rtp = F.HybridReqToTokenPool(8, 512, mamba_size=16, enable_mamba_extra_buffer=extra)
         c = F.UnifiedRadixCache(page_size=page, tree_components=(CT.FULL, CT.MAMBA),
                                 token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp,
-                                enable_mamba_extra_buffer=extra, enable_kv_cache_events=True)
+                                enable_mamba_extra_buffer=extra, enable_kv_cache_events=True,
+                                mamba_max_states_per_path=4)
         c.init_hicache(host_size=4096, mamba_host_size=16, load_back_threshold=1,
                        transfer=lambda kind, dev, host: None)
         toks = list(range(1, 4 * page + 1))

@@ -53,10 +53,11 @@ from ..kernels._jit import helper
 from ..kernels.actions import A_FREE_HOST, A_FREE_SLOT, SRC_OUT, emit
 from ..kernels.layout import (
     E_LOCK_UNDERFLOW, F_HAS, FLAGS, HOST, LAST_ACCESS, LOCK_REF, LRU_MAMBA, LRU_MAMBA_HOST,
+    LRU_NEXT,
     M_EVICTABLE, M_MAMBA_HOST_TOTAL, M_MAMBA_PATH_CAP, M_NOUT, M_PROTECTED, M_TOTAL, MAMBA,
     MAMBA_HOST_SLOT, MAMBA_SLOT, N_TIERS, NCHILD, NIL, OK, PARENT, ROOT,
 )
-from ..kernels.lru import lru_in_list, lru_move_to_front, lru_push_front, lru_remove
+from ..kernels.lru import lru_head, lru_in_list, lru_move_to_front, lru_push_front, lru_remove
 from ..kernels.order import fix
 from ..kernels.state import tick
 
@@ -192,6 +193,7 @@ def evict_excess_path_states(nodes, meta, tail, out, acts):
     keep = max(eligible - excess, 0)
     lo = meta[M_NOUT]
     dropped = 0
+    joined = 0
     s = tail
     while s != ROOT:
         p = nodes[s, PARENT]
@@ -199,9 +201,18 @@ def evict_excess_path_states(nodes, meta, tail, out, acts):
             if keep > 0:
                 keep -= 1
             else:
+                joined += 1 if has_host(nodes, s) else 0
                 evict_component(nodes, meta, s, out, acts)
                 dropped += 1
         s = p
+    if joined > 1:
+        # host copies joined the host LRU deepest first; SGLang drops (and joins)
+        # shallowest first: reverse the block they form at the host LRU's MRU end
+        x = nodes[lru_head(LRU_MAMBA_HOST), LRU_NEXT + LRU_MAMBA_HOST]
+        for _ in range(joined):
+            nxt = nodes[x, LRU_NEXT + LRU_MAMBA_HOST]
+            lru_move_to_front(nodes, LRU_MAMBA_HOST, x)
+            x = nxt
     hi = meta[M_NOUT] - 1
     while lo < hi:  # the emitted row(s) are one run of out: shallowest first
         t = out[lo]

@@ -33,7 +33,11 @@ A_ADOPTED              a report, nothing to execute: the insert took ownership o
 A_FREE_HOST            free host pool slots of ``comp`` (``FreeComponentHostSlot``)
 A_BACKUP               HiCache write-through: back up the node in slot ``off`` and its
                        unbacked ancestors, ancestors first (``BackupKV``); run after the
-                       call, in row order
+                       call, in row order (``aux`` ``BACKUP_NO_STATE``: without the
+                       node's Mamba state)
+A_PATH_CAP             HiCache + Mamba per-path cap: run ``MambaEvictExcessPathStates``
+                       for the node in slot ``off`` when the row is reached (after the
+                       walk's backups, before the new leaf's, as SGLang's action)
 =====================  ===================================================================
 
 Consecutive rows of the same free kind, component and source over adjacent
@@ -67,6 +71,7 @@ A_REMOVED = 6
 A_ADOPTED = 7
 A_FREE_HOST = 8
 A_BACKUP = 9
+A_PATH_CAP = 10
 ACTION_NAMES = {A_FREE_KV: "FreeDeviceKV", A_FREE_KV_FULL_ONLY: "FreeDeviceKVFullOnly",
                 A_FREE_SLOT: "FreeComponentDeviceSlot", A_SWA_RECOVER_LOCKED: "RecoverSWAWithLockedFull",
                 A_STORED: "BlockStored", A_REMOVED: "BlockRemoved", A_ADOPTED: "adopted range",

@@ -526,6 +526,28 @@ def finish_state_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
 
 
 @kernel
+def path_cap(nodes, ctab, pool, heap, meta, slot, out, acts):
+    """SGLang's ``MambaEvictExcessPathStates`` for the live node in ``slot``, run
+    where an insert's ``A_PATH_CAP`` row stands (with the host tier the cap runs
+    after the walk's backups, before the new leaf's): ``mamba.evict_excess_path_states``
+    (a host copy of a dropped state stays). Returns ``(status, states dropped)``;
+    ``E_CAPACITY`` (``meta[M_NEED_*]``) when ``out`` / ``acts`` cannot hold one row
+    and value per node of the path, nothing changed."""
+    acts_begin(meta, 0)
+    if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
+        return OK, 0
+    k = 0
+    a = slot
+    while a != ROOT:
+        k += 1
+        a = nodes[a, PARENT]
+    if not acts_room(acts, out, meta, k, k):
+        need(meta, 0, 0, k, k)
+        return E_CAPACITY, 0
+    return OK, mamba.evict_excess_path_states(nodes, meta, slot, out, acts)
+
+
+@kernel
 def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Demote node ``nid`` now that its write-back backup is done (SGLang
     ``demote``): it must be an evictable device leaf with a host copy

@@ -3,11 +3,11 @@
 from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import (
-    A_ADOPTED, A_BACKUP, A_FREE_KV, A_STORED, ACT_AUX, MEDIUM_GPU, SRC_IN, SRC_POOL, acts_begin,
-    emit,
+    A_ADOPTED, A_BACKUP, A_FREE_KV, A_PATH_CAP, A_STORED, ACT_AUX, MEDIUM_GPU, SRC_IN, SRC_POOL,
+    acts_begin, emit,
 )
 from .layout import (
-    C_MAMBA, C_SWA, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
+    C_MAMBA, C_SWA, E_BAD_VALUE, MAMBA, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
     F_HAS_FULL_HOST, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
     M_COMPONENTS, M_EVENTS, M_HOST, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, M_WT_THRESHOLD, OK,
     M_NACTS, PRIORITY, ROOT, VALUES_UNCHECKED, WT_PENDING,
@@ -168,6 +168,7 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         node = child
     prefix_len = length
     target = node
+    leaf_backup = False
     if length < n:
         walk_backup = -1  # the walk's last node is not the target
         target = add_leaf(nodes, ctab, pool, heap, meta, node, ns, key, value, length, n, priority)
@@ -187,14 +188,21 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         if n > inserted_len and count_hits:
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
-            if backup_on and _wants_backup(nodes, meta, target):
-                emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
+            leaf_backup = backup_on and _wants_backup(nodes, meta, target)
     exist = 0
     if mamba_on:
         exist = 1 if mamba.commit_insert_component_data(nodes, heap, meta, target,
                                                         target != node, mamba_slot) else 0
         if not exist:  # a state was attached: SGLang's MambaEvictExcessPathStates
-            mamba.evict_excess_path_states(nodes, meta, target, out, acts)
+            if host_on and meta[M_MAMBA_PATH_CAP] >= 0:
+                # with the host tier it runs as SGLang's action: after the walk's
+                # backups (they may copy a state it drops), before the leaf's
+                emit(acts, meta, A_PATH_CAP, MAMBA, SRC_POOL, target, 0, 0)
+            else:
+                mamba.evict_excess_path_states(nodes, meta, target, out, acts)
+    if leaf_backup:  # SGLang's tail step: the new leaf's backup comes last
+        emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
+    if mamba_on:
         if walk_backup >= 0:
             # SGLang runs a walked node's backup at its barrier, before the commit gave
             # the target its state: that backup leaves the state out (the row's aux),

@@ -199,6 +199,11 @@ CONFIGS = {
                             device=16, host=20, max_pages=6, lbt=1, mamba=6),
     "p4-mamba-wb-lfu": dict(page_size=4, policy="lfu", write_policy="write_back",
                             device=16 * 4, host=12 * 4, max_pages=6, lbt=1, mamba=8, chunk=4),
+    # the per-path state cap (mamba_max_states_per_path) with the host tier
+    "p1-mamba-cap2-wt-lru": dict(page_size=1, policy="lru", write_policy="write_through",
+                                 device=24, host=24, max_pages=8, lbt=1, mamba=8, path_cap=2),
+    "p1-mamba-cap1-wb-lru": dict(page_size=1, policy="lru", write_policy="write_back",
+                                 device=24, host=24, max_pages=8, lbt=1, mamba=8, path_cap=1),
 }
 
 # Self-test: deliberately wrong flatradix façades (FlatSide applies ``mutant``); each
@@ -267,7 +272,8 @@ class FlatSide:
             self._malloc, self._mfree = self._logged(self.malloc, "m")
             extra = dict(tree_components=(CT.FULL, CT.MAMBA), req_to_token_pool=self.rtp,
                          mamba_cache_chunk_size=cfg.get("chunk", 8),
-                         enable_mamba_extra_buffer=P > 1)
+                         enable_mamba_extra_buffer=P > 1,
+                         mamba_max_states_per_path=cfg.get("path_cap", -1))
         self.cache = c = flatradix.UnifiedRadixCache(
             page_size=P, eviction_policy=cfg["policy"], token_to_kv_pool_allocator=self.alloc,
             enable_kv_cache_events=True,
@@ -552,7 +558,8 @@ class SglSide:
         self.core = core
         self.h = SglHiCache(core, cfg["page_size"], cfg["device"], cfg["host"],
                             cfg["write_policy"], cfg["policy"], cfg["lbt"],
-                            mamba_states=cfg.get("mamba", 0), chunk=cfg.get("chunk", 8))
+                            mamba_states=cfg.get("mamba", 0), chunk=cfg.get("chunk", 8),
+                            path_cap=cfg.get("path_cap", -1))
         self.mamba = self.h.mamba
         self.cache = self.h.cache
         self._d2h = self._h2d = 0

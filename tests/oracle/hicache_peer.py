@@ -177,7 +177,8 @@ class SglHiCache:
     """SGLang's cache + pools + controller, and the calls a scheduler makes."""
 
     def __init__(self, core, page_size, device_tokens, host_tokens, write_policy,
-                 eviction_policy="lru", load_back_threshold=None, mamba_states=0, chunk=8):
+                 eviction_policy="lru", load_back_threshold=None, mamba_states=0, chunk=8,
+                 path_cap=-1):
         S = self.S = sgl()
         import torch
 
@@ -199,7 +200,15 @@ class SglHiCache:
             from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
             from sglang.srt.runtime_context import get_server_args
 
+            from sglang.srt.runtime_context import get_exec
+
             get_server_args()._mamba_cache_chunk_size = chunk
+            # the per-path state cap (-1: off), as a launcher sets it (both cores read it
+            # at construction)
+            S.get_context().override("flatradix-hicache-oracle-mamba",
+                                     mamba_max_states_per_path=path_cap)
+            if get_exec().mamba.mamba_max_states_per_path != path_cap:
+                raise RuntimeError(f"mamba_max_states_per_path did not become {path_cap}")
             shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
                                             num_heads=1, head_dim=2, state_size=1,
                                             conv_kernel=2)

@@ -36,7 +36,7 @@ TIMEOUT_S = int(os.environ.get("FLATRADIX_ORACLE_TIMEOUT", "900"))
 CONFIGS = ("p1-wt-lru", "p1-wt-lru-t10", "p4-wt-lru", "p2-wts-lru", "p2-wts-lru-t10",
            "p1-wt-lfu", "p4-wt-fifo", "p1-wb-lru", "p4-wb-lru", "p2-wb-lfu-t10",
            "p1-mamba-wt-lru", "p1-mamba-wts-lfu", "p1-mamba-wt-lru-t10", "p4-mamba-wt-fifo",
-           "p1-mamba-wb-lru", "p4-mamba-wb-lfu")
+           "p1-mamba-wb-lru", "p4-mamba-wb-lfu", "p1-mamba-cap2-wt-lru", "p1-mamba-cap1-wb-lru")
 MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-host-evict",
            "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop",
            "insert-host-as-write-back", "mamba-no-state-backup", "mamba-host-hit-zero",
