@@ -773,6 +773,24 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 _BASES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [5, 5, 6, 6, 7, 7, 8, 8], [4, 3, 2, 1])
+#: The ack protocol's calls a machine makes at arbitrary points (``ack``).
+ACK_CALLS = ("flush", "wcheck", "ready", "lcheck", "step")
+
+
+def ack(c, what, k):
+    """One ack-protocol call on cache ``c``: ``flush_pending_backups``,
+    ``writing_check(finish_count=k)``, ``ready_to_load_host_cache``,
+    ``loading_check(finish_count=k)`` or ``check_hicache_events``."""
+    if what == "flush":
+        c.flush_pending_backups()
+    elif what == "wcheck":
+        c.writing_check(finish_count=k)
+    elif what == "ready":
+        c.ready_to_load_host_cache()
+    elif what == "lcheck":
+        c.loading_check(finish_count=k)
+    else:
+        c.check_hicache_events()
 
 
 class HostTierMachine(RuleBasedStateMachine):
@@ -875,21 +893,10 @@ class HostTierMachine(RuleBasedStateMachine):
         r = self.cache.insert_host(anchor, RadixKey(toks[a:a + n]), h)
         self.cache.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
 
-    @rule(what=st.sampled_from(["flush", "wcheck", "ready", "lcheck", "step"]),
-          k=st.integers(0, 2))
+    @rule(what=st.sampled_from(ACK_CALLS), k=st.integers(0, 2))
     @precondition(lambda self: self.cache is not None)
     def acks(self, what, k):
-        c = self.cache
-        if what == "flush":
-            c.flush_pending_backups()
-        elif what == "wcheck":
-            c.writing_check(finish_count=k)
-        elif what == "ready":
-            c.ready_to_load_host_cache()
-        elif what == "lcheck":
-            c.loading_check(finish_count=k)
-        else:
-            c.check_hicache_events()
+        ack(self.cache, what, k)
 
     @invariant()
     def partitioned(self):

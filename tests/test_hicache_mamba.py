@@ -585,7 +585,7 @@ from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
-_BASES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [5, 5, 6, 6, 7, 7, 8, 8], [4, 3, 2, 1])
+from .test_hicache import _BASES, ACK_CALLS, ack  # noqa: E402  (the Full machine's)
 
 
 class MambaHostTierMachine(RuleBasedStateMachine):
@@ -694,21 +694,10 @@ class MambaHostTierMachine(RuleBasedStateMachine):
     def evict_host(self, n, states):
         self.env.cache.evict_host(n, MAMBA if states else FULL)
 
-    @rule(what=st.sampled_from(["flush", "wcheck", "ready", "lcheck", "step"]),
-          k=st.integers(0, 2))
+    @rule(what=st.sampled_from(ACK_CALLS), k=st.integers(0, 2))
     @precondition(lambda self: self.env is not None)
     def acks(self, what, k):
-        c = self.env.cache
-        if what == "flush":
-            c.flush_pending_backups()
-        elif what == "wcheck":
-            c.writing_check(finish_count=k)
-        elif what == "ready":
-            c.ready_to_load_host_cache()
-        elif what == "lcheck":
-            c.loading_check(finish_count=k)
-        else:
-            c.check_hicache_events()
+        ack(self.env.cache, what, k)
 
     @invariant()
     def partitioned(self):

@@ -879,33 +879,26 @@ class Executor:
     def _sync(self, what):
         self._drain(what)
         (ba, la, bsa, lsa), (bb, lb, bsb, lsb) = self.a.take_submitted(), self.b.take_submitted()
-        for kind, pa, pb in (("backup_state", bsa, bsb), ("load_state", lsa, lsb)):
-            if pa or pb:
-                if kind == "backup_state" and self.cfg["write_policy"] == "write_back":
-                    # as the KV below: slots may be handed out again within the op
-                    compare(f"{what}.submitted_backup_states", len(pa), len(pb))
-                    self.stats["submitted_backup_states"] += len(pa)
-                    continue
-                mb = [(self.shost.b2a.get(hh, ("?", hh)), self.mdev.b2a.get(d, ("?", d)))
-                      for hh, d in pb]
-                compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
-                self.stats[f"submitted_{kind}s"] += len(pa)
-        for kind, pa, pb in (("backup", ba, bb), ("load", la, lb)):
-            if pa or pb:
-                if kind == "backup" and self.cfg["write_policy"] == "write_back":
-                    # write-back backs a victim up at eviction and then frees its device
-                    # slots; host room for it may come from host copies freed in the
-                    # same op; either tier's slots may be handed out again within the op,
-                    # so the bijections are rebound before this comparison: compare the
-                    # amount backed up here; every node's device and host slots are
-                    # compared by the whole-tree checks, the order by the CPU events
-                    compare(f"{what}.submitted_backup_tokens", len(pa), len(pb))
-                    self.stats["submitted_backup_tokens"] += len(pa)
-                    continue
-                mb = [(self.host.b2a.get(hh, ("?", hh)), self.dev.b2a.get(d, ("?", d)))
-                      for hh, d in pb]
-                compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
-                self.stats[f"submitted_{kind}_tokens"] += len(pa)
+        for kind, pa, pb, hmap, dmap, unit in (
+                ("backup", ba, bb, self.host, self.dev, "tokens"),
+                ("load", la, lb, self.host, self.dev, "tokens"),
+                ("backup_state", bsa, bsb, self.shost, self.mdev, "states"),
+                ("load_state", lsa, lsb, self.shost, self.mdev, "states")):
+            if not (pa or pb):
+                continue
+            if kind.startswith("backup") and self.cfg["write_policy"] == "write_back":
+                # write-back backs a victim up at eviction and then frees its device
+                # slots; host room for it may come from host copies freed in the same
+                # op; either tier's slots may be handed out again within the op, so the
+                # bijections are rebound before this comparison: compare the amount
+                # backed up here; every node's device and host slots are compared by
+                # the whole-tree checks, the order by the CPU events
+                compare(f"{what}.submitted_backup_{unit}", len(pa), len(pb))
+                self.stats[f"submitted_backup_{unit}"] += len(pa)
+                continue
+            mb = [(hmap.b2a.get(hh, ("?", hh)), dmap.b2a.get(d, ("?", d))) for hh, d in pb]
+            compare(f"{what}.submitted_{kind}_pairs(host,device)", pa, mb)
+            self.stats[f"submitted_{kind.split('_')[0]}_{unit}"] += len(pa)
         if self.req_states and not self.a.protocol()["load_queue"] and \
                 not self.b.protocol()["load_queue"]:
             for ka, kb in self.req_states:
