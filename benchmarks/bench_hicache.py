@@ -14,9 +14,12 @@ pool) and every sequence backed up; a timed body then runs a batch of steps
   ``init_load_back``, ``dec_host_lock_ref``, ``unlock``, then
   ``ready_to_load_host_cache`` and ``loading_check``;
 * ``HostEvict``: everything demoted untimed, then ``evict_host(1)`` x 200 (the
-  LRU host leaf deleted, its host slots freed).
+  LRU host leaf deleted, its host slots freed);
+* ``MambaLoadBack``: the load-back request on a Full + Mamba cache (a host-only
+  state restored and copied into the request's slot; see its docstring).
 
-``compare_hicache.py`` times the same steps against SGLang's cores.
+``compare_hicache.py`` times the Full steps against SGLang's cores (the Mamba one
+is not compared yet).
 """
 
 import numpy as np
@@ -128,3 +131,86 @@ class HostEvict(_HostTree):
         eh = self.cache.evict_host
         for _ in range(200):
             eh(1)
+
+
+# ------------------------------------------------------------------ Full + Mamba
+MAMBA_STATES = 4096
+
+
+class MambaLoadBack:
+    """Full + Mamba with the host tier (``write_through``): 2,000 sequences of the
+    same stream, each inserted with a state and backed up (KV and state); setup
+    demotes them all (states to the host); the timed body loads 100 of them back
+    per request as a scheduler does -- ``match_prefix`` (a host-only state:
+    ``mamba_host_hit_length`` 1), ``lock``, ``inc_host_lock_ref``, ``init_load_back``
+    with a request holding no state slot (the load gives it one: the state is
+    restored into a fresh slot and copied into the request's), the releases,
+    ``ready_to_load_host_cache``, ``loading_check`` -- then frees the request's slot.
+    Compare with ``LoadBack``: the state's extra steps."""
+
+    number = 1
+    repeat = (3, 8, 30.0)
+    warmup_time = 0
+    timeout = 600
+
+    def setup(self):
+        _warm()
+        size = 600_000
+        self.alloc = fr.TokenToKVPoolAllocator(size)
+        self.pool = fr.HybridReqToTokenPool(8, 4096, mamba_size=MAMBA_STATES)
+        ma = self.pool.mamba_allocator
+        c = self.cache = fr.UnifiedRadixCache(
+            tree_components=(fr.ComponentType.FULL, fr.ComponentType.MAMBA),
+            token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.pool)
+        c.init_hicache(host_size=size, mamba_host_size=MAMBA_STATES,
+                       hicache_write_policy="write_through", load_back_threshold=1)
+        stream = W.SequenceStream(seed=0)
+        seqs = []
+        while len(seqs) < 2000:
+            for s in stream.batch():
+                st = ma.alloc(1)
+                r = c.insert(fr.InsertParams(key=fr.RadixKey(s), value=self.alloc.alloc(
+                    s.shape[0]), mamba_value=st))
+                if r.mamba_exist:
+                    ma.free(st)
+                seqs.append(s)
+            c.check_hicache_events()
+        c.evict(fr.EvictParams(num_tokens=size, mamba_num=MAMBA_STATES))  # all host-only
+        rng = np.random.default_rng(1)
+        picks = rng.choice(len(seqs), size=100, replace=False)
+        self.params_ = [fr.MatchPrefixParams(key=fr.RadixKey(seqs[i])) for i in picks]
+
+    def time_mamba_load_back(self):
+        c, ma = self.cache, self.pool.mamba_allocator
+        for p in self.params_:
+            m = c.match_prefix(p)
+            lk = c.lock(m.last_device_node)
+            req = _Req(m)
+            if m.host_hit_length > 0 or m.mamba_host_hit_length > 0:
+                h = c.inc_host_lock_ref(m.best_match_node)
+                c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                       None, req))
+                c.dec_host_lock_ref(m.best_match_node, h)
+            c.unlock(lk)
+            c.ready_to_load_host_cache()
+            c.loading_check()
+            if req.kv.mamba_pool_idx is not None:
+                ma.free(np.asarray([int(req.kv.mamba_pool_idx)]))
+
+
+class _KV:
+    __slots__ = ("mamba_pool_idx",)
+
+    def __init__(self):
+        self.mamba_pool_idx = None
+
+
+class _Req:
+    """The request fields a Mamba load-back reads and writes."""
+
+    __slots__ = ("last_node", "mamba_host_hit_length", "kv")
+
+    def __init__(self, m):
+        self.last_node = m.last_device_node
+        self.mamba_host_hit_length = m.mamba_host_hit_length
+        self.kv = _KV()
