@@ -34,17 +34,22 @@ import flatradix as fr
 TREE_TOKENS = 100_000
 
 
-def load_back_request(c, params):
-    """One request's load-back, as SGLang's ``PrefillAdder`` drives it."""
+def load_back_request(c, params, make_req=None):
+    """One request's load-back, as SGLang's ``PrefillAdder`` drives it; with
+    ``make_req`` (Mamba) the request built from the match is passed to
+    ``init_load_back`` and returned (a Mamba host hit loads too)."""
     m = c.match_prefix(params)
     lk = c.lock(m.last_device_node)
-    if m.host_hit_length > 0:
+    req = None if make_req is None else make_req(m)
+    if m.host_hit_length > 0 or m.mamba_host_hit_length > 0:
         h = c.inc_host_lock_ref(m.best_match_node)
-        c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length))
+        c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length, None,
+                                               req))
         c.dec_host_lock_ref(m.best_match_node, h)
     c.unlock(lk)
     c.ready_to_load_host_cache()
     c.loading_check()
+    return req
 
 
 def _warm():
@@ -61,12 +66,16 @@ def _warm():
     c.evict_host(16)
 
 
-class _HostTree:
+class _Timing:
+    """asv's settings of every suite here (``number = 1``: setup before each sample)."""
+
     number = 1
     repeat = (3, 8, 30.0)
     warmup_time = 0
     timeout = 600
 
+
+class _HostTree(_Timing):
     def setup(self):
         _warm()
         size = TREE_TOKENS + 400_000
@@ -137,7 +146,7 @@ class HostEvict(_HostTree):
 MAMBA_STATES = 4096
 
 
-class MambaLoadBack:
+class MambaLoadBack(_Timing):
     """Full + Mamba with the host tier (``write_through``): 2,000 sequences of the
     same stream, each inserted with a state and backed up (KV and state); setup
     demotes them all (states to the host); the timed body loads 100 of them back
@@ -147,11 +156,6 @@ class MambaLoadBack:
     restored into a fresh slot and copied into the request's), the releases,
     ``ready_to_load_host_cache``, ``loading_check`` -- then frees the request's slot.
     Compare with ``LoadBack``: the state's extra steps."""
-
-    number = 1
-    repeat = (3, 8, 30.0)
-    warmup_time = 0
-    timeout = 600
 
     def setup(self):
         _warm()
@@ -183,17 +187,7 @@ class MambaLoadBack:
     def time_mamba_load_back(self):
         c, ma = self.cache, self.pool.mamba_allocator
         for p in self.params_:
-            m = c.match_prefix(p)
-            lk = c.lock(m.last_device_node)
-            req = _Req(m)
-            if m.host_hit_length > 0 or m.mamba_host_hit_length > 0:
-                h = c.inc_host_lock_ref(m.best_match_node)
-                c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length,
-                                                       None, req))
-                c.dec_host_lock_ref(m.best_match_node, h)
-            c.unlock(lk)
-            c.ready_to_load_host_cache()
-            c.loading_check()
+            req = load_back_request(c, p, _Req)
             if req.kv.mamba_pool_idx is not None:
                 ma.free(np.asarray([int(req.kv.mamba_pool_idx)]))
 

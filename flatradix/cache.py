@@ -632,9 +632,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def _mamba_host_hit(self, hbest):
         """SGLang's ``mamba_host_hit_length``: 1 when the best match node's state is
         on the host only (a load-back restores it), else 0."""
-        nodes = self._engine.st.nodes
-        f = int(nodes[int(hbest) & 0xFFFFFFFF, L.FLAGS])
-        return 1 if (f & (L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS_MAMBA_HOST else 0
+        return 1 if self._state_host_only(int(hbest) & 0xFFFFFFFF) else 0
 
     def _check_cow(self, params):
         """Validate a ``cow_mamba`` match's request (before anything changes)."""
@@ -660,10 +658,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 return
             src = int(nodes[s, L.MAMBA_SLOT])
             kv = req.kv
-            holds = getattr(kv, "holds_mamba", None)
-            if holds is None:
-                holds = kv.mamba_pool_idx is not None
-            if not holds:
+            if not self._holds_state(kv):
                 alloc = self._vals.mamba
                 dst = alloc.alloc(1)
                 if dst is None:

@@ -53,6 +53,19 @@ from .transfer import KVTransfer
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+_STATE_BITS = L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST
+
+
+def state_host_only(flags):
+    """A node's FLAGS: its Mamba state is on the host only (``mamba.host_only``)."""
+    return (flags & _STATE_BITS) == L.F_HAS_MAMBA_HOST
+
+
+def state_needs_backup(flags):
+    """A node's FLAGS: a device state with no host copy (``mamba.needs_backup``)."""
+    return (flags & _STATE_BITS) == L.F_HAS(L.MAMBA)
+
+
 class _Declined(Exception):
     """A load-back given up after its slots were taken (they go back)."""
 
@@ -385,7 +398,7 @@ class HiCacheMixin:
             nodes = eng.st.nodes  # host evictions below may not grow it, but read it fresh
             f = int(nodes[c, L.FLAGS])
             n = 0 if f & L.F_HAS_FULL_HOST else int(nodes[c, L.KEY_LEN])
-            state = mamba and (f & (L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS(L.MAMBA)
+            state = mamba and state_needs_backup(f)
             if c == s and aux == _BACKUP_NO_STATE:
                 state = False
             if n == 0 and not state:
@@ -712,6 +725,8 @@ class HiCacheMixin:
 
     @staticmethod
     def _holds_state(kv):
+        """Whether a request's ``kv`` holds a Mamba state slot (SGLang's
+        ``holds_mamba``, else ``mamba_pool_idx is not None``)."""
         holds = getattr(kv, "holds_mamba", None)
         return kv.mamba_pool_idx is not None if holds is None else bool(holds)
 
@@ -813,8 +828,7 @@ class HiCacheMixin:
                         kv.mamba_pool_idx = None
 
     def _state_host_only(self, slot):
-        f = int(self._engine.st.nodes[slot, L.FLAGS])
-        return (f & (L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS_MAMBA_HOST
+        return state_host_only(int(self._engine.st.nodes[slot, L.FLAGS]))
 
     def _state_device_alloc(self):
         """One Mamba device state slot (an int), one state evicted first when the
@@ -933,8 +947,7 @@ class HiCacheMixin:
         s = nid & 0xFFFFFFFF
         nodes = eng.st.nodes
         n = int(nodes[s, L.KEY_LEN])
-        state = (self._host_mamba is not None and (int(nodes[s, L.FLAGS]) & (
-            L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST)) == L.F_HAS(L.MAMBA))
+        state = self._host_mamba is not None and state_needs_backup(int(nodes[s, L.FLAGS]))
         host = self._host.alloc(n)
         if host is None:
             self._evict_host_units(n - self._host.available_size())

@@ -22,6 +22,8 @@ from flatradix import (
 )
 from flatradix.inspection import all_mamba_host_values_flatten
 
+from .test_hicache import _same_state
+
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 
 
@@ -82,12 +84,14 @@ class Env:
         assert c.mamba_pool_host.available_size() + len(hs) == c.mamba_pool_host.size
 
 
-def same_state(before, after):
-    for k in before:
-        if isinstance(before[k], np.ndarray):
-            assert np.array_equal(before[k], after[k]), k
-        else:
-            assert before[k] == after[k], k
+def bare(tokens=32, **kw):
+    """``(alloc, pool, cache)``: a Full + Mamba cache of ``tokens`` KV slots and 4
+    states, its host tier off (``kw``: the cache's other arguments)."""
+    alloc = TokenToKVPoolAllocator(tokens)
+    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
+                              req_to_token_pool=pool, **kw)
+    return alloc, pool, cache
 
 
 def backed(env, *keys):
@@ -286,10 +290,7 @@ def test_host_lock_receipts_on_a_mamba_cache():
 
 
 def test_bad_input_is_refused_before_any_change():
-    alloc = TokenToKVPoolAllocator(64)
-    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
-    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
-                              req_to_token_pool=pool)
+    alloc, pool, cache = bare(64)
     with pytest.raises(ValueError, match="mamba_host_size"):
         cache.init_hicache(host_size=8)
     assert not cache.enable_hicache
@@ -309,7 +310,7 @@ def test_bad_input_is_refused_before_any_change():
     before = env.cache._snapshot()
     with pytest.raises(ValueError, match="req"):
         env.cache.load_back(m.best_match_node, None, req=SimpleNamespace(last_node=None))
-    same_state(before, env.cache._snapshot())
+    _same_state(before, env.cache._snapshot())
 
 
 def test_write_back_backs_an_internal_state_up_before_its_tombstone():
@@ -427,11 +428,8 @@ def test_random_runs_keep_all_four_pools_partitioned(policy):
 def test_state_bytes_survive_backup_demote_and_load_back_with_kvtransfer():
     from flatradix import KVTransfer
 
-    alloc = TokenToKVPoolAllocator(32)
-    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    alloc, pool, cache = bare(mamba_cache_chunk_size=4)
     ma = pool.mamba_allocator
-    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
-                              req_to_token_pool=pool, mamba_cache_chunk_size=4)
     kv = [np.zeros((33, 2), dtype=np.float32)]
     conv, temporal = np.zeros((5, 3), dtype=np.float32), np.zeros((5, 2, 2), dtype=np.float16)
     with pytest.raises(ValueError, match="state_buffers"):   # a Mamba cache needs them
@@ -462,11 +460,8 @@ def test_state_bytes_survive_backup_demote_and_load_back_with_kvtransfer():
 def test_the_per_path_cap_runs_after_the_walks_backups():
     """SGLang defers MambaEvictExcessPathStates behind the insert's walk backups:
     a walked node's backup copies its state before the cap drops it from the device."""
-    alloc = TokenToKVPoolAllocator(32)
-    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
+    alloc, pool, cache = bare(mamba_max_states_per_path=1)
     ma = pool.mamba_allocator
-    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
-                              req_to_token_pool=pool, mamba_max_states_per_path=1)
     cache.init_hicache(host_size=16, mamba_host_size=4,
                        hicache_write_policy="write_through_selective")
     a = alloc.alloc(2)
@@ -536,7 +531,7 @@ def test_load_back_request_fields_are_checked_before_any_change():
     with pytest.raises(TypeError, match="last_node"):
         env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
                                                     None, bad))
-    same_state(before, env.cache._snapshot())
+    _same_state(before, env.cache._snapshot())
     # without a request the count is the Full tokens loaded, as on a Full-only cache
     assert env.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length)) \
         == (8, m.best_match_node)
@@ -551,10 +546,7 @@ def test_a_failed_backup_copy_in_an_insert_carries_the_insert_result():
         if boom[0] and kind == "backup":
             raise OSError("DMA error")
 
-    alloc = TokenToKVPoolAllocator(32)
-    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
-    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
-                              req_to_token_pool=pool)
+    alloc, pool, cache = bare()
     cache.init_hicache(host_size=16, mamba_host_size=4, transfer=transfer,
                        hicache_write_policy="write_through_selective")
     cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=alloc.alloc(4),
@@ -571,10 +563,7 @@ def test_a_failed_backup_copy_in_an_insert_carries_the_insert_result():
 
 
 def test_a_zero_mamba_host_pool_is_refused():
-    alloc = TokenToKVPoolAllocator(32)
-    pool = HybridReqToTokenPool(4, 64, mamba_size=4)
-    cache = UnifiedRadixCache(tree_components=(FULL, MAMBA), token_to_kv_pool_allocator=alloc,
-                              req_to_token_pool=pool)
+    alloc, pool, cache = bare()
     with pytest.raises(ValueError, match="mamba_host_size must be >= 1"):
         cache.init_hicache(host_size=16, mamba_host_size=0)
     assert not cache.enable_hicache

@@ -1350,9 +1350,7 @@ class Executor:
                                 lambda: self.b.host_lock(mb.best_match_node))
             ka, kb = self._both("load.pin_best", lambda: self.a.cache.lock(ma.best_match_node),
                                 lambda: self.b.cache.lock(mb.best_match_node))
-        if sa is None and self._no_state_room():
-            self.stats["load_skipped_no_state_room"] += 1
-            ra, rb = ((0, ma.last_device_node), None), ((0, mb.last_device_node), None)
+        def unpin():
             if pins:
                 self._both("load.unpin", lambda: (self.a.cache.unlock(ka),
                                                   self.a.host_unlock(ma.best_match_node, ha),
@@ -1360,6 +1358,10 @@ class Executor:
                            lambda: (self.b.cache.unlock(kb),
                                     self.b.host_unlock(mb.best_match_node, hb),
                                     self.b.cache.unlock(lb)))
+
+        if sa is None and self._no_state_room():
+            self.stats["load_skipped_no_state_room"] += 1
+            unpin()
             return
         (ra, ka_), (rb, kb_) = self._both(
             "init_load_back",
@@ -1368,13 +1370,7 @@ class Executor:
             lambda: self.b.init_load_back(mb.best_match_node, mb.host_hit_length, q,
                                           mb.last_device_node, mb.mamba_host_hit_length, sb))
         self._req_state_done("init_load_back", ka_, kb_)
-        if pins:
-            self._both("load.unpin", lambda: (self.a.cache.unlock(ka),
-                                              self.a.host_unlock(ma.best_match_node, ha),
-                                              self.a.cache.unlock(la)),
-                       lambda: (self.b.cache.unlock(kb),
-                                self.b.host_unlock(mb.best_match_node, hb),
-                                self.b.cache.unlock(lb)))
+        unpin()
         compare("init_load_back.loaded", ra[0], rb[0])
         self.bind_node("init_load_back.node", ra[1], rb[1])
         self.stats["load_tokens"] += ra[0]

@@ -307,41 +307,32 @@ class SglHiCache:
         self.host_pool = self.host_group.anchor_entry.host_pool
         if self.host_pool.size != host_tokens:
             raise RuntimeError(f"host pool has {self.host_pool.size} slots, wanted {host_tokens}")
-        real_halloc, real_hfree = self.host_pool.alloc, self.host_pool.free
-
-        def logged_halloc(n, *a, _real=real_halloc, **k):
-            out = _real(n, *a, **k)
-            if out is not None:
-                self.log.append(("halloc", out.tolist()))
-            return out
-
-        def logged_hfree(idx, _real=real_hfree):
-            self.log.append(("hfree", idx.tolist()))
-            return _real(idx)
-
-        self.host_pool.alloc = logged_halloc
-        self.host_pool.free = logged_hfree
+        self._log_host_pool(self.host_pool, "h")
         self.state_host_pool = None
         if self.mamba:
             from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PoolName
 
             self.state_host_pool = self.host_group.entry_map[PoolName.MAMBA].host_pool
-            real_salloc, real_sfree = self.state_host_pool.alloc, self.state_host_pool.free
-
-            def logged_salloc(n, *a, _real=real_salloc, **k):
-                out = _real(n, *a, **k)
-                if out is not None:
-                    self.log.append(("salloc", out.tolist()))
-                return out
-
-            def logged_sfree(idx, _real=real_sfree):
-                self.log.append(("sfree", idx.tolist()))
-                return _real(idx)
-
-            self.state_host_pool.alloc = logged_salloc
-            self.state_host_pool.free = logged_sfree
+            self._log_host_pool(self.state_host_pool, "s")
         self.cache.take_events()  # the construction's AllBlocksCleared
         self._rid = 0
+
+    def _log_host_pool(self, pool, tier):
+        """Log every ``alloc`` / ``free`` of a host pool as ``(tier + "alloc" | tier +
+        "free", slots)`` (the driver's own host allocations too: a refill's)."""
+        real_alloc, real_free = pool.alloc, pool.free
+
+        def logged_alloc(n, *a, **k):
+            out = real_alloc(n, *a, **k)
+            if out is not None:
+                self.log.append((tier + "alloc", out.tolist()))
+            return out
+
+        def logged_free(idx):
+            self.log.append((tier + "free", idx.tolist()))
+            return real_free(idx)
+
+        pool.alloc, pool.free = logged_alloc, logged_free
 
     # ------------------------------------------------------------ slots
     def key(self, tokens):
