@@ -36,6 +36,7 @@ from .kernels.lock import inc_lock_ref as _k_inc
 from .kernels.lock import release_window as _k_release_window
 from .kernels.match import match_prefix as _k_match
 from .kernels.match import match_prefix_batch as _k_match_batch
+from .kernels.host import swa_host_hit as _k_swa_host_hit
 from .kernels.query import path_device_indices as _k_path
 from .kernels.query import resolve_slot as _k_resolve
 from .hicache import HiCacheMixin
@@ -600,6 +601,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if r[0] == L.E_CAPACITY:   # a split needs a node slot: grow, then again
                 r = eng.call_tree(_k_match, units, n, ns, idx)
             st, plen, best, visited, full_hit, host_hit, hbest = r
+            shost = 0 if self._host_swa is None else _k_swa_host_hit(*eng.st, hbest)
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
@@ -607,7 +609,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             idx = self._vals.out(idx)
         # SWA: how far the match could have gone with the window present (the walk's
         # page-aligned length, when it is past the usable prefix)
-        branch = full_hit if self._swa and full_hit > plen else None
+        branch = full_hit if self._swa and full_hit > plen + host_hit else None
         mbranch = None
         mhost = 0
         if self._mamba:
@@ -618,7 +620,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 self._cow_mamba(params.req, best)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
         return _tuple_new(MatchResult, (idx, best, hbest, hbest, host_hit, plen, full_hit, vis,
-                                        0, branch, mhost, mbranch, None, None))
+                                        shost, branch, mhost, mbranch, None, None))
 
     def _mamba_branch(self, full_hit, boundary):
         """SGLang's ``mamba_branching_seqlen``: the Full hit aligned down to the
@@ -1319,6 +1321,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         swa = self._swa
         mamba = self._mamba
         mamba_host = self._host_mamba is not None
+        swa_host = self._host_swa is not None
         results = []
         for (plen, best, vis, full_hit, host_hit, hbest), p0 in zip(res.tolist(),
                                                                     pos[:-1].tolist()):
@@ -1326,7 +1329,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 results.append(_tuple_new(MatchResult, (
                     idx[p0:p0], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
                 continue
-            branch = full_hit if swa and full_hit > plen else None
+            branch = full_hit if swa and full_hit > plen + host_hit else None
+            shost = 0
+            if swa_host:
+                with self._mutex:
+                    shost = _k_swa_host_hit(*eng.st, hbest)
             # the Mamba fields as match_prefix computes them (the host-only test reads
             # the node now: a later key of the batch may have changed it, as SGLang's
             # finaliser runs at each match -- only a split can, which keeps the state)
@@ -1334,7 +1341,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             mhost = self._mamba_host_hit(hbest) if mamba_host else 0
             results.append(_tuple_new(MatchResult, (
                 idx[p0:p0 + plen], best, hbest, hbest, host_hit, plen, full_hit,
-                None if vis < 0 else vis, 0, branch, mhost, mbranch, None, None)))
+                None if vis < 0 else vis, shost, branch, mhost, mbranch, None, None)))
         return results
 
     def inc_lock_ref_batch(self, nodes, skip_lock_components=()):

@@ -179,13 +179,15 @@ class Engine:
 
     def enable_host(self, policy, threshold):
         """Turn the host tier on (HiCache): the pool gains its last column, the
-        Full host values (``kernels/layout.py``), and ``meta`` the write policy
-        and the write-through hit threshold. Existing nodes stay device-only."""
+        Full host values (``kernels/layout.py``; on an SWA cache the SWA host
+        values before it), and ``meta`` the write policy and the write-through
+        hit threshold. Existing nodes stay device-only."""
         st = self.st
         if st.meta[L.M_HOST] == L.HOST_OFF:
-            pool = np.zeros((st.pool.shape[0], self.pool_ncol + 1), dtype=np.int64)
+            extra = 2 if st.meta[L.M_COMPONENTS] & L.C_SWA else 1
+            pool = np.zeros((st.pool.shape[0], self.pool_ncol + extra), dtype=np.int64)
             pool[:, :self.pool_ncol] = st.pool
-            self.pool_ncol += 1
+            self.pool_ncol += extra
             self.st = st = TreeArrays(st.nodes, st.ctab, pool, st.heap, st.meta)
         st.meta[L.M_HOST] = policy
         st.meta[L.M_WT_THRESHOLD] = threshold

@@ -30,7 +30,7 @@ assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
 
 
 def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None,
-            host=None, backups=None, host_mamba=None, path_cap=None):
+            host=None, backups=None, host_mamba=None, path_cap=None, host_swa=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -47,7 +47,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
 
     ``host``: the host pool (``flatradix.hicache.HostKVPool``) Full
     ``A_FREE_HOST`` rows are freed to (host eviction), ``host_mamba`` the Mamba
-    host state pool (Mamba rows); a row whose pool is not given is an error
+    host state pool (Mamba rows), ``host_swa`` the SWA host pool (SWA rows); a row whose pool is not given is an error
     (``AssertionError``: a host slot is never dropped); ``backups``: called with the node slot of
     each ``A_BACKUP`` row when the row is reached (the façade backs the node up
     there, as SGLang's insert does at that barrier; it makes engine calls, so
@@ -103,7 +103,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
         elif kind == A.A_FREE_KV_FULL_ONLY:
             full.append(v)
         elif kind == A.A_FREE_HOST:
-            pool = host_mamba if comp == MAMBA else host
+            pool = host_mamba if comp == MAMBA else host_swa if comp == SWA else host
             if pool is None:
                 raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool given")
             pool.free(v.copy())

@@ -1,6 +1,8 @@
 """HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
 
-Full attention, and Full + Mamba (spec §6.3 HiCache notes): SWA is refused
+Full attention, Full + Mamba (spec §6.3 HiCache notes) and Full + SWA under the
+write-through policies (spec §6.2 HiCache notes: window backups and load-backs,
+``evict_host(n, SWA)``); SWA under write-back and SWA + Mamba are refused
 (``ValueError``).
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
@@ -10,8 +12,10 @@ then first reclaims the host copies of nodes still on the device) and an
 optional transfer callable that moves the KV bytes (the tree
 only moves indices: ``transfer(kind, device_indices, host_indices)`` with
 ``kind`` ``"backup"`` (device -> host) or ``"load"`` (host -> device) for KV
-slots, and on a Mamba cache ``"backup_state"`` / ``"load_state"`` for state
-slots -- a callable written for Full-only caches must refuse those; without
+slots, on a Mamba cache ``"backup_state"`` / ``"load_state"`` for state
+slots, on an SWA cache ``"backup_swa"`` / ``"load_swa"`` for SWA pool slots
+(device SWA slots, SWA host slots) -- a callable written for Full-only caches
+must refuse those; without
 one no bytes move, which is what trace replays and tests need).
 
 The step-wise protocol is SGLang's: a backup is committed when an insert asks
@@ -51,6 +55,13 @@ from .kernels.slots import slots_free as _k_slots_free
 from .transfer import KVTransfer
 
 _EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _np64(x):
+    """An allocator's slots (numpy or torch) as contiguous int64 numpy."""
+    if hasattr(x, "cpu"):  # a torch tensor
+        x = x.cpu().numpy()
+    return np.ascontiguousarray(x, dtype=np.int64)
 
 
 _STATE_BITS = L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST
@@ -137,12 +148,13 @@ class HiCacheMixin:
 
     _host = None
     _host_mamba = None
+    _host_swa = None
     _hicache_policy = None
     _transfer_error = None
 
     def init_hicache(self, server_args=None, params=None, *, hicache_write_policy=None,
                      host_size=None, hicache_ratio=None, load_back_threshold=10,
-                     transfer=None, mamba_host_size=None):
+                     transfer=None, mamba_host_size=None, swa_host_size=None):
         """Turn the host tier on (SGLang ``init_hicache``).
 
         ``server_args``: optional object read for ``hicache_write_policy`` and
@@ -156,9 +168,15 @@ class HiCacheMixin:
         pool too (``mamba_pool_host``): ``mamba_host_size`` states, else from
         ``hicache_ratio`` as SGLang's ``MambaPoolHost``: ``int(S * ratio) + 1`` for
         a state pool of ``S`` states; the ``transfer`` callable then also gets
-        ``"backup_state"`` / ``"load_state"`` calls with state slots. Raises
-        ``ValueError`` for an unknown policy, a cache with SWA, a missing size (or a
-        Mamba host size below 1, or one given to a cache without Mamba), a
+        ``"backup_state"`` / ``"load_state"`` calls with state slots. SWA caches
+        get an SWA host pool (``swa_pool_host``): ``swa_host_size`` tokens, else
+        from ``hicache_ratio`` as SGLang sizes its SWA host pool over the
+        allocator's SWA side (``size_swa``, same formula); the ``transfer``
+        callable then also gets ``"backup_swa"`` / ``"load_swa"`` calls. Raises
+        ``ValueError`` for an unknown policy, an SWA cache under write-back or
+        with Mamba (not supported yet), a missing size (or a
+        host size below 1 for Mamba or SWA, or one given to a cache without that
+        component), a KVTransfer on an SWA cache (no SWA buffers yet), a
         ``KVTransfer`` whose buffers are smaller than the pools (or without state
         buffers on a Mamba cache), or a second call; ``TypeError`` for a
         non-number ratio or size, a non-callable ``transfer``; nothing changes
@@ -173,9 +191,11 @@ class HiCacheMixin:
         if policy not in L.HOST_POLICY_NAMES[1:]:
             raise ValueError(f"hicache_write_policy must be one of "
                              f"{', '.join(L.HOST_POLICY_NAMES[1:])}, got {policy!r}")
-        if self._swa:
-            raise ValueError("init_hicache: the host tier supports Full and Full + Mamba "
-                             f"caches for now; this cache has components {self.components}")
+        if self._swa and (self._mamba or policy == "write_back"):
+            raise ValueError("init_hicache: SWA on the host tier is supported under "
+                             "write_through and write_through_selective without Mamba for "
+                             f"now; this cache has components {self.components}, policy "
+                             f"{policy!r}")
         if self._host is not None:
             raise ValueError("init_hicache: the host tier is already on")
         ratio = arg("hicache_ratio", hicache_ratio)
@@ -218,6 +238,30 @@ class HiCacheMixin:
                 raise ValueError(f"mamba_host_size must be <= {MAX_HOST_SIZE}, got {state_size}")
         elif mamba_host_size is not None:
             raise ValueError("mamba_host_size given, but this cache has no Mamba component")
+        swa_size = None
+        if self._swa:
+            if swa_host_size is not None:
+                swa_size = as_count(swa_host_size, "swa_host_size")
+                if swa_size < 1:
+                    raise ValueError("swa_host_size must be >= 1")
+            elif ratio is not None:
+                dev_swa = getattr(self.token_to_kv_pool_allocator, "size_swa", None)
+                if not isinstance(dev_swa, (int, np.integer)):
+                    raise ValueError("hicache_ratio needs an SWA allocator with a size_swa (or "
+                                     "give swa_host_size)")
+                # SGLang sizes the SWA host pool as the Full one, over the SWA side
+                swa_size = (int(int(dev_swa) * ratio) // self.page_size + 1) * self.page_size
+            else:
+                raise ValueError("init_hicache on an SWA cache needs swa_host_size (tokens) or "
+                                 "hicache_ratio")
+            if swa_size > MAX_HOST_SIZE:
+                raise ValueError(f"swa_host_size must be <= {MAX_HOST_SIZE}, got {swa_size}")
+            if isinstance(transfer, KVTransfer):
+                raise ValueError("transfer: KVTransfer has no SWA buffers yet; give an SWA "
+                                 "cache a transfer callable of your own (it gets "
+                                 "'backup_swa' / 'load_swa' calls) or none")
+        elif swa_host_size is not None:
+            raise ValueError("swa_host_size given, but this cache has no SWA component")
         thr = as_int(load_back_threshold, "load_back_threshold")
         if thr < 0:
             raise ValueError(f"load_back_threshold must be >= 0, got {thr}")
@@ -251,6 +295,7 @@ class HiCacheMixin:
         with self._mutex:
             self._host = HostKVPool(host_size)
             self._host_mamba = HostKVPool(state_size) if state_size is not None else None
+            self._host_swa = HostKVPool(swa_size) if swa_size is not None else None
             self.load_back_threshold = thr
             self._transfer = transfer
             self._hicache_policy = policy
@@ -259,7 +304,8 @@ class HiCacheMixin:
             self._engine.enable_host(L.HOST_POLICY_NAMES.index(policy),
                                      self.write_through_threshold)
             self.ongoing_write_through = {}   # ack id (the node's id) -> node id
-            self.ongoing_load_back = {}       # anchor node id -> its host-lock stamp (0: none)
+            self._wt_swa = {}                 # ack id -> its SWA window lock's boundary
+            self.ongoing_load_back = {}       # anchor node id -> its lock stamps
             self._state_loads = set()         # anchors of loads that restored a state alone
             self._write_queue = []            # backups committed, not yet submitted
             self._write_acks = deque()        # submitted backups: one list of ack ids each
@@ -278,6 +324,12 @@ class HiCacheMixin:
     def mem_pool_host(self):
         """The host pool (``HostKVPool``), or None without a host tier."""
         return self._host
+
+    @property
+    def swa_pool_host(self):
+        """The SWA host pool (``HostKVPool`` of SWA token slots; SGLang's SWA
+        ``MHATokenToKVPoolHost``), or None without SWA on the host tier."""
+        return self._host_swa
 
     @property
     def mamba_pool_host(self):
@@ -394,6 +446,7 @@ class HiCacheMixin:
             return
         chain = eng.out[:k].tolist()
         mamba = self._host_mamba is not None
+        swa = self._host_swa is not None
         for c in chain:
             nodes = eng.st.nodes  # host evictions below may not grow it, but read it fresh
             f = int(nodes[c, L.FLAGS])
@@ -401,7 +454,13 @@ class HiCacheMixin:
             state = mamba and state_needs_backup(f)
             if c == s and aux == _BACKUP_NO_STATE:
                 state = False
-            if n == 0 and not state:
+            wnodes = wdev = _EMPTY
+            if swa:  # the SWA data within the node's window with no host copy
+                _, wu, wk = self._call_out(K.swa_backup_plan, c)
+                if wu:
+                    wdev = eng.out[:wu].copy()   # their Full device indices, root-first
+                    wnodes = eng.out[wu:wu + wk].copy()
+            if n == 0 and not state and not wnodes.size:
                 continue  # nothing left to back up on this node
             host = self._host.alloc(n)
             if host is None:
@@ -409,10 +468,19 @@ class HiCacheMixin:
                 host = self._host.alloc(n)
                 if host is None:
                     break
+            # then the other pools, in SGLang's (name) order: mamba, swa
             hstate = None
             if state:
                 hstate = self._state_host_alloc()
                 if hstate is None:  # SGLang's rollback: the node's Full host slots go back
+                    self._host.free(host)
+                    break
+            hswa = _EMPTY
+            if wnodes.size:
+                hswa = self._swa_host_alloc(wdev.shape[0])
+                if hswa is None:  # SGLang's rollback: the other host slots go back
+                    if hstate is not None:
+                        self._host_mamba.free(hstate)
                     self._host.free(host)
                     break
             nodes = eng.st.nodes
@@ -420,18 +488,51 @@ class HiCacheMixin:
             if n and not self._copy("backup", c, host):
                 if hstate is not None:
                     self._host_mamba.free(hstate)
+                if hswa.size:
+                    self._host_swa.free(hswa)
                 break  # the copy failed: this node and the rest of the row stay unbacked
-            if state and not self._copy_state(
-                    "backup_state", np.array([nodes[c, L.MAMBA_SLOT]], dtype=np.int64), hstate):
-                self._host_mamba.free(hstate)
+            if (state and not self._copy_state(
+                    "backup_state", np.array([nodes[c, L.MAMBA_SLOT]], dtype=np.int64), hstate)) \
+                    or (hswa.size and not self._copy_swa(
+                        "backup_swa", self._vals.swa_of(wdev), hswa)):
+                if hstate is not None:
+                    self._host_mamba.free(hstate)
+                if hswa.size:
+                    self._host_swa.free(hswa)
                 if n:
                     self._host.free(host)
                 break
-            st, _ = self._call_out(K.backup_commit, c, host, -1 if hstate is None
-                                   else int(hstate[0]), cid, True)
+            st, _, boundary = self._call_out(K.backup_commit, c, host, -1 if hstate is None
+                                             else int(hstate[0]), wnodes, hswa, cid, True)
             assert st == L.OK, st
             self.ongoing_write_through[cid] = cid
+            if boundary:
+                self._wt_swa[cid] = int(boundary)
             self._write_queue.append(cid)
+
+    def _swa_host_alloc(self, n):
+        """``n`` SWA host slots; when the pool is short, ``n`` SWA host units are
+        evicted first (SGLang's reclaim ``evict_host(n, SWA)``, the whole request,
+        not the shortfall). None when they cannot be found. Under the cache lock."""
+        h = self._host_swa.alloc(n)
+        if h is None:
+            self._evict_host_swa(n)
+            h = self._host_swa.alloc(n)
+        return h
+
+    def _copy_swa(self, kind, dev_swa, host_swa):
+        """Run the transfer callable for SWA slots (``kind`` ``"backup_swa"`` or
+        ``"load_swa"``; ``dev_swa`` device SWA slots, ``host_swa`` SWA host slots,
+        int64, in step); False (the exception kept, as ``_copy``) when it raises."""
+        if self._transfer is None:
+            return True
+        try:
+            self._transfer(kind, self._vals.out(dev_swa), host_swa)
+        except Exception as e:  # noqa: BLE001 -- re-raised by the public call
+            if self._transfer_error is None:
+                self._transfer_error = e
+            return False
+        return True
 
     def _run_path_cap(self, s):
         """An insert's ``A_PATH_CAP`` row (Mamba's per-path cap with the host tier, at
@@ -476,7 +577,8 @@ class HiCacheMixin:
                 for ack in self._write_acks.popleft():
                     del self.ongoing_write_through[ack]
                     # write-through holds a device lock until the ack; write-back none
-                    st, _ = eng.call(K.backup_ack, ack, ack, self._hicache_policy != "write_back")
+                    st, _ = eng.call(K.backup_ack, ack, ack, self._hicache_policy != "write_back",
+                                     self._wt_swa.pop(ack, 0))
                     assert st == L.OK, st
                     execute(eng.actions(), eng.out, None, None, self._sink)
 
@@ -498,21 +600,24 @@ class HiCacheMixin:
         write-back, which pins any node, as SGLang). On a Mamba cache the node's
         Mamba host lock is taken as well, whatever it holds (SGLang's Mamba
         component; never the root), and ``dec_host_lock_ref`` releases it with
-        any receipt of this node. A host lock does not keep a device-only node
+        any receipt of this node. On an SWA cache the SWA host window lock is taken
+        too (the receipt's ``{SWA: stamp}``; None when it reached the root). A host lock does not keep a device-only node
         from device eviction (as SGLang's): pin such a node with ``inc_lock_ref``
         too, or release the receipt before it can be evicted (a release on a
         deleted node raises ``NodeAccessError``). ``NodeAccessError`` for a stale
         id. O(1)."""
         nid = as_node_id(node, "node")
         with self._mutex:
-            stamp = 0
+            stamp = swa_stamp = 0
             if self._host is not None:
-                st, stamp = K.host_lock(*self._engine.st, nid)
+                st, stamp, swa_stamp = K.host_lock(*self._engine.st, nid)
                 if st == L.E_STALE:
                     raise self._stale(nid)
             else:
                 self._slot(nid)  # NodeAccessError for a stale id
         uuids = {ComponentType.FULL: int(stamp)} if stamp else {}
+        if self._host_swa is not None:
+            uuids[ComponentType.SWA] = int(swa_stamp) or None
         return IncLockRefResult(None, nid, (), {}, uuids)   # delta None, as SGLang's
 
     def dec_host_lock_ref(self, node, params):
@@ -531,16 +636,19 @@ class HiCacheMixin:
             raise TypeError("params.component_host_lock_uuids must be a dict, got "
                             f"{type(uuids).__name__}")
         stamp = uuids.get(ComponentType.FULL)
-        if stamp is not None and (isinstance(stamp, bool)
-                                  or not isinstance(stamp, (int, np.integer))):
-            raise TypeError(f"params.component_host_lock_uuids[FULL] must be an int stamp, "
-                            f"got {type(stamp).__name__}")
+        swa_stamp = uuids.get(ComponentType.SWA)
+        for c, x in ((ComponentType.FULL, stamp), (ComponentType.SWA, swa_stamp)):
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, np.integer))):
+                raise TypeError(f"params.component_host_lock_uuids[{c.name}] must be an int "
+                                f"stamp, got {type(x).__name__}")
         with self._mutex:
-            if self._host is None or not (stamp or self._host_mamba is not None):
+            if self._host is None or not (stamp or self._host_mamba is not None
+                                          or self._host_swa is not None):
                 self._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
                 return DecLockRefResult()
-            # checks the id too; on a Mamba cache the node's Mamba host lock goes as well
-            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp or 0))
+            # checks the id too; on a Mamba cache the node's Mamba host lock goes as well,
+            # on an SWA cache the SWA host window
+            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp or 0), int(swa_stamp or 0))
         if st == L.E_STALE:
             raise self._stale(nid)
         if st != L.OK:
@@ -640,13 +748,13 @@ class HiCacheMixin:
         """SGLang ``init_load_back(InitLoadBackParams)``: load the host part of a
         match back to the device when ``params.best_match_node`` is host-only,
         ``params.host_hit_length > 0`` or (Mamba) ``params.req.mamba_host_hit_length
-        > 0``. Returns ``(loaded_tokens, node)``: the best match node when Full
+        > 0`` or (SWA) ``params.req.swa_host_hit_length > 0``. Returns ``(loaded_tokens, node)``: the best match node when Full
         tokens were loaded, else ``(0, params.req.last_node)`` (the request's device
         match; ``params.req`` may be None, then the best match node's id is
-        returned with 0). On a Mamba cache with ``req.last_node`` given, the count is
-        SGLang's: the Full device tokens from the best node up to it once the load
-        is in (a load of the best node's state alone counts the nodes it made
-        usable); without one, the Full tokens loaded. Checked before any change:
+        returned with 0). On a Mamba or SWA cache with ``req.last_node`` given, the
+        count is SGLang's: the Full device tokens from the best node up to it once
+        the load is in (a load of the best node's state or SWA window alone counts
+        the nodes it made usable); without one, the Full tokens loaded. Checked before any change:
         ``req.last_node`` (``NodeAccessError`` when stale) and, on a Mamba cache,
         ``req.kv.mamba_pool_idx`` (None, or a slot the request holds: handed out
         by the state allocator and not held by the tree; ``ValueError`` /
@@ -672,11 +780,15 @@ class HiCacheMixin:
             state_hit = as_count(getattr(req, "mamba_host_hit_length", 0) or 0,
                                  "params.req.mamba_host_hit_length")
             self._check_load_req(req, "params.req")
+        if self._host_swa is not None and req is not None:
+            state_hit += as_count(getattr(req, "swa_host_hit_length", 0) or 0,
+                                  "params.req.swa_host_hit_length")
         # a load when the best node is host-only or a hit is positive; with no
         # hit, a best node on the device (no units to load) is left as it is
         n, done = self._load(best, quota, "params.best_match_node",
                              hit == 0 and state_hit == 0, req)
-        if done and self._host_mamba is not None and given_last is not None:
+        if done and (self._host_mamba is not None or self._host_swa is not None) \
+                and given_last is not None:
             # SGLang counts the Full device tokens from the best node up to the
             # request's device node once the load is in (a state-only load too)
             n = self._path_units(best, given_last)
@@ -749,8 +861,15 @@ class HiCacheMixin:
                 return 0, False
             # load_plan's host slots, for the transfer (evictions below reuse ``out``)
             host = eng.out[:units].copy() if self._transfer is not None and st == L.OK else None
+            wnodes = whost = _EMPTY
+            if self._host_swa is not None:  # the host-only SWA data within the window
+                _, wu, wk = self._call_out(K.swa_load_plan, nid)
+                if wu:
+                    whost = eng.out[:wu].copy()
+                    wnodes = eng.out[wu:wu + wk].copy()
             # both pins in one kernel (what inc_host_lock_ref + inc_lock_ref take)
-            _, delta, stamp = K.load_lock(*eng.st, nid)
+            _, delta, stamp, swa_host_stamp, swa_stamp = K.load_lock(*eng.st, nid)
+            stamps = (stamp, swa_host_stamp, swa_stamp)
             slot = nid & 0xFFFFFFFF
             new_req_slot = None
             kv = getattr(req, "kv", None) if req is not None else None
@@ -771,50 +890,63 @@ class HiCacheMixin:
                     st, restore = K.E_HOST_STATE, False
                 if st != L.OK:
                     units = 0
-                if ((units < max(1, self.load_back_threshold) and not restore)
+                if ((units < max(1, self.load_back_threshold) and not restore
+                        and not wnodes.size)
                         or (mem_quota is not None and units + delta > mem_quota)):
                     return 0, False
                 alloc = self.token_to_kv_pool_allocator
-                if alloc is None and units:
+                if alloc is None and (units or wnodes.size):
                     raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
                                      "device slots")
+                # SGLang loads Full KV into the Full side alone (no SWA peers)
+                full_alloc = alloc.full_attn_allocator if self._swa else alloc
                 dev = _EMPTY
                 if units:
-                    avail = alloc.available_size()
+                    avail = alloc.full_available_size() if self._swa else alloc.available_size()
                     if avail < units:
                         # a write-back victim's backup copy failure is raised here: the
                         # load is not made, its pins go back
                         self.evict(units - avail)
-                    dev = alloc.alloc(units) if alloc.available_size() >= units else None
+                    dev = full_alloc.alloc(units)
                     if dev is None:
                         return 0, False
-                    if hasattr(dev, "cpu"):  # a torch tensor
-                        dev = dev.cpu().numpy()
-                    dev = np.ascontiguousarray(dev, dtype=np.int64)
+                    dev = _np64(dev)
                 dstate = -1
+                wdev = _EMPTY
                 try:  # from here the load's own slots go back if it is not made
+                    if wnodes.size:  # the SWA window's device slots (SWA evicted when short)
+                        wdev = self._swa_device_alloc(whost.shape[0])
+                        if wdev is None:  # SGLang's rollback: the Full slots go back
+                            wdev = _EMPTY
+                            raise _Declined
                     if restore:
                         d = self._state_device_alloc()  # may evict (and raise)
                         if d is None:  # SGLang's rollback: the Full slots go back
                             raise _Declined
                         dstate = d
-                    if not self._load_copies(units, dev, host, slot, dstate, kv):
+                    if not self._load_copies(units, dev, host, slot, dstate, kv) or (
+                            wdev.size and not self._copy_swa("load_swa", wdev, whost)):
                         self._raise_transfer_error()
                 except BaseException as e:
                     if units:
                         self._vals.free(dev)
+                    if wdev.size:
+                        alloc.swa_attn_allocator.free(self._vals.out(wdev))
                     if dstate >= 0:
                         self._vals.free_mamba(np.array([dstate], dtype=np.int64))
                     if isinstance(e, _Declined):
                         return 0, False
                     raise
                 load_id = nid if units else 0
-                st, _ = eng.call(K.load_commit, nid, dev, load_id, dstate)
+                st, _, at = eng.call(K.load_commit, nid, dev, load_id, dstate, wnodes, wdev)
                 assert st == L.OK, st
+                if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
+                    alloc.set_full_to_swa_mapping(self._vals.out(eng.out[at:at + wdev.shape[0]]
+                                                                 .copy()), self._vals.out(wdev))
                 execute(eng.actions(), eng.out, None, None, self._sink)
                 if dstate >= 0:
                     self._vals.mamba_owned.add(dstate)
-                self.ongoing_load_back[nid] = stamp
+                self.ongoing_load_back[nid] = stamps
                 if not units:
                     self._state_loads.add(nid)
                 self._load_queue.append(nid)
@@ -822,10 +954,23 @@ class HiCacheMixin:
                 return units, True
             finally:
                 if not committed:
-                    self._load_unpin(nid, stamp)
+                    self._load_unpin(nid, stamps)
                     if new_req_slot is not None:
                         self._vals.free_mamba(np.array([new_req_slot], dtype=np.int64))
                         kv.mamba_pool_idx = None
+
+    def _swa_device_alloc(self, n):
+        """``n`` SWA device slots (int64 numpy), the SWA shortfall evicted first when
+        the SWA side is short (SGLang's ``_evict_swa_for_device_alloc``); None when
+        they cannot be found. Under the cache lock."""
+        side = self.token_to_kv_pool_allocator.swa_attn_allocator
+        d = side.alloc(n)
+        if d is None:
+            short = n - self.token_to_kv_pool_allocator.swa_available_size()
+            if short > 0:
+                self.evict(EvictParams(num_tokens=0, swa_num_tokens=short))
+            d = side.alloc(n)
+        return None if d is None else _np64(d)
 
     def _state_host_only(self, slot):
         return state_host_only(int(self._engine.st.nodes[slot, L.FLAGS]))
@@ -865,15 +1010,16 @@ class HiCacheMixin:
                     return False
         return True
 
-    def _load_unpin(self, nid, stamp):
+    def _load_unpin(self, nid, stamps):
         """Undo ``load_lock(nid)`` (a load that is not committed): the path lock,
-        then the host lock ``stamp`` (and the node's Mamba locks). Under the
-        cache lock."""
+        then the host lock (``stamps``: its Full, SWA host and SWA boundaries; the
+        node's Mamba locks too). Under the cache lock."""
         eng = self._engine
-        st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, 0)
+        stamp, swa_host_stamp, swa_stamp = stamps
+        st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, swa_stamp)
         assert st == L.OK, (st, x)
-        if stamp or self._host_mamba is not None:
-            st, _ = K.host_unlock(*eng.st, nid, stamp)
+        if stamp or self._host_mamba is not None or self._host_swa is not None:
+            st, _ = K.host_unlock(*eng.st, nid, stamp, swa_host_stamp)
             assert st == L.OK, st
 
     def ready_to_load_host_cache(self):
@@ -904,34 +1050,36 @@ class HiCacheMixin:
             error = None
             for _ in range(k):
                 for nid in self._load_acks.popleft():
-                    stamp = self.ongoing_load_back.pop(nid)
+                    stamps = self.ongoing_load_back.pop(nid)
                     load_id = nid
-                    if nid in self._state_loads:  # a Mamba state alone: no Full marks
+                    if nid in self._state_loads:  # aux data alone: no Full marks
                         self._state_loads.discard(nid)
                         load_id = 0
                     # the ack, the path lock's and the host lock's release, in one kernel
-                    st, x = K.load_finish(*eng.st, nid, load_id, stamp)
+                    st, x = K.load_finish(*eng.st, nid, load_id, *stamps)
                     if st != L.OK:
-                        e = self._load_finish_error(nid, stamp, st, x)
+                        e = self._load_finish_error(nid, stamps, st, x)
                         error = error or e   # the other loads of the ack complete all the same
             if error is not None:
                 raise error
 
-    def _load_finish_error(self, nid, stamp, st, x):
+    def _load_finish_error(self, nid, stamps, st, x):
         """A load whose own pin a caller's stray release took (an unlock or a
         dec_host_lock_ref too many): the load is completed (marks cleared), the
         pin still held is released, and the ``LockRefError`` naming the taken one
         is returned for ``loading_check`` to raise once its ack is done. Under the
         cache lock."""
         eng = self._engine
+        stamp, swa_host_stamp, swa_stamp = stamps
         assert st != K.E_HOST_STATE and st != L.E_STALE, st
         K.load_ack(*eng.st, nid, nid)
         if x < 0:  # the host lock was taken: release the path lock
-            _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, 0)
+            _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, swa_stamp)
             return LockRefError(f"loading_check: the load-back's host lock on node {nid} was "
                                 "released by another call (a dec_host_lock_ref too many)")
-        if stamp:  # the path lock was taken: release the host lock if its segment holds it
-            K.host_unlock(*eng.st, nid, stamp)
+        if stamp or swa_host_stamp:
+            # the path lock was taken: release the host lock if its segment holds it
+            K.host_unlock(*eng.st, nid, stamp, swa_host_stamp)
         return LockRefError(f"loading_check: the load-back's path lock on node {nid} was "
                             "released by another call (an unlock too many)")
 
@@ -970,8 +1118,8 @@ class HiCacheMixin:
             self._host_mamba.free(hstate)
             self._host.free(host)
             self._raise_transfer_error()
-        st, _ = self._call_out(K.backup_commit, s, host, -1 if hstate is None
-                               else int(hstate[0]), nid, False)
+        st, _, _ = self._call_out(K.backup_commit, s, host, -1 if hstate is None
+                                  else int(hstate[0]), _EMPTY, _EMPTY, nid, False)
         assert st == L.OK, st
         self.ongoing_write_through[nid] = nid
         self._write_queue.append(nid)
@@ -996,7 +1144,7 @@ class HiCacheMixin:
             st, n, _ = eng.call(K.drop_subtree, nid)
             assert st == L.OK, st
         freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
-                        mamba_out=mamba_out, host_mamba=self._host_mamba)
+                        mamba_out=mamba_out, host_mamba=self._host_mamba, host_swa=self._host_swa)
         return int(n), freed, int(had_state and n > 0)
 
     def _state_victim(self, nid, mamba_out=None):
@@ -1068,8 +1216,9 @@ class HiCacheMixin:
         write-back the duplicates' host copies first). ``ComponentType.MAMBA``
         (a Mamba cache): ``num_tokens`` host *states* from the Mamba host LRU's
         least recent end, skipping host-locked ones; a host leaf goes whole (its
-        Full host value too), another node loses its host state only. The host
-        slots go back to their pools. ``ValueError`` for another component or a
+        Full host value too), another node loses its host state only.
+        ``ComponentType.SWA`` (an SWA cache): SWA host tokens from the SWA host
+        LRU the same way. The host slots go back to their pools. ``ValueError`` for another component or a
         cache without a host tier; nothing changes then."""
         self._check_host("evict_host")
         ct = L.FULL
@@ -1079,7 +1228,8 @@ class HiCacheMixin:
                 raise ValueError(f"component_type must be a ComponentType, got "
                                  f"{component_type!r}")
             ct = int(component_type)
-            ok = (L.FULL, L.MAMBA) if self._host_mamba is not None else (L.FULL,)
+            ok = ((L.FULL,) + ((L.SWA,) if self._host_swa is not None else ())
+                  + ((L.MAMBA,) if self._host_mamba is not None else ()))
             if ct not in ok:
                 raise ValueError("component_type must be "
                                  + " or ".join(f"ComponentType.{ComponentType(c).name}"
@@ -1089,6 +1239,8 @@ class HiCacheMixin:
         with self._mutex:
             if ct == L.MAMBA:
                 return self._evict_host_states(n)
+            if ct == L.SWA:
+                return self._evict_host_swa(n)
             return self._evict_host_units(n)
 
     def _evict_host_units(self, n):
@@ -1098,7 +1250,19 @@ class HiCacheMixin:
             st, f = K.evict_host(*eng.st, n - done, eng.out, eng.acts)
             done += f
             execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
-                    host_mamba=self._host_mamba)
+                    host_mamba=self._host_mamba, host_swa=self._host_swa)
+            if st == L.OK:
+                return done
+            eng.grow()
+
+    def _evict_host_swa(self, n):
+        eng = self._engine
+        done = 0
+        while True:
+            st, f, _ = K.evict_host_swa(*eng.st, n - done, eng.out, eng.acts)
+            done += f
+            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
+                    host_mamba=self._host_mamba, host_swa=self._host_swa)
             if st == L.OK:
                 return done
             eng.grow()
@@ -1110,7 +1274,7 @@ class HiCacheMixin:
             st, f, _ = K.evict_host_states(*eng.st, n - done, eng.out, eng.acts)
             done += f
             execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
-                    host_mamba=self._host_mamba)
+                    host_mamba=self._host_mamba, host_swa=self._host_swa)
             if st == L.OK:
                 return done
             eng.grow()
@@ -1130,6 +1294,10 @@ class HiCacheMixin:
     def host_evictable_size(self):
         """Tokens of the evictable host leaves (what ``evict_host`` can free now)."""
         return int(self._engine.st.meta[L.M_HOST_EVICTABLE])
+
+    def swa_host_total_size(self):
+        """Tokens holding an SWA host value (0 without SWA on the host tier)."""
+        return int(self._engine.st.meta[L.M_SWA_HOST_TOTAL])
 
     def mamba_host_total_size(self):
         """Mamba states held on the host (0 without Mamba on the host tier)."""

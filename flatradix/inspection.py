@@ -96,6 +96,29 @@ def all_host_values_flatten(engine):
     return np.concatenate(parts) if parts else _EMPTY.copy()
 
 
+def all_swa_host_values_flatten(engine):
+    """Every node's SWA host value (SWA host pool slots), concatenated in DFS order
+    (owned; empty without SWA on the host tier)."""
+    nodes, pool = engine.st.nodes, engine.st.pool
+    meta = engine.st.meta
+    if not meta[L.M_HOST] or not meta[L.M_COMPONENTS] & L.C_SWA:
+        return _EMPTY.copy()
+    hc = pool.shape[1] - 2
+    parts = [pool[int(nodes[s, L.KEY_OFF]):int(nodes[s, L.KEY_OFF] + nodes[s, L.KEY_LEN]), hc]
+             for s, _ in dfs(nodes) if s != L.ROOT and nodes[s, L.FLAGS] & L.F_HAS_SWA_HOST]
+    return np.concatenate(parts) if parts else _EMPTY.copy()
+
+
+def all_swa_full_values_flatten(engine):
+    """The Full device values of the nodes holding SWA data, in DFS order (owned): the
+    allocator maps them to the SWA slots the tree holds."""
+    nodes, pool = engine.st.nodes, engine.st.pool
+    parts = [pool[int(nodes[s, L.KEY_OFF]):int(nodes[s, L.KEY_OFF] + nodes[s, L.KEY_LEN]),
+                  L.FULL_DEV]
+             for s, _ in dfs(nodes) if s != L.ROOT and nodes[s, L.FLAGS] & L.F_HAS_SWA_DEV]
+    return np.concatenate(parts) if parts else _EMPTY.copy()
+
+
 def all_mamba_values_flatten(engine):
     """Every node's Mamba device state slot in DFS order (int64, owned)."""
     nodes = engine.st.nodes

@@ -152,6 +152,41 @@ WORKLOAD = textwrap.dedent("""
         c.evict_host(1, CT.MAMBA)
         c.evict_host(1 << 20)
         c.sanity_check()
+    # HiCache with SWA: window backups (and an incremental one), demote, SWA tombstones
+    # with host copies, Full and SWA-only load-backs, SWA host eviction, host locks
+    for page in (1, 16):
+        alloc = F.SWATokenToKVPoolAllocator(4096, 4096, page_size=page)
+        c = F.UnifiedRadixCache(page_size=page, tree_components=(CT.FULL, CT.SWA),
+                                sliding_window_size=2 * page, token_to_kv_pool_allocator=alloc,
+                                enable_kv_cache_events=True)
+        c.init_hicache(host_size=4096, swa_host_size=4096, load_back_threshold=1,
+                       transfer=lambda kind, dev, host: None)
+        toks = list(range(1, 4 * page + 1))
+        for key in (toks, toks + list(range(500, 500 + 2 * page))):
+            c.insert(F.InsertParams(key=F.RadixKey(key), value=alloc.alloc(len(key))))
+        c.check_hicache_events()
+        c.evict(F.EvictParams(num_tokens=0, swa_num_tokens=page))
+        c.evict_host(page, CT.SWA)
+        c.insert(F.InsertParams(key=F.RadixKey(toks), value=alloc.alloc(len(toks))))
+        c.check_hicache_events()
+        c.evict(F.EvictParams(num_tokens=1 << 20, swa_num_tokens=1 << 20))
+        m = c.match_prefix(F.MatchPrefixParams(key=F.RadixKey(toks)))
+        hl = c.inc_host_lock_ref(m.best_match_node)
+        c.dec_host_lock_ref(m.best_match_node, hl)
+        req = SimpleNamespace(last_node=m.last_device_node,
+                              swa_host_hit_length=m.swa_host_hit_length)
+        c.init_load_back(F.InitLoadBackParams(m.best_match_node, m.host_hit_length, None, req))
+        c.check_hicache_events()
+        c.evict(F.EvictParams(num_tokens=0, swa_num_tokens=1 << 20))
+        m = c.match_prefix(F.MatchPrefixParams(key=F.RadixKey(toks)))
+        req = SimpleNamespace(last_node=m.last_device_node,
+                              swa_host_hit_length=m.swa_host_hit_length)
+        c.init_load_back(F.InitLoadBackParams(m.best_match_node, m.host_hit_length, None, req))
+        c.check_hicache_events()
+        c.evict_host(1 << 20, CT.SWA)
+        c.evict(F.EvictParams(num_tokens=1 << 20, swa_num_tokens=1 << 20))
+        c.evict_host(1 << 20)
+        c.sanity_check()
     # write-back with Mamba: an internal state backed up before its tombstone (the
     # whole evict and the step-wise round), a leaf victim backed up and demoted
     for step in (False, True):

@@ -43,15 +43,18 @@ Rules (hook names as SGLang's):
 from ..kernels import tree
 from ..kernels._jit import helper
 from ..kernels.actions import (
-    A_ADOPTED, A_FREE_KV, A_FREE_KV_FULL_ONLY, A_FREE_SLOT, A_SWA_RECOVER_LOCKED, SRC_IN, SRC_OUT,
-    emit, out_put_span,
+    A_ADOPTED, A_FREE_HOST, A_FREE_KV, A_FREE_KV_FULL_ONLY, A_FREE_SLOT, A_SWA_RECOVER_LOCKED,
+    SRC_IN, SRC_OUT, emit, out_put_col, out_put_span,
 )
 from ..kernels.layout import (
-    E_LOCK_UNDERFLOW, F_HAS_SWA_DEV, FLAGS, FULL, FULL_DEV, FULL_LOCK, KEY_LEN, KEY_OFF,
-    LOCK_REF, LRU_SWA, M_EVICTABLE, M_PAGE, M_PROTECTED, M_SWA_UUID_NEXT, M_SWA_WINDOW, M_TOTAL,
-    N_TIERS, OK, PARENT, ROOT, SWA, SWA_LOCK, SWA_UUID,
+    E_LOCK_UNDERFLOW, E_NO_BOUNDARY, F_HAS_SWA_DEV, F_HAS_SWA_HOST, FLAGS, FULL, FULL_DEV,
+    FULL_LOCK, KEY_LEN, KEY_OFF, LOCK_REF, LRU_SWA, LRU_SWA_HOST, M_EVICTABLE, M_PAGE,
+    M_PROTECTED, M_SWA_HOST_TOTAL, M_SWA_UUID_NEXT, M_SWA_WINDOW, M_TOTAL, N_TIERS, OK, PARENT,
+    ROOT, SWA, SWA_HOST_LOCK, SWA_HOST_UUID, SWA_LOCK, SWA_UUID, WT_PENDING,
 )
-from ..kernels.lru import lru_head, lru_insert_after, lru_move_after, lru_push_front, lru_remove
+from ..kernels.lru import (
+    lru_head, lru_in_list, lru_insert_after, lru_move_after, lru_push_front, lru_remove,
+)
 from ..kernels.order import is_device_leaf, refresh_leaf
 
 #: Cascade priority on an internal node (leaf: 0).
@@ -63,6 +66,194 @@ NO_HOLE = 1 << 62
 @helper
 def has_data(nodes, s):
     return (nodes[s, FLAGS] & F_HAS_SWA_DEV) != 0
+
+
+@helper
+def has_host(nodes, s):
+    return (nodes[s, FLAGS] & F_HAS_SWA_HOST) != 0
+
+
+@helper
+def host_only(nodes, s):
+    """SWA data on the host only (a load-back restores it)."""
+    return (nodes[s, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)) == F_HAS_SWA_HOST
+
+
+@helper
+def needs_backup(nodes, s):
+    """SWA data on the device with no host copy."""
+    return (nodes[s, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)) == F_HAS_SWA_DEV
+
+
+@helper
+def host_col(pool):
+    """The pool column of the SWA host values (right before the Full host column)."""
+    return pool.shape[1] - 2
+
+
+@helper
+def validate_host(nodes, meta, s, acc):
+    """The host tier's validator (SGLang's with ``match_device_only=False``): SWA
+    data on either tier counts; returns ``(ok, acc)`` as ``validate``."""
+    if not (nodes[s, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)):
+        return False, 0
+    if acc < NO_HOLE:
+        acc += nodes[s, KEY_LEN]
+    return acc >= meta[M_SWA_WINDOW], acc
+
+
+@helper
+def host_hit_length(nodes, meta, best):
+    """SGLang's ``swa_host_hit_length``: from ``best`` toward the root until ``W``
+    units of SWA data (either tier) are covered, the units of the nodes whose SWA
+    data is on the host only; a node with none ends the walk."""
+    w = meta[M_SWA_WINDOW]
+    covered = 0
+    hit = 0
+    a = best
+    while a != ROOT and covered < w:
+        f = nodes[a, FLAGS]
+        n = nodes[a, KEY_LEN]
+        if f & F_HAS_SWA_DEV:
+            covered += n
+        elif f & F_HAS_SWA_HOST:
+            covered += n
+            hit += n
+        else:
+            break
+        a = nodes[a, PARENT]
+    return hit
+
+
+@helper
+def collect_unbacked(nodes, meta, s, out, k0):
+    """SGLang ``_collect_unbacked_swa_nodes_in_window``: from ``s`` toward the root
+    until ``W`` units of SWA data are covered, stopping at a node with a backup in
+    flight or with no SWA data on either tier, the nodes whose SWA data has no
+    host copy, written deepest first to ``out[k0:]`` when ``out`` is given
+    (``out.shape[0] > 0``). Returns ``(nodes, units)``; the caller checked room."""
+    w = meta[M_SWA_WINDOW]
+    covered = 0
+    k = 0
+    units = 0
+    a = s
+    while a != ROOT and covered < w:
+        if nodes[a, WT_PENDING] != 0:
+            break
+        f = nodes[a, FLAGS]
+        if not (f & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)):
+            break
+        n = nodes[a, KEY_LEN]
+        covered += n
+        if (f & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)) == F_HAS_SWA_DEV:
+            if out.shape[0] > 0:
+                out[k0 + k] = a
+            k += 1
+            units += n
+        a = nodes[a, PARENT]
+    return k, units
+
+
+@helper
+def host_lru_join(nodes, s):
+    """SGLang's host-LRU insert (``insert_mru``, unless there): a node whose SWA
+    data is on the host only, host-locked or not."""
+    if host_only(nodes, s) and not lru_in_list(nodes, LRU_SWA_HOST, s):
+        lru_push_front(nodes, LRU_SWA_HOST, s)
+
+
+@helper
+def attach_host(nodes, pool, meta, s, host_slots, start):
+    """Node ``s`` (SWA data on the device, none on the host) takes
+    ``host_slots[start:start + len]`` as its SWA host value (a backup commit)."""
+    n = nodes[s, KEY_LEN]
+    off = nodes[s, KEY_OFF]
+    dst = pool[off:off + n, host_col(pool)]
+    src = host_slots[start:start + n]
+    for j in range(n):
+        dst[j] = src[j]
+    nodes[s, FLAGS] |= F_HAS_SWA_HOST
+    meta[M_SWA_HOST_TOTAL] += n
+
+
+@helper
+def evict_host_component(nodes, pool, meta, s, out, acts):
+    """Free ``s``'s SWA host value (``A_FREE_HOST(SWA)`` with its host slots in
+    ``out``); it leaves the SWA host LRU. Returns its units. The caller checked
+    room for 1 row and ``len`` values."""
+    n = nodes[s, KEY_LEN]
+    at = out_put_col(out, meta, pool, nodes[s, KEY_OFF], n, host_col(pool))
+    emit(acts, meta, A_FREE_HOST, SWA, SRC_OUT, at, n, 0)
+    nodes[s, FLAGS] &= ~F_HAS_SWA_HOST
+    meta[M_SWA_HOST_TOTAL] -= n
+    if lru_in_list(nodes, LRU_SWA_HOST, s):
+        lru_remove(nodes, LRU_SWA_HOST, s)
+    return n
+
+
+@helper
+def acquire_host_lock(nodes, meta, s):
+    """The host window segment lock (SGLang's SWA ``acquire_component_lock`` with
+    ``lock_host``): from ``s`` up until ``W`` units are covered, host lock_ref += 1
+    on each; an entry of the SWA host LRU with a host value leaves it on 0 -> 1;
+    the node where the window is reached is stamped (``SWA_HOST_UUID``) as the
+    boundary. Returns the stamp, 0 when the segment reached the root."""
+    w = meta[M_SWA_WINDOW]
+    covered = 0
+    boundary = 0
+    a = s
+    while a != ROOT and covered < w:
+        if nodes[a, SWA_HOST_LOCK] == 0 and has_host(nodes, a) \
+                and lru_in_list(nodes, LRU_SWA_HOST, a):
+            lru_remove(nodes, LRU_SWA_HOST, a)
+        nodes[a, SWA_HOST_LOCK] += 1
+        covered += nodes[a, KEY_LEN]
+        if covered >= w:
+            if nodes[a, SWA_HOST_UUID] == 0:
+                nodes[a, SWA_HOST_UUID] = meta[M_SWA_UUID_NEXT]
+                meta[M_SWA_UUID_NEXT] += 1
+            boundary = nodes[a, SWA_HOST_UUID]
+        a = nodes[a, PARENT]
+    return boundary
+
+
+@helper
+def check_host_release(nodes, s, boundary):
+    """Whether the host window segment ``[s, boundary]`` can be released (every
+    node's SWA host lock_ref > 0, the boundary on the path): ``(OK, nodes)``,
+    ``(E_LOCK_UNDERFLOW, slot)`` or ``(E_NO_BOUNDARY, -1)``. ``boundary`` 0: the
+    segment reaches the root."""
+    count = 0
+    a = s
+    while a != ROOT:
+        if nodes[a, SWA_HOST_LOCK] <= 0:
+            return E_LOCK_UNDERFLOW, a
+        count += 1
+        if boundary != 0 and nodes[a, SWA_HOST_UUID] == boundary:
+            return OK, count
+        a = nodes[a, PARENT]
+    if boundary != 0:
+        return E_NO_BOUNDARY, -1
+    return OK, count
+
+
+@helper
+def release_host_lock(nodes, heap, meta, s, boundary):
+    """The reverse of ``acquire_host_lock`` over ``[s, boundary]`` (checked by
+    ``check_host_release``): a node whose host lock drops to 0 while its SWA data is
+    on the host only rejoins the SWA host LRU (MRU) unless there, and is re-checked
+    for the leaf heaps."""
+    a = s
+    while a != ROOT:
+        if nodes[a, SWA_HOST_LOCK] == 1 and host_only(nodes, a) \
+                and not lru_in_list(nodes, LRU_SWA_HOST, a):
+            lru_push_front(nodes, LRU_SWA_HOST, a)
+        nodes[a, SWA_HOST_LOCK] -= 1
+        if nodes[a, SWA_HOST_LOCK] == 0:
+            refresh_leaf(nodes, heap, meta, a)
+        if boundary != 0 and nodes[a, SWA_HOST_UUID] == boundary:
+            break
+        a = nodes[a, PARENT]
 
 
 @helper
@@ -101,6 +292,8 @@ def publish(nodes, meta, s):
     length on the SWA ledger (protected when a window lock covers it)."""
     n = nodes[s, KEY_LEN]
     nodes[s, FLAGS] |= F_HAS_SWA_DEV
+    if lru_in_list(nodes, LRU_SWA_HOST, s):  # its host copy is a duplicate now
+        lru_remove(nodes, LRU_SWA_HOST, s)
     lru_push_front(nodes, LRU_SWA, s)
     if nodes[s, SWA_LOCK] > 0:
         meta[M_PROTECTED + SWA] += n
@@ -121,6 +314,7 @@ def evict_component(nodes, pool, meta, s, out, acts):
     meta[M_TOTAL + SWA] -= n
     nodes[s, FLAGS] &= ~F_HAS_SWA_DEV
     lru_remove(nodes, LRU_SWA, s)
+    host_lru_join(nodes, s)  # a host copy stays, in the SWA host LRU
     return n
 
 
@@ -145,8 +339,20 @@ def redistribute_on_node_split(nodes, u, child):
         nodes[u, LOCK_REF + SWA * N_TIERS + t] = nodes[child, LOCK_REF + SWA * N_TIERS + t]
     nodes[u, SWA_UUID] = nodes[child, SWA_UUID]
     nodes[child, SWA_UUID] = 0
+    nodes[u, SWA_HOST_UUID] = nodes[child, SWA_HOST_UUID]
+    nodes[child, SWA_HOST_UUID] = 0
     if has_data(nodes, u):
         lru_insert_after(nodes, LRU_SWA, child, u)
+    if has_host(nodes, u) and nodes[u, SWA_HOST_LOCK] == 0:
+        # SGLang: host-locked halves stay out of the host LRU; a host-only upper
+        # part sits right behind the child when the child is listed, else MRU
+        if not has_data(nodes, u):
+            if lru_in_list(nodes, LRU_SWA_HOST, child):
+                lru_insert_after(nodes, LRU_SWA_HOST, child, u)
+            else:
+                lru_push_front(nodes, LRU_SWA_HOST, u)
+        if not has_data(nodes, child) and not lru_in_list(nodes, LRU_SWA_HOST, child):
+            lru_push_front(nodes, LRU_SWA_HOST, child)
 
 
 @helper
@@ -186,6 +392,29 @@ def update_component_on_insert_overlap(nodes, ctab, pool, heap, meta, s, length,
             dst[j] = src[j]
     publish(nodes, meta, s)
     return s, live - length
+
+
+@helper
+def recover_after_unevict(nodes, ctab, pool, heap, meta, s, length, m, cursor, track, acts):
+    """SGLang ``recover_after_unevict``: the host-only node ``s`` (key units
+    ``[length, length + m)``) just took the request's slots as its Full device
+    value; its part at or past ``cursor`` gets SWA data from them (the SWA peers
+    of those slots; split at the cursor first, the upper part staying a
+    tombstone). Returns the upper part's slot when a split made one, else -1.
+    With ``track`` the adopted range is reported (``A_ADOPTED``)."""
+    end = length + m
+    if has_data(nodes, s):
+        return -1
+    live = cursor if cursor > length else length
+    if live >= end:
+        return -1
+    upper = -1
+    if live > length:
+        upper = tree.split_node(nodes, ctab, pool, heap, meta, s, live - length)
+    publish(nodes, meta, s)
+    if track:
+        emit(acts, meta, A_ADOPTED, SWA, SRC_IN, live, end - live, 0)
+    return upper
 
 
 @helper

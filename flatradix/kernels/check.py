@@ -41,6 +41,10 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
      and a host tier, a negative Mamba host lock_ref (or one without Mamba),
      the Mamba host LRU holding a node whose state is not host-only or missing
      an unlocked host-only one, broken links, or ``M_MAMBA_HOST_TOTAL`` off
+125  SWA host tier: SWA host data without a Full host value or on a cache
+     without SWA and a host tier, a negative SWA host lock_ref (or one without
+     SWA), the SWA host LRU holding a node whose SWA data is not host-only or
+     missing an unlocked host-only one, broken links, or ``M_SWA_HOST_TOTAL`` off
 ===  =====================================================================
 """
 
@@ -52,7 +56,8 @@ from .layout import (
     HEAP_DEVICE, HEAP_HOST, HEAP_POS, HOST_HEAP_POS, N_SENTINELS, SENTINEL0, F_HAS_FULL_HOST,
     LOAD_PENDING, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, WT_PENDING, DUP_NEXT, DUP_PREV, F_DUP,
     M_DUP_HEAD, M_DUP_TAIL, F_HAS_MAMBA_HOST, LRU_MAMBA_HOST, MAMBA_HOST_SLOT,
-    M_MAMBA_HOST_TOTAL, HOST_WRITE_BACK,
+    M_MAMBA_HOST_TOTAL, HOST_WRITE_BACK, F_HAS_SWA_HOST, LRU_SWA_HOST, M_SWA_HOST_TOTAL,
+    SWA_HOST_LOCK,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
     M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
@@ -156,6 +161,8 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     mamba_bit = _F_HAS_MAMBA
     mh_total = 0
     mh_listed = 0
+    sh_total = 0
+    sh_listed = 0
     m_nodes = 0
     m_evictable = 0
     m_protected = 0
@@ -273,6 +280,20 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             return 124, s
         if listed:
             mh_listed += 1
+        sh = (f & F_HAS_SWA_HOST) != 0
+        if sh:
+            if not (swa_on and host_on) or not (f & F_HAS_FULL_HOST):
+                return 125, s
+            sh_total += n
+        slk = nodes[s, SWA_HOST_LOCK]
+        if slk < 0 or (slk > 0 and not swa_on):
+            return 125, s
+        listed = lru_in_list(nodes, LRU_SWA_HOST, s)
+        h_only = sh and not (f & F_HAS_SWA_DEV)
+        if (listed and not h_only) or (h_only and slk == 0 and not listed):
+            return 125, s
+        if listed:
+            sh_listed += 1
         k, has, locked = _aux_node(nodes, s, mamba_on, LRU_MAMBA, mamba_bit, mamba_lock, lk)
         if k != 0:
             return 118 + k, s
@@ -335,18 +356,33 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         return (120, x) if x != -3 else (121, NIL)
     if mh_total != meta[M_MAMBA_HOST_TOTAL]:
         return 124, NIL
-    h, t = lru_head(LRU_MAMBA_HOST), lru_tail(LRU_MAMBA_HOST)
+    x = _check_host_list(nodes, hwm, LRU_MAMBA_HOST, mh_listed)
+    if x != -2:
+        return 124, x
+    if sh_total != meta[M_SWA_HOST_TOTAL]:
+        return 125, NIL
+    x = _check_host_list(nodes, hwm, LRU_SWA_HOST, sh_listed)
+    if x != -2:
+        return 125, x
+    return 0, NIL
+
+
+@helper
+def _check_host_list(nodes, hwm, lst, listed):
+    """Host LRU ``lst`` runs sentinel to sentinel through ``listed`` live nodes:
+    -2, else the bad entry (NIL for a count or tail mismatch)."""
+    h, t = lru_head(lst), lru_tail(lst)
     count = 0
     prev = h
-    x = nodes[h, LRU_NEXT + LRU_MAMBA_HOST]
+    x = nodes[h, LRU_NEXT + lst]
     while x != t:
         if (x < FIRST_SLOT or x >= hwm or count > hwm
-                or nodes[x, LRU_PREV + LRU_MAMBA_HOST] != prev
+                or nodes[x, LRU_PREV + lst] != prev
                 or not (nodes[x, FLAGS] & F_ALIVE)):
-            return 124, x
+            return x
         count += 1
         prev = x
-        x = nodes[x, LRU_NEXT + LRU_MAMBA_HOST]
-    if nodes[t, LRU_PREV + LRU_MAMBA_HOST] != prev or count != mh_listed:
-        return 124, NIL
-    return 0, NIL
+        x = nodes[x, LRU_NEXT + lst]
+    if nodes[t, LRU_PREV + lst] != prev or count != listed:
+        return NIL
+    return -2

@@ -79,14 +79,15 @@ def _short(nodes, acts, out, meta, s):
 
 @helper
 def swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
-    """Evict SWA from ``x``: delete it whole when it is an evictable device leaf,
-    else tombstone it; the tombstone cascades to a Mamba state on ``x`` (a state
+    """Evict SWA from ``x``: evict it whole when it is an evictable device leaf
+    (``evict_leaf``: demoted when it has a host copy), else tombstone it (a host
+    copy of its SWA data stays, in the SWA host LRU); the tombstone cascades to a Mamba state on ``x`` (a state
     behind an SWA hole is useless: SWA's internal priority is above Mamba's).
     Returns ``(full units, swa units, mamba states, deleted)``."""
     n = nodes[x, KEY_LEN]
     m = 1 if mamba.has_data(nodes, x) else 0
     if is_device_leaf(nodes, x):
-        delete_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        evict_leaf(nodes, ctab, pool, heap, meta, x, out, acts)  # demoted when backed up
         return n, n, m, True
     swa.evict_component(nodes, pool, meta, x, out, acts)
     if m:

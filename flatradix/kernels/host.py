@@ -21,19 +21,19 @@ Full device ledgers (load-back) and the host ledgers ``M_HOST_TOTAL`` /
 ``M_HOST_EVICTABLE`` (through ``order.refresh_host_leaf``).
 """
 
-from ..components import full, mamba
+from ..components import full, mamba, swa
 from ._jit import helper, kernel
 from .actions import (
     A_FREE_HOST, A_REMOVED, A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, acts_begin,
     acts_room, emit, out_put_col,
 )
 from .layout import (
-    C_MAMBA, DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS,
+    C_MAMBA, C_SWA, DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS,
     FULL, LRU_MAMBA_HOST, M_COMPONENTS,
     FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
     HOST_HEAP_POS, HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
     M_DUP_HEAD, M_EVENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST,
-    M_HOST_TOTAL, MAMBA,
+    M_HOST_TOTAL, MAMBA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST, M_SWA_WINDOW,
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
@@ -60,7 +60,8 @@ def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
     with a host value. Writes their slots to ``out[:k]``, ancestors first.
     Returns ``(status, units, k)`` (``units``: the Full units they lack on the
     host). A node with a Full host copy is planned only when its Mamba state
-    needs one (SGLang's incremental backup, ``mamba.needs_backup``): ``k`` is 0
+    needs one or SWA data within its window does (SGLang's incremental backup,
+    ``needs_aux_backup``): ``k`` is 0
     when ``nid`` needs nothing (a re-backup is a no-op). ``E_STALE`` for a dead
     id, ``E_HOST_STATE`` when a node of the chain has no device value,
     ``E_CAPACITY`` (``meta[M_NEED_OUT]``) when ``out`` is short; nothing
@@ -72,9 +73,9 @@ def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
     k = 0
     a = s
     if nodes[s, FLAGS] & F_HAS_FULL_HOST:
-        if not ((meta[M_COMPONENTS] & C_MAMBA) and mamba.needs_backup(nodes, s)):
+        if not needs_aux_backup(nodes, meta, s, out):
             return OK, 0, 0
-        k = 1  # the state alone; its ancestors are backed up (write-through)
+        k = 1  # its aux data alone; its ancestors are backed up (write-through)
         a = nodes[s, PARENT]
     while a != ROOT and not (nodes[a, FLAGS] & F_HAS_FULL_HOST):
         if not (nodes[a, FLAGS] & F_HAS_FULL_DEV):
@@ -92,6 +93,66 @@ def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
         out[i] = a
         a = nodes[a, PARENT]
     return OK, units, k
+
+
+@helper
+def needs_aux_backup(nodes, meta, s, out):
+    """SGLang's ``_needs_incremental_component_backup`` of a node not pending: its
+    Mamba state has no host copy, or SWA data within its window has none
+    (``swa.collect_unbacked``; ``out`` is only passed through, nothing written)."""
+    c = meta[M_COMPONENTS]
+    if (c & C_MAMBA) and mamba.needs_backup(nodes, s):
+        return True
+    if (c & C_SWA) and meta[M_HOST] != 0:
+        return swa.collect_unbacked(nodes, meta, s, out[:0], 0)[0] > 0
+    return False
+
+
+@kernel
+def swa_backup_plan(nodes, ctab, pool, heap, meta, slot, out):
+    """The SWA part of the backup of the live node in ``slot`` (SGLang's SWA
+    ``build_hicache_transfers(BACKUP_HOST)``, read just before its commit): the
+    nodes within its window whose SWA data has no host copy
+    (``swa.collect_unbacked``), none past a node with a backup in flight. Their
+    Full device indices, root-first, go to ``out[:units]`` (the façade translates
+    them to SWA slots for the copy), their slots, root-first, to
+    ``out[units:units + nodes]`` (``backup_commit``'s ``swa_nodes``: SGLang
+    commits the nodes it planned). Returns ``(status, units, nodes)``;
+    ``(OK, 0, 0)`` on a cache without SWA on the host tier or a dead slot."""
+    if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
+        return OK, 0, 0
+    if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+        return OK, 0, 0
+    k, units = swa.collect_unbacked(nodes, meta, slot, out[:0], 0)
+    if k == 0:
+        return OK, 0, 0
+    if out.shape[0] < units + k:
+        need(meta, 0, 0, units + k, 0)
+        return E_CAPACITY, 0, 0
+    swa.collect_unbacked(nodes, meta, slot, out, units)
+    _reverse(out, units, units + k)
+    pos = 0
+    for i in range(k):  # root-first
+        a = out[units + i]
+        n = nodes[a, KEY_LEN]
+        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, FULL_DEV]
+        dst = out[pos:pos + n]
+        for j in range(n):
+            dst[j] = src[j]
+        pos += n
+    return OK, units, k
+
+
+@helper
+def _reverse(a, lo, hi):
+    """Reverse ``a[lo:hi]`` in place."""
+    hi -= 1
+    while lo < hi:
+        t = a[lo]
+        a[lo] = a[hi]
+        a[hi] = t
+        lo += 1
+        hi -= 1
 
 
 @kernel
@@ -115,37 +176,65 @@ def node_device_values(nodes, ctab, pool, heap, meta, slot, out):
 
 
 @kernel
-def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, ack_id, lock, out):
+def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, swa_nodes, swa_host,
+                  ack_id, lock, out):
     """Commit the backup of the node in ``slot`` (one node of a ``backup_plan``
     chain, committed ancestors first): it takes ``host_slots`` (int64, one host
     slot per unit; empty when it has a Full host copy already) as its Full host
     value, ``state_host`` (>= 0; -1: none) as its Mamba host state, and the
     pending mark ``ack_id`` (> 0) until ``backup_ack``; with ``lock`` it is locked
     on the device until then as ``inc_lock_ref`` locks it (the Full path, and the
-    node's Mamba lock on a Mamba cache: write-through holds the source). Its
-    device indices are copied to ``out[:len]`` (the transfer's source; none for a
-    state-only backup). Returns ``(status, units)``; ``E_HOST_STATE`` when the
-    node is not alive, has no device value, has a host value and no state to
+    node's Mamba lock on a Mamba cache, its SWA window lock on an SWA cache:
+    write-through holds the source). ``swa_nodes`` / ``swa_host`` (SWA on the
+    host tier): the node slots ``swa_backup_plan(slot)`` planned, root-first, and
+    their SWA host slots (empty: none); each of those nodes takes its part as its
+    SWA host value and the pending mark ``ack_id`` too. Its device indices are copied to ``out[:len]``
+    (the transfer's source; none for an aux-only backup). Returns ``(status,
+    units, swa_boundary)``: the SWA window lock's boundary stamp (0: none, or
+    it reached the root); ``E_HOST_STATE`` when the
+    node is not alive, has no device value, has a host value and no aux data to
     back up, or ``state_host`` names a state it does not need backed up
     (``mamba.needs_backup``); ``E_HOST_LEN`` when ``host_slots`` is not its
-    length (or not empty); nothing changes then."""
+    length (or not empty) or ``swa_host`` not the SWA nodes' units, and
+    ``E_HOST_STATE`` when one of those is dead or its SWA data is not on the
+    device only; nothing changes then."""
     if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
-        return E_HOST_STATE, 0
+        return E_HOST_STATE, 0, 0
     f = nodes[slot, FLAGS]
     if not (f & F_HAS_FULL_DEV):
-        return E_HOST_STATE, 0
+        return E_HOST_STATE, 0, 0
     if state_host >= 0 and not ((meta[M_COMPONENTS] & C_MAMBA) and mamba.needs_backup(nodes, slot)):
-        return E_HOST_STATE, 0
+        return E_HOST_STATE, 0, 0
+    ws = swa_host.shape[0]
+    wk = swa_nodes.shape[0]
+    if ws or wk:
+        if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+            return E_HOST_STATE, 0, 0
+        wu = 0
+        for i in range(wk):
+            a = swa_nodes[i]
+            if a <= ROOT or a >= meta[M_HWM] or not (nodes[a, FLAGS] & F_ALIVE) \
+                    or not swa.needs_backup(nodes, a):
+                return E_HOST_STATE, 0, 0
+            wu += nodes[a, KEY_LEN]
+        if wu != ws:
+            return E_HOST_LEN, wu, 0
     n = nodes[slot, KEY_LEN]
     if f & F_HAS_FULL_HOST:
-        if state_host < 0:
-            return E_HOST_STATE, 0
+        if state_host < 0 and ws == 0:
+            return E_HOST_STATE, 0, 0
         n = 0
     if host_slots.shape[0] != n:
-        return E_HOST_LEN, n
+        return E_HOST_LEN, n, 0
     if out.shape[0] < n:
         need(meta, 0, 0, n, 0)
-        return E_CAPACITY, 0
+        return E_CAPACITY, 0, 0
+    pos = 0
+    for i in range(wk):  # the window's nodes, root-first
+        a = swa_nodes[i]
+        swa.attach_host(nodes, pool, meta, a, swa_host, pos)
+        pos += nodes[a, KEY_LEN]
+        nodes[a, WT_PENDING] = ack_id
     if n:
         off = nodes[slot, KEY_OFF]
         dst = pool[off:off + n, pool.shape[1] - 1]
@@ -154,25 +243,31 @@ def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, a
         for j in range(n):
             dst[j] = host_slots[j]
             o[j] = src[j]
-        nodes[slot, FLAGS] = f | F_HAS_FULL_HOST
+        nodes[slot, FLAGS] |= F_HAS_FULL_HOST
         meta[M_HOST_TOTAL] += n
     if state_host >= 0:
         mamba.attach_host(nodes, meta, slot, state_host)
     nodes[slot, WT_PENDING] = ack_id
+    boundary = 0
     if lock:
         full.acquire_component_lock(nodes, heap, meta, slot)
+        if meta[M_COMPONENTS] & C_SWA:
+            boundary = swa.acquire_component_lock(nodes, meta, slot)
         if meta[M_COMPONENTS] & C_MAMBA:
             mamba.acquire_component_lock(nodes, meta, slot)
-    return OK, n
+    return OK, n, boundary
 
 
 @kernel
-def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
+def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, swa_boundary, out, acts):
     """Complete backup ``ack_id`` of node ``nid`` (SGLang ``finish_write_through``):
     clear the pending mark on ``nid`` and the ancestors carrying it (a split while
-    pending left both fragments marked), emit ``A_STORED`` medium CPU per node,
-    parents first (events on), and with ``unlock`` release the device path lock
-    of ``backup_commit`` (and the node's Mamba lock). Returns ``(status, nodes)``; ``E_HOST_STATE`` when
+    pending left both fragments marked; an SWA window backup marked ancestors
+    further up, maybe not contiguously: the walk goes to the root), emit
+    ``A_STORED`` medium CPU per node, parents first (events on), and with
+    ``unlock`` release the device path lock of ``backup_commit`` (and the node's
+    Mamba lock, and its SWA window lock up to ``swa_boundary``). Returns
+    ``(status, nodes)``; ``E_HOST_STATE`` when
     ``ack_id`` is not pending on ``nid``, ``E_STALE`` for a dead id; nothing
     changes then. E_CAPACITY (``meta[M_NEED_*]``) when ``acts`` / ``out`` are
     short."""
@@ -182,10 +277,16 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
         return E_STALE, 0
     if nodes[s, WT_PENDING] != ack_id or ack_id <= 0:
         return E_HOST_STATE, 0
+    swa_lock = unlock and (meta[M_COMPONENTS] & C_SWA) != 0
+    if swa_lock:
+        st, _, _ = swa.check_release(nodes, s, swa_boundary)
+        if st != OK:
+            return st, 0
     k = 0
     a = s
-    while a != ROOT and nodes[a, WT_PENDING] == ack_id:
-        k += 1
+    while a != ROOT:
+        if nodes[a, WT_PENDING] == ack_id:
+            k += 1
         a = nodes[a, PARENT]
     events = meta[M_EVENTS] != 0
     if events and not acts_room(acts, out, meta, k, k):
@@ -193,12 +294,13 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
         return E_CAPACITY, 0
     a = s
     i = k
-    while a != ROOT and nodes[a, WT_PENDING] == ack_id:
-        nodes[a, WT_PENDING] = 0
-        dup_update(nodes, meta, a)  # the backed-up copy is a duplicate only now
-        i -= 1
-        if events:
-            out[i] = a
+    while a != ROOT:
+        if nodes[a, WT_PENDING] == ack_id:
+            nodes[a, WT_PENDING] = 0
+            dup_update(nodes, meta, a)  # the backed-up copy is a duplicate only now
+            i -= 1
+            if events:
+                out[i] = a
         a = nodes[a, PARENT]
     if events:
         for j in range(k):
@@ -207,6 +309,8 @@ def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, out, acts):
     if unlock:
         if (meta[M_COMPONENTS] & C_MAMBA) and nodes[s, mamba.MAMBA_LOCK] > 0:
             mamba.release_component_lock(nodes, meta, s)
+        if swa_lock:
+            swa.release_component_lock(nodes, heap, meta, s, swa_boundary)
         full.release_component_lock(nodes, heap, meta, s)
     return OK, k
 
@@ -258,8 +362,72 @@ def load_plan(nodes, ctab, pool, heap, meta, nid, out):
     return OK, units, k
 
 
+@helper
+def _swa_load_nodes(nodes, meta, s, out, k0):
+    """SGLang's SWA ``build_hicache_transfers(LOAD_BACK)``: from ``s`` toward the root
+    until ``W`` units of SWA data are covered, the nodes whose SWA data is on the
+    host only, written deepest first to ``out[k0:]`` when ``out`` is given; a node
+    with no SWA data on either tier ends the walk (SGLang asserts there is none:
+    its validator guarantees it for a match's best node). Returns ``(nodes,
+    units)``."""
+    w = meta[M_SWA_WINDOW]
+    covered = 0
+    k = 0
+    units = 0
+    a = s
+    while a != ROOT and covered < w:
+        if not (nodes[a, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)):
+            break
+        n = nodes[a, KEY_LEN]
+        covered += n
+        if swa.host_only(nodes, a):
+            if out.shape[0] > 0:
+                out[k0 + k] = a
+            k += 1
+            units += n
+        a = nodes[a, PARENT]
+    return k, units
+
+
 @kernel
-def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_slot, out, acts):
+def swa_load_plan(nodes, ctab, pool, heap, meta, nid, out):
+    """The SWA part of a load-back to node ``nid`` (``_swa_load_nodes``): their SWA
+    host slots, root-first, to ``out[:units]``, their slots, root-first, to
+    ``out[units:units + nodes]`` (``load_commit``'s ``swa_nodes``). Returns ``(status, units,
+    nodes)``; ``(OK, 0, 0)`` without SWA on the host tier; ``E_STALE`` for a dead
+    id; under write-back ``E_HOST_STATE`` when one of them is pinned by another
+    load-back (SGLang rejects the whole load then)."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0, 0
+    if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+        return OK, 0, 0
+    k, units = _swa_load_nodes(nodes, meta, s, out[:0], 0)
+    if k == 0:
+        return OK, 0, 0
+    if out.shape[0] < units + k:
+        need(meta, 0, 0, units + k, 0)
+        return E_CAPACITY, 0, 0
+    _swa_load_nodes(nodes, meta, s, out, units)
+    _reverse(out, units, units + k)
+    hc = swa.host_col(pool)
+    pos = 0
+    for i in range(k):  # root-first
+        a = out[units + i]
+        if meta[M_HOST] == HOST_WRITE_BACK and nodes[a, LOAD_PENDING] not in (0, nid):
+            return E_HOST_STATE, 0, 0
+        n = nodes[a, KEY_LEN]
+        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, hc]
+        dst = out[pos:pos + n]
+        for j in range(n):
+            dst[j] = src[j]
+        pos += n
+    return OK, units, k
+
+
+@kernel
+def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_slot, swa_nodes,
+                swa_dev, out, acts):
     """Commit the load-back ``load_plan(nid)`` planned: its nodes take
     ``dev_slots`` (int64, one KV index per unit, root-first, exactly the plan's
     units) as their Full device values, marked ``load_id`` (> 0) until
@@ -269,25 +437,54 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_sl
     ``state_slot >= 0`` node ``nid``'s host-only Mamba state is restored into
     that device slot (SGLang ``set_component_device_value``: it leaves the host
     LRU, joins the device LRU's MRU end, protected while locked); a load may
-    restore the state alone (no units, no marks). Returns ``(status, units)``;
+    restore the state alone (no units, no marks). ``swa_nodes`` / ``swa_dev``
+    (SWA on the host tier): the node slots ``swa_load_plan(nid)`` planned,
+    root-first, and SWA device slots for them (empty: none); those nodes get SWA
+    data again (``swa.publish``: device LRU's
+    MRU end, deepest last, protected while locked) and their Full device
+    indices, root-first, are written to ``out[at:at + len(swa_dev)]`` (the
+    façade maps them to ``swa_dev``: SGLang's ``RebuildFullToSWAMapping``). A
+    load may restore SWA alone. Returns ``(status, units, at)``;
     ``E_HOST_LEN`` / ``E_STALE`` / ``E_HOST_STATE`` as the plan, or
     ``E_HOST_STATE`` for a ``state_slot`` while ``nid``'s state is not
-    host-only; nothing changed."""
+    host-only or an SWA node whose SWA data is not on the host only (or whose
+    Full data will not be on the device), ``E_HOST_LEN`` for ``swa_dev`` not the
+    SWA nodes' units; nothing changed."""
     acts_begin(meta, 0)
     s = resolve(nodes, meta, nid)
     if s < 0:
-        return E_STALE, 0
+        return E_STALE, 0, 0
     st, units, k = _host_only_path(nodes, s)
     if st != OK:
-        return st, 0
+        return st, 0, 0
     if units != dev_slots.shape[0]:
-        return E_HOST_LEN, units
+        return E_HOST_LEN, units, 0
     if state_slot >= 0 and not ((meta[M_COMPONENTS] & C_MAMBA) and mamba.host_only(nodes, s)):
-        return E_HOST_STATE, 0
+        return E_HOST_STATE, 0, 0
+    ws = swa_dev.shape[0]
+    wk = swa_nodes.shape[0]
+    if ws or wk:
+        if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+            return E_HOST_STATE, 0, 0
+        wu = 0
+        for i in range(wk):
+            a = swa_nodes[i]
+            if a <= ROOT or a >= meta[M_HWM] or not (nodes[a, FLAGS] & F_ALIVE) \
+                    or not swa.host_only(nodes, a):
+                return E_HOST_STATE, 0, 0
+            if not (nodes[a, FLAGS] & F_HAS_FULL_DEV):  # restored by this load?
+                b = s
+                while b != ROOT and b != a and not (nodes[b, FLAGS] & F_HAS_FULL_DEV):
+                    b = nodes[b, PARENT]
+                if b != a:
+                    return E_HOST_STATE, 0, 0
+            wu += nodes[a, KEY_LEN]
+        if wu != ws:
+            return E_HOST_LEN, wu, 0
     events = meta[M_EVENTS] != 0
-    if events and not acts_room(acts, out, meta, k, k):
-        need(meta, 0, 0, k, k)
-        return E_CAPACITY, 0
+    if not acts_room(acts, out, meta, k if events else 0, k + ws):
+        need(meta, 0, 0, k + ws, k)
+        return E_CAPACITY, 0, 0
     end = units
     i = k
     a = s
@@ -306,7 +503,19 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_sl
     if state_slot >= 0:
         mamba.attach(nodes, meta, s, state_slot)
         refresh_leaf(nodes, heap, meta, s)
-    return OK, units
+    at = k
+    if wk:  # SGLang's SWA commit: root-first, each set_component_device_value
+        pos = k
+        for i in range(wk):
+            a = swa_nodes[i]
+            n = nodes[a, KEY_LEN]
+            swa.publish(nodes, meta, a)
+            src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, FULL_DEV]
+            dst = out[pos:pos + n]
+            for j in range(n):
+                dst[j] = src[j]
+            pos += n
+    return OK, units, at
 
 
 @kernel
@@ -340,28 +549,34 @@ def _clear_load(nodes, heap, meta, s, load_id):
 @kernel
 def load_lock(nodes, ctab, pool, heap, meta, nid):
     """The two pins a load-back holds until its ack (``inc_host_lock_ref`` and
-    ``inc_lock_ref``: the Full host-lock segment and the Full path lock, and on
-    a Mamba cache the node's Mamba host and device locks), in one call. Returns
-    ``(status, delta, stamp)``: ``delta`` the Full units moved evictable ->
+    ``inc_lock_ref``: the Full host-lock segment and the Full path lock, on a
+    Mamba cache the node's Mamba host and device locks, on an SWA cache the host
+    and device window locks), in one call. Returns ``(status, delta, stamp,
+    swa_host_stamp, swa_stamp)``: ``delta`` the Full units moved evictable ->
     protected, ``stamp`` the Full host-lock boundary (0: nothing host-locked,
-    as ``host_lock``). ``E_STALE`` for a dead id, nothing changed."""
+    as ``host_lock``), the SWA window locks' boundaries (0: none / the root).
+    ``E_STALE`` for a dead id, nothing changed."""
     s = resolve(nodes, meta, nid)
     if s < 0:
-        return E_STALE, 0, 0
-    stamp = _host_lock(nodes, heap, meta, s)
+        return E_STALE, 0, 0, 0, 0
+    stamp, swa_host_stamp = _host_lock(nodes, heap, meta, s)
     delta = full.acquire_component_lock(nodes, heap, meta, s)
+    swa_stamp = 0
+    if meta[M_COMPONENTS] & C_SWA:
+        swa_stamp = swa.acquire_component_lock(nodes, meta, s)
     if meta[M_COMPONENTS] & C_MAMBA:
         mamba.acquire_component_lock(nodes, meta, s)
-        refresh_leaf(nodes, heap, meta, s)
-    return OK, delta, stamp
+    refresh_leaf(nodes, heap, meta, s)
+    return OK, delta, stamp, swa_host_stamp, swa_stamp
 
 
 @kernel
-def load_finish(nodes, ctab, pool, heap, meta, nid, load_id, stamp):
+def load_finish(nodes, ctab, pool, heap, meta, nid, load_id, stamp, swa_host_stamp, swa_stamp):
     """``load_ack(nid, load_id)`` (none for ``load_id`` 0: a load that restored a
-    Mamba state alone), then the release of what ``load_lock(nid)`` took: the
-    path lock (with the node's Mamba lock) and the host lock (the Full segment
-    up to ``stamp``, 0: none; the node's Mamba host lock). All are checked
+    Mamba state or SWA alone), then the release of what ``load_lock(nid)`` took:
+    the path lock (with the node's Mamba lock, the SWA window up to
+    ``swa_stamp``) and the host lock (the Full segment up to ``stamp``, 0: none;
+    the node's Mamba host lock; the SWA host window up to ``swa_host_stamp``). All are checked
     before any change. Returns ``(status, slot)``: ``E_STALE``;
     ``E_HOST_STATE`` (``load_id`` not pending on ``nid``);
     ``E_NOT_ANCHORED`` / ``E_LOCK_UNDERFLOW`` with the node slot, the path lock
@@ -380,6 +595,11 @@ def load_finish(nodes, ctab, pool, heap, meta, nid, load_id, stamp):
         st, bad = mamba.check_release(nodes, s)
         if st != OK:
             return st, bad
+    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    if swa_on:
+        st, bad, _ = swa.check_release(nodes, s, swa_stamp)
+        if st != OK:
+            return st, bad
     k = 0
     if stamp != 0:
         st, k = _host_unlock_check(nodes, s, stamp)
@@ -389,12 +609,22 @@ def load_finish(nodes, ctab, pool, heap, meta, nid, load_id, stamp):
         st, bad = mamba.check_host_release(nodes, s)
         if st != OK:
             return st, -1
+    if swa_on:
+        st, _ = swa.check_host_release(nodes, s, swa_host_stamp)
+        if st != OK:
+            return st, -1
     if load_id != 0:
         _clear_load(nodes, heap, meta, s, load_id)
+    # SGLang's order: the path lock (components in reverse), then the host lock
     if mamba_on:
         mamba.release_component_lock(nodes, meta, s)
-        mamba.release_host_lock(nodes, s)
+    if swa_on:
+        swa.release_component_lock(nodes, heap, meta, s, swa_stamp)
     full.release_component_lock(nodes, heap, meta, s)
+    if mamba_on:
+        mamba.release_host_lock(nodes, s)
+    if swa_on:
+        swa.release_host_lock(nodes, heap, meta, s, swa_host_stamp)
     _host_unlock_apply(nodes, heap, meta, s, k)
     return OK, 0
 
@@ -459,8 +689,8 @@ def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
     while freed < num_units and meta[M_HEAP_N + HEAP_HOST] > 0:
         s = heap[HEAP_HOST, 0]
         n = nodes[s, KEY_LEN]
-        if not acts_room(acts, out, meta, 3, n + 1):
-            need(meta, 0, 0, meta[M_NOUT] + n + 1, meta[M_NACTS] + 3)
+        if not acts_room(acts, out, meta, 4, 2 * n + 1):
+            need(meta, 0, 0, meta[M_NOUT] + 2 * n + 1, meta[M_NACTS] + 4)
             return E_CAPACITY, freed
         freed += delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
     return OK, freed
@@ -483,8 +713,8 @@ def evict_host_states(nodes, ctab, pool, heap, meta, num_states, out, acts):
     x = lru_tail_unlocked(nodes, LRU_MAMBA_HOST)
     while freed < num_states and x != NIL:
         n = nodes[x, KEY_LEN]
-        if not acts_room(acts, out, meta, 3, n + 1):
-            need(meta, 0, 0, meta[M_NOUT] + n + 1, meta[M_NACTS] + 3)
+        if not acts_room(acts, out, meta, 4, 2 * n + 1):
+            need(meta, 0, 0, meta[M_NOUT] + 2 * n + 1, meta[M_NACTS] + 4)
             return E_CAPACITY, freed, units
         nxt = lru_prev_unlocked(nodes, LRU_MAMBA_HOST, x)
         if nodes[x, HOST_HEAP_POS] >= 0:  # an evictable host leaf: atomic
@@ -495,6 +725,47 @@ def evict_host_states(nodes, ctab, pool, heap, meta, num_states, out, acts):
         freed += 1
         x = nxt
     return OK, freed, units
+
+
+@kernel
+def evict_host_swa(nodes, ctab, pool, heap, meta, num_units, out, acts):
+    """Free SWA host units until ``num_units`` are freed or none is left (SGLang
+    ``evict_host(n, SWA)``, its SWA ``drive_host_eviction``): walk the SWA host LRU
+    from its least recent end, skipping host-locked entries; an evictable host
+    leaf is deleted whole (``tree.delete_host_leaf``: its Full host value too),
+    any other entry loses its SWA host value only (``A_FREE_HOST(SWA)``). The
+    next entry is read before each victim goes. Returns ``(status, SWA units
+    freed, Full host units freed)``; ``E_CAPACITY`` (``meta[M_NEED_*]``) when the
+    buffers cannot hold the next victim: what was freed so far is reported and
+    a call with the rest continues."""
+    acts_begin(meta, 0)
+    freed = 0
+    units = 0
+    x = lru_tail_unlocked(nodes, LRU_SWA_HOST)
+    while freed < num_units and x != NIL:
+        n = nodes[x, KEY_LEN]
+        if not acts_room(acts, out, meta, 4, 2 * n + 1):
+            need(meta, 0, 0, meta[M_NOUT] + 2 * n + 1, meta[M_NACTS] + 4)
+            return E_CAPACITY, freed, units
+        nxt = lru_prev_unlocked(nodes, LRU_SWA_HOST, x)
+        freed += n
+        if nodes[x, HOST_HEAP_POS] >= 0:  # an evictable host leaf: atomic
+            units += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        else:
+            swa.evict_host_component(nodes, pool, meta, x, out, acts)
+            refresh_leaf(nodes, heap, meta, x)
+        x = nxt
+    return OK, freed, units
+
+
+@kernel
+def swa_host_hit(nodes, ctab, pool, heap, meta, nid):
+    """SGLang's ``swa_host_hit_length`` of a match whose best node is ``nid``
+    (``swa.host_hit_length``); 0 for a dead id."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return 0
+    return swa.host_hit_length(nodes, meta, s)
 
 
 @kernel
@@ -560,8 +831,8 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     if nodes[s, HEAP_POS] < 0 or not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
         return E_HOST_STATE, 0
     n = nodes[s, KEY_LEN]
-    if not acts_room(acts, out, meta, 3, n + 1):
-        need(meta, 0, 0, n + 1, 3)
+    if not acts_room(acts, out, meta, 4, n + 1):
+        need(meta, 0, 0, n + 1, 4)
         return E_CAPACITY, 0
     state = mamba.has_data(nodes, s)
     demote(nodes, pool, heap, meta, s, out, acts)
@@ -605,8 +876,8 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
         units += nodes[x, KEY_LEN]
         x = _next_preorder(nodes, s, x)
     n = nodes[s, KEY_LEN]
-    if not acts_room(acts, out, meta, 3 * k + 5, units + k + n + 2):
-        need(meta, 0, 0, units + k + n + 2, 3 * k + 5)
+    if not acts_room(acts, out, meta, 4 * k + 6, 2 * units + k + 2 * n + 2):
+        need(meta, 0, 0, 2 * units + k + 2 * n + 2, 4 * k + 6)
         return E_CAPACITY, 0, 0
     # delete host leaves below s until none is left (each deletion may expose its parent)
     freed_host = 0
@@ -648,36 +919,44 @@ def host_lock(nodes, ctab, pool, heap, meta, nid):
     stamp 0 (nothing locked) for a node without a host copy (the root included)
     unless under write-back (which pins it anyway, as SGLang). On a Mamba cache
     the node's Mamba host lock is taken too, whatever it holds (never the root),
-    as SGLang's Mamba component does; a host-only state leaves the host LRU."""
+    as SGLang's Mamba component does; a host-only state leaves the host LRU.
+    On an SWA cache the SWA host window lock is taken as well
+    (``swa.acquire_host_lock``). Returns ``(status, stamp, swa_stamp)``."""
     s = resolve(nodes, meta, nid)
     if s < 0:
-        return E_STALE, 0
-    return OK, _host_lock(nodes, heap, meta, s)
+        return E_STALE, 0, 0
+    stamp, swa_stamp = _host_lock(nodes, heap, meta, s)
+    return OK, stamp, swa_stamp
 
 
 @helper
 def _host_lock(nodes, heap, meta, s):
+    """``(Full stamp, SWA stamp)`` of ``inc_host_lock_ref`` on slot ``s``."""
+    swa_stamp = 0
+    if meta[M_COMPONENTS] & C_SWA:  # SGLang's components in order: Full, SWA, Mamba
+        swa_stamp = swa.acquire_host_lock(nodes, meta, s)
     if meta[M_COMPONENTS] & C_MAMBA:  # the node's Mamba host lock, with or without a state
         mamba.acquire_host_lock(nodes, s)
-        refresh_leaf(nodes, heap, meta, s)
+    refresh_leaf(nodes, heap, meta, s)
     if not (nodes[s, FLAGS] & F_HAS_FULL_HOST) and meta[M_HOST] != HOST_WRITE_BACK:
-        return 0  # nothing to pin (write-back pins any anchor, the root too, as SGLang)
+        return 0, swa_stamp  # nothing to pin (write-back pins any anchor, the root too)
     if nodes[s, HOST_UUID] == 0:
         nodes[s, HOST_UUID] = meta[M_HOST_UUID_NEXT]
         meta[M_HOST_UUID_NEXT] += 1
     nodes[s, FULL_HOST_LOCK] += 1
     refresh_leaf(nodes, heap, meta, s)
-    return nodes[s, HOST_UUID]
+    return nodes[s, HOST_UUID], swa_stamp
 
 
 @kernel
-def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
+def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp, swa_stamp):
     """SGLang ``dec_host_lock_ref``: release the Full host-lock segment from node
     ``nid`` up to the node carrying boundary ``stamp`` (one node unless a split
     extended it; 0: no segment) and, on a Mamba cache, the node's Mamba host
-    lock. Checked before any change: ``E_STALE`` for a dead id,
-    ``E_NO_BOUNDARY`` when the stamp is not on the path, ``E_LOCK_UNDERFLOW``
-    when a node of the segment (or the node's Mamba host lock) holds no host
+    lock, and on an SWA cache the SWA host window up to ``swa_stamp``. Checked
+    before any change: ``E_STALE`` for a dead id,
+    ``E_NO_BOUNDARY`` when a stamp is not on the path, ``E_LOCK_UNDERFLOW``
+    when a node of a segment (or the node's Mamba host lock) holds no host
     lock. Returns ``(status, nodes)``."""
     s = resolve(nodes, meta, nid)
     if s < 0:
@@ -692,8 +971,16 @@ def host_unlock(nodes, ctab, pool, heap, meta, nid, stamp):
         st, _ = mamba.check_host_release(nodes, s)
         if st != OK:
             return st, 0
+    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    if swa_on:
+        st, _ = swa.check_host_release(nodes, s, swa_stamp)
+        if st != OK:
+            return st, 0
+    if mamba_on:
         mamba.release_host_lock(nodes, s)
         refresh_leaf(nodes, heap, meta, s)
+    if swa_on:
+        swa.release_host_lock(nodes, heap, meta, s, swa_stamp)
     _host_unlock_apply(nodes, heap, meta, s, k)
     return OK, k
 

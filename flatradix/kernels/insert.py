@@ -13,6 +13,7 @@ from .layout import (
     M_NACTS, PRIORITY, ROOT, VALUES_UNCHECKED, WT_PENDING,
 )
 from .dups import dup_update
+from .host import needs_aux_backup
 from .order import fix
 from .state import has_room, need, node_id, tick
 from .tree import add_leaf, copy_values, restore_device, walk_child
@@ -144,8 +145,16 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
             unevict(nodes, pool, heap, meta, child, value, length)
             if track:
                 emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, m, 0)
+            upper = -1
+            if swa_on:  # its part past the cursor gets SWA data from the same slots
+                upper = swa.recover_after_unevict(nodes, ctab, pool, heap, meta, child, length,
+                                                  m, cursor, track, acts)
             if meta[M_EVENTS]:
-                emit(acts, meta, A_STORED, FULL, SRC_POOL, child, m, MEDIUM_GPU)
+                if upper >= 0:  # SGLang's event covers the node before that split
+                    emit(acts, meta, A_STORED, FULL, SRC_POOL, upper, nodes[upper, KEY_LEN],
+                         MEDIUM_GPU)
+                emit(acts, meta, A_STORED, FULL, SRC_POOL, child, nodes[child, KEY_LEN],
+                     MEDIUM_GPU)
         elif swa_on:
             child, consumed = swa.update_component_on_insert_overlap(
                 nodes, ctab, pool, heap, meta, child, length, m, value, prev, cursor, track,
@@ -202,19 +211,18 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                 mamba.evict_excess_path_states(nodes, meta, target, out, acts)
     if leaf_backup:  # SGLang's tail step: the new leaf's backup comes last
         emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
-    if mamba_on:
-        if walk_backup >= 0:
-            # SGLang runs a walked node's backup at its barrier, before the commit gave
-            # the target its state: that backup leaves the state out (the row's aux),
-            # and the node is pending at the tail, so no incremental backup follows
-            if not exist:
-                acts[walk_backup, ACT_AUX] = BACKUP_NO_STATE
-        elif (backup_on and target == node and target != ROOT
-                and (nodes[target, FLAGS] & F_HAS_FULL_HOST)
-                and nodes[target, WT_PENDING] == 0 and mamba.needs_backup(nodes, target)):
-            # SGLang's incremental backup: a backed-up node the key ended on holds a
-            # state with no host copy
-            emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
+    if walk_backup >= 0:
+        # SGLang runs a walked node's backup at its barrier, before the commit gave
+        # the target its state: that backup leaves the state out (the row's aux),
+        # and the node is pending at the tail, so no incremental backup follows
+        if mamba_on and not exist:
+            acts[walk_backup, ACT_AUX] = BACKUP_NO_STATE
+    elif (backup_on and (mamba_on or swa_on) and target == node and target != ROOT
+            and (nodes[target, FLAGS] & F_HAS_FULL_HOST)
+            and nodes[target, WT_PENDING] == 0 and needs_aux_backup(nodes, meta, target, out)):
+        # SGLang's incremental backup: a backed-up node the key ended on holds a
+        # state, or SWA data within its window, with no host copy
+        emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
     if swa_on and target != ROOT:
         swa.refresh_lru(nodes, meta, target)
     return OK, prefix_len, node_id(nodes, target), exist

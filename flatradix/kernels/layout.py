@@ -176,6 +176,8 @@ NODE_COLUMNS = (
     ("MAMBA_SLOT", 1),   # Mamba device state slot; NIL when absent (components.mamba)
     ("MAMBA_HOST_SLOT", 1),  # HiCache: Mamba host state slot; NIL when absent (components.mamba)
     ("SWA_UUID", 1),     # SWA window-lock boundary stamp (0 = none) (components.swa)
+    ("SWA_HOST_UUID", 1),  # HiCache: SWA host window-lock boundary stamp (0 = none)
+                         # (components.swa)
     ("TLRU_CACHED", 1),  # T-LRU: root-path depth in units (maintained only under tlru) (tree)
     ("TLRU_HIST", 1),    # T-LRU: high-water depth of the branch (tree)
     ("HOST_HEAP_POS", 1),  # position in the host-leaf heap while an evictable host leaf, else
@@ -212,6 +214,7 @@ LRU_NEXT = _COL["LRU_NEXT"]
 MAMBA_SLOT = _COL["MAMBA_SLOT"]
 MAMBA_HOST_SLOT = _COL["MAMBA_HOST_SLOT"]
 SWA_UUID = _COL["SWA_UUID"]
+SWA_HOST_UUID = _COL["SWA_HOST_UUID"]
 TLRU_CACHED = _COL["TLRU_CACHED"]
 TLRU_HIST = _COL["TLRU_HIST"]
 HOST_HEAP_POS = _COL["HOST_HEAP_POS"]
@@ -247,10 +250,13 @@ F_HAS_FULL_DEV = 1 << (1 + FULL * N_TIERS + DEVICE)
 F_HAS_SWA_DEV = 1 << (1 + SWA * N_TIERS + DEVICE)
 F_HAS_FULL_HOST = 1 << (1 + FULL * N_TIERS + HOST)
 F_HAS_MAMBA_HOST = 1 << (1 + MAMBA * N_TIERS + HOST)
+F_HAS_SWA_HOST = 1 << (1 + SWA * N_TIERS + HOST)
 #: FLAGS bit: the node is in the duplicate list (``kernels/dups.py``).
 F_DUP = 1 << (1 + N_COMPONENTS * N_TIERS)
 #: Column of the Full host lock_ref (a load-back's anchor, SGLang's host lock).
 FULL_HOST_LOCK = LOCK_REF + FULL * N_TIERS + HOST
+#: Column of the SWA host lock_ref (host window segment locks).
+SWA_HOST_LOCK = LOCK_REF + SWA * N_TIERS + HOST
 
 # ---------------------------------------------------------------- pool columns
 TOK = 0           # key units
@@ -262,7 +268,9 @@ HASH0 = 2
 POOL_NCOL_EVENTS = 6
 #: With the host tier on (HiCache), one more column, the *last* one
 #: (``pool.shape[1] - 1``), holds each unit's Full host value (host pool slot):
-#: the same span as the key, so a split moves it for free too.
+#: the same span as the key, so a split moves it for free too. An SWA cache's
+#: host tier adds the SWA host values (SWA host pool slots) right before it
+#: (``pool.shape[1] - 2``; ``components/swa.py: host_col``).
 
 # ---------------------------------------------------------------- child table
 CT_PARENT = 0
@@ -323,6 +331,7 @@ META_FIELDS = (
     ("WT_THRESHOLD", 1),  # hit count at which an insert backs a node up (write-through)
     ("HOST_TOTAL", 1),    # units holding a Full host value
     ("MAMBA_HOST_TOTAL", 1),  # Mamba states held on the host (components.mamba)
+    ("SWA_HOST_TOTAL", 1),  # units holding an SWA host value (components.swa)
     ("HOST_EVICTABLE", 1),  # units of the evictable host leaves (host-leaf heap)
     ("HOST_UUID_NEXT", 1),  # next Full host-lock boundary stamp (never reused, > 0)
     ("DUP_HEAD", 1),      # first / last slot of the duplicate list (NIL: empty) (dups)
@@ -369,6 +378,7 @@ M_HOST = _META["HOST"]
 M_WT_THRESHOLD = _META["WT_THRESHOLD"]
 M_HOST_TOTAL = _META["HOST_TOTAL"]
 M_MAMBA_HOST_TOTAL = _META["MAMBA_HOST_TOTAL"]
+M_SWA_HOST_TOTAL = _META["SWA_HOST_TOTAL"]
 M_HOST_EVICTABLE = _META["HOST_EVICTABLE"]
 M_HOST_UUID_NEXT = _META["HOST_UUID_NEXT"]
 M_DUP_HEAD = _META["DUP_HEAD"]

@@ -25,6 +25,7 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
     host_on = meta[M_HOST] != 0
     acc = swa.NO_HOLE
+    hacc = swa.NO_HOLE  # the host tier's SWA validator (its own window state)
     node = ROOT
     best = ROOT
     best_len = 0
@@ -50,13 +51,18 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
         length += m
         node = child
         ok = True
+        ok_dev = True
         if swa_on:
-            ok, acc = swa.validate(nodes, meta, child, acc)
-        ok_dev = ok
-        if mamba_on and ok:
-            ok_dev = mamba.validate(nodes, child)
-            # host tier: a host-only state counts for the host match
-            ok = mamba.validate_host(nodes, child) if host_on else ok_dev
+            ok_dev, acc = swa.validate(nodes, meta, child, acc)
+            ok = ok_dev
+            if host_on:  # SWA data on the host counts for the host match
+                ok, hacc = swa.validate_host(nodes, meta, child, hacc)
+        if mamba_on:
+            if ok_dev:
+                ok_dev = mamba.validate(nodes, child)
+            if ok:
+                # host tier: a host-only state counts for the host match
+                ok = mamba.validate_host(nodes, child) if host_on else ok_dev
         if ok:
             hbest = child
             hbest_len = length
@@ -77,7 +83,7 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
             a = nodes[a, PARENT]
         hbest_len = best_len + h
     if swa_on:
-        swa.refresh_lru(nodes, meta, best)
+        swa.refresh_lru(nodes, meta, hbest)  # SGLang anchors it on best_match_node
     if mamba_on:
         mamba.refresh_lru(nodes, hbest)  # SGLang refreshes best_match_node's state
     t = tick(meta)

@@ -273,20 +273,25 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
 def demote(nodes, pool, heap, meta, s, out, acts):
     """Demote the unlocked, backed-up device leaf ``s`` (SGLang §8.3): free its Full
     device value (``A_FREE_SLOT(FULL)`` with the indices copied to ``out``), and
-    its Mamba device state (``A_FREE_SLOT(MAMBA)``: the cascade; a Mamba host
-    state stays, in the Mamba host LRU), then with events on ``A_REMOVED``
+    SWA data (``A_FREE_SLOT(SWA)`` over the same indices) and its Mamba device
+    state (``A_FREE_SLOT(MAMBA)``): the cascade; a host copy of either stays, in
+    its host LRU; then with events on ``A_REMOVED``
     medium GPU; the node stays host-only. Its parent
     loses a device child (it may become a device leaf) and ``s`` may become an
-    evictable host leaf. Returns its length. The caller checked room for 3 rows
+    evictable host leaf. Returns its length. The caller checked room for 4 rows
     and ``len + 1`` values."""
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
     at = out_put_span(out, meta, pool, off, n)
     emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
+    if nodes[s, FLAGS] & F_HAS_SWA_DEV:  # the cascade: the SWA peers of the same slots
+        emit(acts, meta, A_FREE_SLOT, SWA, SRC_OUT, at, n, 0)
+        swa.release_deleted(nodes, meta, s)
     if mamba.has_data(nodes, s):  # the cascade: a host copy stays (host LRU)
         mamba.evict_component(nodes, meta, s, out, acts)
-    # SGLang then puts every host-only aux state in its host LRU (unless there),
+    # SGLang then puts every host-only aux value in its host LRU (unless there),
     # host-locked or not
+    swa.host_lru_join(nodes, s)
     mamba.host_lru_join(nodes, s)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_GPU)
@@ -331,17 +336,19 @@ def restore_device(nodes, pool, heap, meta, s, value, start):
 def delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     """Remove the evictable host leaf ``s`` (SGLang ``evict_host_leaf``): free its
     Full host value (``A_FREE_HOST`` with the host slots copied to ``out``; with
-    events on, ``A_REMOVED`` medium CPU), then its Mamba host state
-    (``A_FREE_HOST(MAMBA)``), and delete the node; the parent may
-    become an evictable host leaf. Returns its length. The caller checked room
-    for 3 rows and ``len + 1`` values."""
+    events on, ``A_REMOVED`` medium CPU), then its SWA host value
+    (``A_FREE_HOST(SWA)``) and Mamba host state (``A_FREE_HOST(MAMBA)``), and
+    delete the node; the parent may become an evictable host leaf. Returns its
+    length. The caller checked room for 4 rows and ``2 * len + 1`` values."""
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
     at = out_put_col(out, meta, pool, off, n, pool.shape[1] - 1)
     emit(acts, meta, A_FREE_HOST, FULL, SRC_OUT, at, n, 0)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_CPU)
-    if mamba.has_host(nodes, s):  # atomic: every component's host data goes
+    if swa.has_host(nodes, s):  # atomic: every component's host data goes
+        swa.evict_host_component(nodes, pool, meta, s, out, acts)
+    if mamba.has_host(nodes, s):
         mamba.evict_host_component(nodes, meta, s, out, acts)
     if nodes[s, HOST_HEAP_POS] >= 0:
         heap_remove(nodes, heap, meta, HEAP_HOST, s)

@@ -1,0 +1,476 @@
+"""SWA on the host tier (HiCache, SGLang 0.5.23 spec §6.2 / §8): hand-worked scenarios,
+the reported bug "SWA with write-through frees a live slot through a tombstone's stale
+mapping", the slot partition on all four pools (Full and SWA, device and host) over
+random runs and a hypothesis machine, bad input.
+
+Every expected value is worked out by hand from the spec (and checked against SGLang's
+own cache by ``tests/oracle/hicache_driver.py``'s ``*-swa*`` configurations): a backup
+copies a node's Full KV and the SWA data within one window of it that has no host copy;
+demoting a backed-up leaf frees its Full and SWA device data and keeps both host
+copies; an SWA tombstone of a backed-up node keeps its SWA host copy (SWA host LRU); a
+match through host-only SWA data reports ``swa_host_hit_length`` (the host-only SWA
+units within one window of the best node); a load-back restores the Full host hit and
+the window's host-only SWA data (into fresh SWA slots, mapped to the Full slots);
+``evict_host(n, SWA)`` frees SWA host values from the least recently used end, a host
+leaf whole.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from flatradix import (
+    ComponentType, EvictParams, InitLoadBackParams, InsertParams, LockRefError,
+    MatchPrefixParams, RadixKey, SWATokenToKVPoolAllocator, UnifiedRadixCache,
+)
+from flatradix.inspection import all_swa_full_values_flatten, all_swa_host_values_flatten
+
+from .test_hicache import _same_state
+
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
+
+
+class Env:
+    """A FULL+SWA cache with flatradix's SWA allocator and a host tier; every transfer
+    the tree asks for is logged as ``(kind, device slots, host slots)``."""
+
+    def __init__(self, window=4, pool=64, swa_pool=None, host=64, swa_host=None,
+                 policy="write_through", page=1, threshold=1):
+        self.alloc = SWATokenToKVPoolAllocator(pool, swa_pool or pool, page_size=page)
+        self.cache = UnifiedRadixCache(
+            page_size=page, tree_components=(FULL, SWA), sliding_window_size=window,
+            token_to_kv_pool_allocator=self.alloc)
+        self.log = []
+        self.cache.init_hicache(host_size=host, swa_host_size=swa_host or host,
+                                hicache_write_policy=policy, load_back_threshold=threshold,
+                                transfer=lambda k, d, h: self.log.append(
+                                    (k, np.asarray(d).tolist(), np.asarray(h).tolist())))
+
+    def ins(self, toks, **kw):
+        kv = self.alloc.alloc(len(toks))
+        return self.cache.insert(InsertParams(key=RadixKey(list(toks)), value=kv, **kw))
+
+    def match(self, toks):
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(toks))))
+
+    @staticmethod
+    def req(m):
+        return SimpleNamespace(last_node=m.last_device_node,
+                               swa_host_hit_length=m.swa_host_hit_length)
+
+    def load(self, m):
+        return self.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                            None, self.req(m)))
+
+    def units(self, kind):
+        return sum(len(d) for k, d, _ in self.log if k == kind)
+
+    def partition(self):
+        """Each of the four pools: free + tree == every slot, no slot twice; the SWA
+        slots the tree holds are the peers of its SWA nodes' Full slots."""
+        c, a = self.cache, self.alloc
+        c.sanity_check()
+        tree = np.asarray(c.all_values_flatten()).tolist()
+        assert len(set(tree)) == len(tree)
+        assert a.full_available_size() + len(tree) == a.size_full
+        swa_full = all_swa_full_values_flatten(c._engine)
+        swa = np.asarray(a.translate_swa_indices_for_transfer(swa_full)).tolist()
+        assert 0 not in swa and len(set(swa)) == len(swa)
+        held = int(np.count_nonzero(a.full_to_swa_index_mapping[1:]))
+        assert held == len(swa)   # no stale mapping: only the tree's SWA nodes map
+        assert a.swa_available_size() + len(swa) == a.size_swa
+        assert c.swa_evictable_size() + c.swa_protected_size() == len(swa)
+        htree = c.all_host_values_flatten().tolist()
+        assert len(set(htree)) == len(htree)
+        assert c.mem_pool_host.available_size() + len(htree) == c.mem_pool_host.size
+        hs = all_swa_host_values_flatten(c._engine).tolist()
+        assert len(set(hs)) == len(hs) == c.swa_host_total_size()
+        assert c.swa_pool_host.available_size() + len(hs) == c.swa_pool_host.size
+
+
+def backed(env, *keys):
+    """Insert each key (backed up at its first hit under write_through) and ack."""
+    for k in keys:
+        env.ins(k)
+    env.cache.check_hicache_events()
+
+
+A = list(range(1, 17))
+B = list(range(1, 9)) + list(range(50, 58))
+
+
+def test_window_backup_demote_match_and_load_back():
+    # W 4, page 1: A becomes [1..12] + [13..16] (a fresh leaf keeps one window of 4);
+    # B splits [1..12] at 8 and adds [50..53] + [54..57]: 5 nodes, 24 units, all with SWA
+    env = Env(window=4, pool=32, host=32)
+    c = env.cache
+    assert env.ins(A).prefix_len == 0 and env.ins(B).prefix_len == 8
+    c.check_hicache_events()
+    assert (env.units("backup"), env.units("backup_swa")) == (24, 24)
+    assert c.swa_host_total_size() == 24 and c.host_total_size() == 24
+    r = c.evict(EvictParams(num_tokens=32))          # every leaf demoted, both components
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (24, 24)
+    env.partition()
+    m = env.match(A)
+    # all host-only; the best node [13..16] holds one window of host-only SWA
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length,
+            m.swa_branching_seqlen) == (0, 16, 4, None)
+    env.log.clear()
+    n, node = env.load(m)
+    assert (n, node) == (16, m.best_match_node)
+    # Full: the 16 host-only units; SWA: only the last window (the best node's 4)
+    assert (env.units("load"), env.units("load_swa")) == (16, 4)
+    c.ready_to_load_host_cache()
+    c.loading_check()
+    env.partition()
+    m = env.match(A)
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length) == (16, 0, 0)
+    c.evict(EvictParams(num_tokens=64))
+    assert c.evict_host(1, SWA) == 4      # one node's SWA host value (least recent first)
+    assert c.evict_host(64) == 24         # every host leaf, its SWA host value with it
+    assert c.swa_host_total_size() == 0 and c.host_total_size() == 0
+    env.partition()
+    assert env.alloc.full_available_size() == 32 and env.alloc.swa_available_size() == 32
+
+
+def _tombstoned_internal():
+    """W 8, page 1: [1..8] (one node: a fresh leaf keeps 8) then [9..12] below it, both
+    backed up. The insert-end refresh puts [9..12] and then [1..8] at the SWA LRU's MRU
+    end, so the LRU tail is [1..8]: an SWA eviction tombstones it (an internal node)
+    and its host copy stays, host-only."""
+    env = Env(window=8, pool=32, host=32)
+    backed(env, range(1, 9), range(1, 13))
+    r = env.cache.evict(EvictParams(num_tokens=0, swa_num_tokens=4))
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (0, 8)
+    env.partition()
+    return env
+
+
+def test_an_swa_only_load_back_restores_the_window_of_a_device_node():
+    env = _tombstoned_internal()
+    c = env.cache
+    m = env.match(range(1, 13))
+    # device: the hole at [1..8] rejects both nodes ([9..12] is 4 < 8 units past it);
+    # host: [1..8]'s host copy counts, so the best node is [9..12]; both nodes hold a
+    # Full host copy (12 units), the window's host-only SWA data is [1..8]'s 8 units
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length) == (0, 12, 8)
+    env.log.clear()
+    n, node = env.load(m)
+    # nothing of Full moves; the count is the Full device units from the best node up to
+    # the request's device node (the root)
+    assert (n, node) == (12, m.best_match_node)
+    assert (env.units("load"), env.units("load_swa")) == (0, 8)
+    c.ready_to_load_host_cache()
+    c.loading_check()
+    env.partition()
+    m = env.match(range(1, 13))
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length) == (12, 0, 0)
+
+
+def test_evict_host_swa_takes_an_internal_nodes_swa_host_value_only():
+    env = _tombstoned_internal()
+    c = env.cache
+    assert c.evict_host(1, SWA) == 8           # [1..8]: not a host leaf, SWA host only
+    assert (c.host_total_size(), c.swa_host_total_size()) == (12, 4)
+    env.partition()
+    m = env.match(range(1, 13))
+    # no SWA data on [1..8] on either tier: a hole for both validators; the Full hit
+    # (12, on the device) is past both boundaries: the branching point
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length,
+            m.swa_branching_seqlen) == (0, 0, 0, 12)
+
+
+def test_a_host_lock_pins_the_swa_host_window():
+    env = _tombstoned_internal()
+    c = env.cache
+    m = env.match(range(1, 13))
+    rec = c.inc_host_lock_ref(m.best_match_node)   # the window: [9..12], then [1..8]
+    assert rec.component_host_lock_uuids.get(SWA)   # the boundary, [1..8], stamped
+    assert c.evict_host(8, SWA) == 0               # [1..8] left the SWA host LRU
+    before = c._snapshot()
+    with pytest.raises(LockRefError):
+        c.dec_host_lock_ref(m.best_match_node, SimpleNamespace(
+            component_host_lock_uuids={FULL: rec.component_host_lock_uuids.get(FULL),
+                                       SWA: 12345}))   # a boundary not on the path
+    _same_state(before, c._snapshot())
+    c.dec_host_lock_ref(m.best_match_node, rec)
+    assert c.evict_host(8, SWA) == 8
+    env.partition()
+
+
+def test_b_swa_write_through_frees_no_live_slot_through_a_tombstones_mapping():
+    # The reported bug (SGLang #27586): recovering an SWA tombstone from an overlapping
+    # insert freed the node's old Full slots through their stale Full->SWA mapping,
+    # returning an SWA slot the incoming request had just been given. Here the
+    # tombstone's SWA slots go back at its eviction (their mapping cleared); the
+    # re-insert's fresh slots reuse exactly those SWA slots; the recovery frees the
+    # old Full slots Full-only, so every SWA slot stays owned exactly once.
+    env = _tombstoned_internal()
+    c = env.cache
+    freed_swa = set(range(1, 9))                   # [1..8]'s SWA slots (first handed out)
+    kv = env.alloc.alloc(12)
+    assert set(env.alloc.translate_swa_indices_for_transfer(kv[:8]).tolist()) <= (
+        freed_swa | set(range(13, 33)))
+    r = c.insert(InsertParams(key=RadixKey(list(range(1, 13))), value=kv, prev_prefix_len=0))
+    assert r.prefix_len == 12
+    env.partition()                                # each SWA slot held once, none stale
+    m = env.match(range(1, 13))
+    assert m.device_prefix_len == 12               # the window is whole again
+    c.evict(EvictParams(num_tokens=10**6, swa_num_tokens=10**6))
+    c.evict_host(10**6)
+    env.partition()
+    assert env.alloc.full_available_size() == 32 and env.alloc.swa_available_size() == 32
+
+
+def test_an_incremental_backup_covers_recovered_swa_data():
+    # W 8: after the tombstone of [1..8] its SWA host copy is freed; an insert that
+    # ends on [9..12] (backed up, not pending) recovers [1..8]'s SWA from its fresh
+    # slots: SGLang's incremental backup then copies the window's SWA data alone
+    env = _tombstoned_internal()
+    c = env.cache
+    c.evict_host(1, SWA)
+    env.log.clear()
+    r = env.ins(range(1, 13))
+    assert r.prefix_len == 12
+    c.check_hicache_events()
+    assert (env.units("backup"), env.units("backup_swa")) == (0, 8)
+    assert c.swa_host_total_size() == 12
+    env.partition()
+
+
+def test_bad_input_is_refused_before_any_change():
+    full_only = UnifiedRadixCache(token_to_kv_pool_allocator=SWATokenToKVPoolAllocator(8, 8))
+    with pytest.raises(ValueError, match="swa_host_size given"):
+        full_only.init_hicache(host_size=8, swa_host_size=8)
+    assert full_only.enable_hicache is False
+    alloc = SWATokenToKVPoolAllocator(16, 16)
+    c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
+                          token_to_kv_pool_allocator=alloc)
+    with pytest.raises(ValueError, match="write_back"):
+        c.init_hicache(host_size=16, swa_host_size=16, hicache_write_policy="write_back")
+    with pytest.raises(ValueError, match="swa_host_size must be >= 1"):
+        c.init_hicache(host_size=16, swa_host_size=0)
+    with pytest.raises(ValueError, match="swa_host_size"):
+        c.init_hicache(host_size=16)
+    assert c.enable_hicache is False
+    c.init_hicache(hicache_ratio=1.0)          # both pools from the ratio: (16 // 1 + 1) * 1
+    assert c.mem_pool_host.size == 17 and c.swa_pool_host.size == 17
+    env = Env(window=4, pool=16, host=16)
+    env.ins(range(1, 9))
+    before = env.cache._snapshot()
+    with pytest.raises(ValueError, match="component_type"):
+        env.cache.evict_host(4, ComponentType.MAMBA)
+    with pytest.raises(TypeError):
+        env.cache.dec_host_lock_ref(env.cache.root_node_handle(), SimpleNamespace(
+            component_host_lock_uuids={SWA: "x"}))
+    _same_state(before, env.cache._snapshot())
+
+
+def test_a_failed_swa_backup_copy_commits_nothing():
+    env = Env(window=4, pool=16, host=16)
+    c = env.cache
+    calls = []
+
+    def transfer(kind, dev, host):
+        calls.append(kind)
+        if kind == "backup_swa":
+            raise OSError("copy failed")
+    c._transfer = transfer
+    with pytest.raises(OSError):
+        env.ins(range(1, 9))
+    assert calls == ["backup", "backup_swa"]
+    assert c.host_total_size() == 0 and c.swa_host_total_size() == 0
+    assert c.mem_pool_host.available_size() == 16 and c.swa_pool_host.available_size() == 16
+    env.partition()
+
+
+@pytest.mark.parametrize("policy,page", [("write_through", 1), ("write_through_selective", 2)])
+def test_random_runs_keep_all_four_pools_partitioned(policy, page):
+    rng = np.random.default_rng(5)
+    env = Env(window=4 * page, pool=40 * page, swa_pool=24 * page, host=32 * page,
+              swa_host=20 * page, policy=policy, page=page)
+    c = env.cache
+    bases = [list(rng.integers(1, 5, size=12 * page)) for _ in range(3)]
+    locks, hlocks = [], []
+    for _ in range(600):
+        op = int(rng.integers(0, 9))
+        toks = bases[int(rng.integers(0, 3))][:int(rng.integers(1, 13)) * page]
+        if op <= 1:
+            n = len(toks)
+            if env.alloc.full_available_size() < n or env.alloc.swa_available_size() < n:
+                c.evict(EvictParams(num_tokens=n, swa_num_tokens=n))
+            if env.alloc.available_size() >= n:
+                env.ins(toks)
+        elif op == 2:
+            m = env.match(toks)
+            if m.host_hit_length or m.swa_host_hit_length:
+                env.load(m)
+            elif rng.random() < 0.5 and len(locks) < 3:
+                locks.append((m.last_device_node, c.inc_lock_ref(m.last_device_node)))
+        elif op == 3 and locks:
+            nid, rec = locks.pop(int(rng.integers(0, len(locks))))
+            c.dec_lock_ref(nid, rec.to_dec_params())
+        elif op == 4:
+            c.evict(EvictParams(num_tokens=int(rng.integers(0, 10)) * page,
+                                swa_num_tokens=int(rng.integers(0, 10)) * page))
+        elif op == 5:
+            c.evict_host(int(rng.integers(1, 4)) * page, SWA if rng.random() < 0.5 else FULL)
+        elif op == 6:
+            m = env.match(toks)
+            if m.best_match_node != c.root_node_handle() and len(hlocks) < 2:
+                rec = c.inc_host_lock_ref(m.best_match_node)
+                if FULL in rec.component_host_lock_uuids:
+                    hlocks.append((m.best_match_node, rec))
+                else:  # a device-only node: device eviction may take it, release now
+                    c.dec_host_lock_ref(m.best_match_node, rec)
+        elif op == 7 and hlocks:
+            nid, rec = hlocks.pop()
+            c.dec_host_lock_ref(nid, rec)
+        else:
+            c.flush_pending_backups()
+            c.ready_to_load_host_cache()
+            c.writing_check(finish_count=int(rng.integers(0, 3)))
+            c.loading_check(finish_count=int(rng.integers(0, 2)))
+        env.partition()
+    for nid, rec in locks:
+        c.dec_lock_ref(nid, rec.to_dec_params())
+    for nid, rec in hlocks:
+        c.dec_host_lock_ref(nid, rec)
+    c.check_hicache_events()
+    c.ready_to_load_host_cache()
+    c.loading_check()
+    assert c.protected_size() == 0 and c.swa_protected_size() == 0
+    c.evict(EvictParams(num_tokens=10**6, swa_num_tokens=10**6))
+    c.evict_host(10**6)
+    assert c.swa_host_total_size() == 0 and c.host_total_size() == 0
+    env.partition()
+    assert env.alloc.full_available_size() == env.alloc.size_full
+    assert env.alloc.swa_available_size() == env.alloc.size_swa
+
+
+# ---------------------------------------------------------------------- hypothesis machine
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+from .test_hicache import _BASES, ACK_CALLS, ack  # noqa: E402  (the Full machine's)
+
+
+class SWAHostTierMachine(RuleBasedStateMachine):
+    """SWA on the host tier under a random schedule (both write-through policies):
+    inserts (some with an SWA cursor past 0), matches with locks, host locks and
+    load-backs, whole and step-wise evictions of both components, host eviction of
+    both, and the ack calls at arbitrary points (acks late and interleaved).
+    Invariant after every step: all four pools partition exactly (``Env.partition``)
+    and ``sanity_check()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.env = None
+
+    @rule(policy=st.sampled_from(["write_through", "write_through_selective"]),
+          host=st.sampled_from([6, 12, 40]), swa_host=st.sampled_from([3, 8, 40]),
+          page=st.sampled_from([1, 2]), window=st.sampled_from([2, 4, 6]))
+    @precondition(lambda self: self.env is None)
+    def build(self, policy, host, swa_host, page, window):
+        self.env = Env(window=window, pool=24 * page, swa_pool=16 * page, host=host * page,
+                       swa_host=swa_host * page, policy=policy, page=page)
+        self.locks, self.hlocks = [], []
+
+    def _toks(self, b, cut):
+        t = _BASES[b][:cut]
+        return t[:len(t) - len(t) % self.env.cache.page_size]
+
+    @rule(b=st.integers(0, 3), cut=st.integers(1, 8), cursor=st.integers(0, 2))
+    @precondition(lambda self: self.env is not None)
+    def insert(self, b, cut, cursor):
+        env, c = self.env, self.env.cache
+        toks = self._toks(b, cut)
+        if not toks:
+            return
+        n = len(toks)
+        if env.alloc.full_available_size() < n or env.alloc.swa_available_size() < n:
+            c.evict(EvictParams(num_tokens=n, swa_num_tokens=n))
+        if env.alloc.available_size() < n:
+            return
+        p = c.page_size
+        cur = min(cursor * p, n // p * p)
+        kv = env.alloc.alloc(n)
+        if cur:  # the request's slots below its SWA cursor lost their SWA peers
+            env.alloc.free_swa(kv[:cur])
+        params = InsertParams(key=RadixKey(list(toks)), value=kv)
+        params.set_evicted_seqlen(SWA, cur)
+        c.insert(params)
+
+    @rule(b=st.integers(0, 3), cut=st.integers(1, 8), what=st.sampled_from(
+        ["lock", "hlock", "load"]))
+    @precondition(lambda self: self.env is not None)
+    def match(self, b, cut, what):
+        env, c = self.env, self.env.cache
+        toks = self._toks(b, cut)
+        if not toks:
+            return
+        m = env.match(toks)
+        if what == "lock" and len(self.locks) < 3:
+            self.locks.append((m.last_device_node, c.inc_lock_ref(m.last_device_node)))
+        elif what == "hlock" and len(self.hlocks) < 2 and \
+                m.best_match_node != c.root_node_handle():
+            rec = c.inc_host_lock_ref(m.best_match_node)
+            if FULL in rec.component_host_lock_uuids:
+                self.hlocks.append((m.best_match_node, rec))
+            else:  # a device-only node: device eviction may take it, release now
+                c.dec_host_lock_ref(m.best_match_node, rec)
+        elif what == "load" and (m.host_hit_length or m.swa_host_hit_length):
+            env.load(m)
+
+    @rule(i=st.integers(0, 2), host=st.booleans())
+    @precondition(lambda self: self.env is not None and (self.locks or self.hlocks))
+    def release(self, i, host):
+        c = self.env.cache
+        if host and self.hlocks:
+            nid, rec = self.hlocks.pop(i % len(self.hlocks))
+            c.dec_host_lock_ref(nid, rec)
+        elif self.locks:
+            nid, rec = self.locks.pop(i % len(self.locks))
+            c.dec_lock_ref(nid, rec.to_dec_params())
+
+    @rule(n=st.integers(0, 12), w=st.integers(0, 12), stepwise=st.booleans())
+    @precondition(lambda self: self.env is not None)
+    def evict(self, n, w, stepwise):
+        env, c = self.env, self.env.cache
+        if not stepwise:
+            c.evict(EvictParams(num_tokens=n, swa_num_tokens=w))
+            return
+        c.evict_device_start(SWA, w)  # the controller frees what each step names
+        try:
+            while True:
+                step = c.evict_device_next_node(SWA)
+                if len(step.swa_freed_indices):   # the SWA peers first, then Full
+                    env.alloc.free_swa(step.swa_freed_indices)
+                if len(step.freed_indices):
+                    env.alloc.free(step.freed_indices)
+                if not step.made_progress:
+                    break
+        finally:
+            c.evict_device_end(SWA)
+
+    @rule(n=st.integers(1, 8), swa=st.booleans())
+    @precondition(lambda self: self.env is not None)
+    def evict_host(self, n, swa):
+        self.env.cache.evict_host(n, SWA if swa else FULL)
+
+    @rule(what=st.sampled_from(ACK_CALLS), k=st.integers(0, 2))
+    @precondition(lambda self: self.env is not None)
+    def acks(self, what, k):
+        ack(self.env.cache, what, k)
+
+    @invariant()
+    def partitioned(self):
+        if self.env is not None:
+            self.env.partition()
+
+
+SWAHostTierMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40,
+                                                deadline=None)
+TestSWAHostTierMachine = SWAHostTierMachine.TestCase
