@@ -121,6 +121,11 @@ def _component(component, name="component"):
         raise ValueError(f"{name} must be a ComponentType, got {component!r}") from None
 
 
+def _cat_or_empty(parts):
+    """int64 concatenation of ``parts`` (a list of arrays), empty when none."""
+    return np.concatenate(parts) if parts else _EMPTY.copy()
+
+
 class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     """Prefix cache of KV indices keyed by token ids (SGLang 0.5.23 ``UnifiedRadixCache``).
 
@@ -871,7 +876,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             done = swa_done = m_done = 0
             phase = 0
             if self._hicache_policy == "write_back":  # SGLang's step-wise rounds
-                done, m_done, parts = self._evict_write_back(num, mamba_num)
+                done, swa_done, m_done, parts = self._evict_write_back(num, mamba_num, swa_num)
                 phase = -1
             while phase >= 0:
                 st, f, w, m, phase = _k_evict(*eng.st, num - done, swa_num - swa_done,
@@ -926,21 +931,26 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             if st == L.E_NEED_BACKUP:  # write-back: back the victim up, then demote / drop it
-                mf = []
-                n, freed, k = self._write_back_victim(nid, None, mf)
+                mf, sf = [], []
+                n, freed, k, ws = self._write_back_victim(nid, None, mf, sf)
                 if mf:  # the controller frees them: the tree holds them no more
                     self._vals.mamba_owned.difference_update(mf[0].tolist())
                 return EvictStep(int(nid), self._vals.out(freed), n, True,
-                                 swa_freed_indices=self._vals.empty(),
+                                 swa_freed_indices=self._vals.out(_cat_or_empty(sf)),
+                                 swa_num_tokens=ws,
                                  mamba_freed_indices=(self._mamba_slots(mf[0]) if mf
                                                       else self._mamba_empty()), mamba_num=k)
             if st == L.E_NEED_STATE_BACKUP:  # write-back: back the node up, then tombstone
-                mf = []
-                k = self._state_victim(nid, mf)
+                mf, sf = [], []
+                if c == L.SWA:
+                    ws, k = self._swa_victim(nid, w, sf), 0
+                else:
+                    ws, k = 0, self._state_victim(nid, mf)
                 if mf:
                     self._vals.mamba_owned.difference_update(mf[0].tolist())
                 return EvictStep(None, self._vals.empty(), 0, True,
-                                 swa_freed_indices=self._vals.empty(),
+                                 swa_freed_indices=self._vals.out(_cat_or_empty(sf)),
+                                 swa_num_tokens=ws,
                                  mamba_freed_indices=(self._mamba_slots(mf[0]) if mf
                                                       else self._mamba_empty()), mamba_num=k)
             rows = eng.actions()

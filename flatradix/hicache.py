@@ -1,9 +1,8 @@
 """HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
 
-Full attention, Full + Mamba (spec §6.3 HiCache notes) and Full + SWA under the
-write-through policies (spec §6.2 HiCache notes: window backups and load-backs,
-``evict_host(n, SWA)``); SWA under write-back and SWA + Mamba are refused
-(``ValueError``).
+Full attention, Full + Mamba (spec §6.3 HiCache notes) and Full + SWA (spec §6.2
+HiCache notes: window backups and load-backs, ``evict_host(n, SWA)``), under every
+write policy; SWA + Mamba is refused (``ValueError``).
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
 first hit, ``write_through_selective`` at its second, ``write_back`` only when
@@ -41,6 +40,7 @@ from .types import (
     InsertResult,
 )
 from .executor import execute
+from .kernels.actions import A_FREE_SLOT
 from .kernels import host as K
 from .kernels import layout as L
 from .kernels.evict import evict_end as _k_evict_end
@@ -173,8 +173,8 @@ class HiCacheMixin:
         from ``hicache_ratio`` as SGLang sizes its SWA host pool over the
         allocator's SWA side (``size_swa``, same formula); the ``transfer``
         callable then also gets ``"backup_swa"`` / ``"load_swa"`` calls. Raises
-        ``ValueError`` for an unknown policy, an SWA cache under write-back or
-        with Mamba (not supported yet), a missing size (or a
+        ``ValueError`` for an unknown policy, a cache with both SWA and Mamba (not
+        supported yet), a missing size (or a
         host size below 1 for Mamba or SWA, or one given to a cache without that
         component), a KVTransfer on an SWA cache (no SWA buffers yet), a
         ``KVTransfer`` whose buffers are smaller than the pools (or without state
@@ -191,11 +191,9 @@ class HiCacheMixin:
         if policy not in L.HOST_POLICY_NAMES[1:]:
             raise ValueError(f"hicache_write_policy must be one of "
                              f"{', '.join(L.HOST_POLICY_NAMES[1:])}, got {policy!r}")
-        if self._swa and (self._mamba or policy == "write_back"):
-            raise ValueError("init_hicache: SWA on the host tier is supported under "
-                             "write_through and write_through_selective without Mamba for "
-                             f"now; this cache has components {self.components}, policy "
-                             f"{policy!r}")
+        if self._swa and self._mamba:
+            raise ValueError("init_hicache: SWA on the host tier is supported without Mamba "
+                             f"for now; this cache has components {self.components}")
         if self._host is not None:
             raise ValueError("init_hicache: the host tier is already on")
         ratio = arg("hicache_ratio", hicache_ratio)
@@ -862,8 +860,10 @@ class HiCacheMixin:
             # load_plan's host slots, for the transfer (evictions below reuse ``out``)
             host = eng.out[:units].copy() if self._transfer is not None and st == L.OK else None
             wnodes = whost = _EMPTY
+            pinned = False
             if self._host_swa is not None:  # the host-only SWA data within the window
-                _, wu, wk = self._call_out(K.swa_load_plan, nid)
+                wst, wu, wk = self._call_out(K.swa_load_plan, nid)
+                pinned = wst == K.E_HOST_STATE  # write-back: another load pins one of them
                 if wu:
                     whost = eng.out[:wu].copy()
                     wnodes = eng.out[wu:wu + wk].copy()
@@ -888,8 +888,11 @@ class HiCacheMixin:
                     # SGLang: the state's node is pinned by another load-back: the
                     # whole spec is rejected (the caller recomputes)
                     st, restore = K.E_HOST_STATE, False
+                if pinned:  # SGLang: the whole spec is rejected (the caller recomputes)
+                    st, restore = K.E_HOST_STATE, False
                 if st != L.OK:
                     units = 0
+                    wnodes = _EMPTY
                 if ((units < max(1, self.load_back_threshold) and not restore
                         and not wnodes.size)
                         or (mem_quota is not None and units + delta > mem_quota)):
@@ -1096,6 +1099,12 @@ class HiCacheMixin:
         nodes = eng.st.nodes
         n = int(nodes[s, L.KEY_LEN])
         state = self._host_mamba is not None and state_needs_backup(int(nodes[s, L.FLAGS]))
+        wnodes = wdev = _EMPTY
+        if self._host_swa is not None:  # the unbacked SWA data within its window
+            _, wu, wk = self._call_out(K.swa_backup_plan, s)
+            if wu:
+                wdev = eng.out[:wu].copy()
+                wnodes = eng.out[wu:wu + wk].copy()
         host = self._host.alloc(n)
         if host is None:
             self._evict_host_units(n - self._host.available_size())
@@ -1108,44 +1117,89 @@ class HiCacheMixin:
             if hstate is None:  # SGLang's rollback: the Full host slots go back
                 self._host.free(host)
                 return False
+        hswa = _EMPTY
+        if wnodes.size:
+            hswa = self._swa_host_alloc(wdev.shape[0])
+            if hswa is None:  # SGLang's rollback: the other host slots go back
+                self._host.free(host)
+                return False
         if not self._copy("backup", s, host):
             if hstate is not None:
                 self._host_mamba.free(hstate)
+            if hswa.size:
+                self._host_swa.free(hswa)
             self._raise_transfer_error()  # the victim stays on the device, unbacked
-        if state and not self._copy_state(
+        if (state and not self._copy_state(
                 "backup_state", np.array([eng.st.nodes[s, L.MAMBA_SLOT]], dtype=np.int64),
-                hstate):
-            self._host_mamba.free(hstate)
+                hstate)) or (hswa.size and not self._copy_swa(
+                    "backup_swa", self._vals.swa_of(wdev), hswa)):
+            if hstate is not None:
+                self._host_mamba.free(hstate)
+            if hswa.size:
+                self._host_swa.free(hswa)
             self._host.free(host)
             self._raise_transfer_error()
         st, _, _ = self._call_out(K.backup_commit, s, host, -1 if hstate is None
-                                  else int(hstate[0]), _EMPTY, _EMPTY, nid, False)
+                                  else int(hstate[0]), wnodes, hswa, nid, False)
         assert st == L.OK, st
         self.ongoing_write_through[nid] = nid
         self._write_queue.append(nid)
         self.writing_check(write_back=True)
         return True
 
-    def _write_back_victim(self, nid, vals, mamba_out=None):
+    def _swa_victim(self, nid, units, swa_out=None):
+        """A write-back SWA round's internal victim (``E_NEED_STATE_BACKUP`` with the
+        ``units`` of unbacked SWA data in its window, SGLang's SWA
+        ``InternalStateBackup``): that much SWA host room evicted first when the
+        SWA host pool is short, the node backed up (``_write_back_backup``: its
+        Full KV and that SWA data), then its SWA data tombstoned when it still
+        qualifies (``host.finish_swa_eviction``). Returns the SWA units freed; with
+        ``swa_out`` (a list) the Full slots whose SWA peers the caller frees are
+        appended instead of freeing them. Under the cache lock."""
+        eng = self._engine
+        if self._host_swa.available_size() < units:
+            self._evict_host_swa(units)
+        if self.ongoing_write_through:  # another backup may cover the node: finish it
+            self.writing_check(write_back=True)
+        self._write_back_backup(nid)
+        st, k = eng.call(K.finish_swa_eviction, nid)
+        assert st == L.OK, st
+        rows = eng.actions()
+        if swa_out is not None:
+            for o, n in rows[(rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)][:, 3:5].tolist():
+                swa_out.append(eng.out[o:o + n].copy())
+            execute(rows[rows[:, 0] != A_FREE_SLOT], eng.out, None, None, self._sink)
+        else:
+            execute(rows, eng.out, None, self._vals, self._sink)
+        return int(k)
+
+    def _write_back_victim(self, nid, vals, mamba_out=None, swa_out=None):
         """The deferred demote of an evicted write-back victim: back it up and
         demote it, or, when the host is full, drop it with its host-only subtree
         (SGLang ``drop_subtree_no_host``; declined while any of it is locked or in
         flight: the node then stays on the device). Executes the step's actions
         (``vals``: the allocator to free into, or None: the caller frees; the
-        state slots then go to ``mamba_out``) and returns ``(device units freed,
-        freed Full slots, device states freed)``."""
+        state slots then go to ``mamba_out``, the Full slots whose SWA peers go
+        to ``swa_out``) and returns ``(device units freed, freed Full slots,
+        device states freed, SWA units freed)``."""
         eng = self._engine
         s = nid & 0xFFFFFFFF
         had_state = self._mamba and bool(int(eng.st.nodes[s, L.FLAGS]) & L.F_HAS(L.MAMBA))
+        swa_units = (int(eng.st.nodes[s, L.KEY_LEN])
+                     if self._swa and int(eng.st.nodes[s, L.FLAGS]) & L.F_HAS_SWA_DEV else 0)
         if self._write_back_backup(nid):
             st, n = eng.call(K.demote_leaf, nid)
             assert st == L.OK, st
         else:
             st, n, _ = eng.call(K.drop_subtree, nid)
             assert st == L.OK, st
-        freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
+        rows = eng.actions()
+        if vals is None and swa_out is not None:
+            for o, k in rows[(rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)][:, 3:5].tolist():
+                swa_out.append(eng.out[o:o + k].copy())
+        freed = execute(rows, eng.out, None, vals, self._sink, host=self._host,
                         mamba_out=mamba_out, host_mamba=self._host_mamba, host_swa=self._host_swa)
-        return int(n), freed, int(had_state and n > 0)
+        return int(n), freed, int(had_state and n > 0), swa_units if n > 0 else 0
 
     def _state_victim(self, nid, mamba_out=None):
         """A write-back Mamba round's internal victim (``E_NEED_STATE_BACKUP``,
@@ -1165,48 +1219,57 @@ class HiCacheMixin:
                 self._sink, mamba_out=mamba_out)
         return int(k)
 
-    def _evict_write_back(self, num, mamba_num=0):
+    def _evict_write_back(self, num, mamba_num=0, swa_num=0):
         """``evict`` under write-back: SGLang's step-wise rounds (a victim's backup
-        runs before its demotion; a Mamba round's internal state is backed up
-        before its tombstone): the Full round, then (Mamba) the state round for
-        what the Full round's demotions did not free. Returns ``(units, states,
-        freed slots parts)``."""
-        done, m_done, parts = self._write_back_round(L.FULL, num)
-        if self._mamba and mamba_num > m_done:
-            d2, m2, more = self._write_back_round(L.MAMBA, mamba_num - m_done)
-            done += d2  # the state round's leaf victims free their Full KV too
-            m_done += m2
-            parts += more
+        runs before its demotion; an SWA or Mamba round's internal victim is backed
+        up before its tombstone): the Full round, then (SWA) the SWA round and
+        (Mamba) the state round for what the earlier rounds did not free. Returns
+        ``(units, SWA units, states, freed slots parts)``."""
+        done, w_done, m_done, parts = self._write_back_round(L.FULL, num)
+        for c, want in ((L.SWA, swa_num if self._swa else 0),
+                        (L.MAMBA, mamba_num if self._mamba else 0)):
+            have = w_done if c == L.SWA else m_done
+            if want > have:
+                d2, w2, m2, more = self._write_back_round(c, want - have)
+                done += d2  # a round's leaf victims free their Full KV too
+                w_done += w2
+                m_done += m2
+                parts += more
         self.writing_check(write_back=True)
-        return done, m_done, parts
+        return done, w_done, m_done, parts
 
     def _write_back_round(self, c, num):
         eng = self._engine
         st_ = eng.st
         if _k_evict_start(st_.nodes, st_.heap, st_.meta, c, num) != L.OK:
             raise RuntimeError("device eviction already in progress")
-        done = m_done = 0
+        done = w_done = m_done = 0
         parts = []
         try:
             while True:
-                st, nid, f, _, m = eng.call(_k_evict_next, c)
+                st, nid, f, w, m = eng.call(_k_evict_next, c)
                 if st == L.E_NEED_BACKUP:
-                    n, freed, k = self._write_back_victim(nid, self._vals)
+                    n, freed, k, ws = self._write_back_victim(nid, self._vals)
                     done += n
+                    w_done += ws
                     m_done += k
                     parts.append(freed)
                     continue
                 if st == L.E_NEED_STATE_BACKUP:
-                    m_done += self._state_victim(nid)
+                    if c == L.SWA:
+                        w_done += self._swa_victim(nid, w)
+                    else:
+                        m_done += self._state_victim(nid)
                     continue
                 parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
-                if f == 0 and m == 0:
+                if f == 0 and w == 0 and m == 0:
                     break
                 done += f
+                w_done += w
                 m_done += m
         finally:
             _k_evict_end(eng.meta, c)
-        return done, m_done, parts
+        return done, w_done, m_done, parts
 
     # ------------------------------------------------------------------ host eviction
     def evict_host(self, num_tokens, component_type=None):

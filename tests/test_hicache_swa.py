@@ -239,6 +239,35 @@ def test_an_incremental_backup_covers_recovered_swa_data():
     env.partition()
 
 
+def test_write_back_backs_an_internal_swa_victim_up_before_its_tombstone():
+    # W 8, write-back (no insert-time backups): [1..8] then [1..12]; the SWA walk's
+    # tail is the internal [1..8]: its SWA data and Full KV have no host copy, so it
+    # is backed up (Full 8, SWA 8) before the tombstone (SGLang's InternalStateBackup)
+    env = Env(window=8, pool=32, host=32, policy="write_back")
+    c = env.cache
+    env.ins(range(1, 9))
+    env.ins(range(1, 13))
+    assert env.log == []
+    r = c.evict(EvictParams(num_tokens=0, swa_num_tokens=4))
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (0, 8)
+    assert (env.units("backup"), env.units("backup_swa")) == (8, 8)
+    env.partition()
+    m = env.match(range(1, 13))
+    # the host hit counts the nodes with a Full host copy ([1..8]); the branching
+    # point is the Full hit (12, past 0 + 8)
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length,
+            m.swa_branching_seqlen) == (0, 8, 8, 12)
+    env.log.clear()
+    # the Full walk's leaf [9..12] is backed up with the SWA data of its window
+    # that has no host copy (its own 4), then demoted
+    r = c.evict(EvictParams(num_tokens=4))
+    assert (r.num_tokens_evicted, r.swa_num_tokens_evicted) == (4, 4)
+    assert (env.units("backup"), env.units("backup_swa")) == (4, 4)
+    m = env.match(range(1, 13))
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length) == (0, 12, 12)
+    env.partition()
+
+
 def test_bad_input_is_refused_before_any_change():
     full_only = UnifiedRadixCache(token_to_kv_pool_allocator=SWATokenToKVPoolAllocator(8, 8))
     with pytest.raises(ValueError, match="swa_host_size given"):
@@ -247,8 +276,13 @@ def test_bad_input_is_refused_before_any_change():
     alloc = SWATokenToKVPoolAllocator(16, 16)
     c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
                           token_to_kv_pool_allocator=alloc)
-    with pytest.raises(ValueError, match="write_back"):
-        c.init_hicache(host_size=16, swa_host_size=16, hicache_write_policy="write_back")
+    from flatradix import HybridReqToTokenPool
+    both = UnifiedRadixCache(tree_components=(FULL, SWA, ComponentType.MAMBA),
+                             sliding_window_size=4, token_to_kv_pool_allocator=alloc,
+                             req_to_token_pool=HybridReqToTokenPool(4, 64, mamba_size=4))
+    with pytest.raises(ValueError, match="without Mamba"):
+        both.init_hicache(host_size=16, swa_host_size=16, mamba_host_size=4)
+    assert both.enable_hicache is False
     with pytest.raises(ValueError, match="swa_host_size must be >= 1"):
         c.init_hicache(host_size=16, swa_host_size=0)
     with pytest.raises(ValueError, match="swa_host_size"):
@@ -285,7 +319,8 @@ def test_a_failed_swa_backup_copy_commits_nothing():
     env.partition()
 
 
-@pytest.mark.parametrize("policy,page", [("write_through", 1), ("write_through_selective", 2)])
+@pytest.mark.parametrize("policy,page", [("write_through", 1), ("write_through_selective", 2),
+                                         ("write_back", 1), ("write_back", 2)])
 def test_random_runs_keep_all_four_pools_partitioned(policy, page):
     rng = np.random.default_rng(5)
     env = Env(window=4 * page, pool=40 * page, swa_pool=24 * page, host=32 * page,
@@ -369,7 +404,7 @@ class SWAHostTierMachine(RuleBasedStateMachine):
         super().__init__()
         self.env = None
 
-    @rule(policy=st.sampled_from(["write_through", "write_through_selective"]),
+    @rule(policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
           host=st.sampled_from([6, 12, 40]), swa_host=st.sampled_from([3, 8, 40]),
           page=st.sampled_from([1, 2]), window=st.sampled_from([2, 4, 6]))
     @precondition(lambda self: self.env is None)

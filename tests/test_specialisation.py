@@ -187,6 +187,24 @@ WORKLOAD = textwrap.dedent("""
         c.evict(F.EvictParams(num_tokens=1 << 20, swa_num_tokens=1 << 20))
         c.evict_host(1 << 20)
         c.sanity_check()
+    # write-back with SWA: an internal node's SWA data backed up before its tombstone
+    # (the whole evict and the step-wise round), a leaf victim with its window
+    for step in (False, True):
+        alloc = F.SWATokenToKVPoolAllocator(4096, 4096)
+        c = F.UnifiedRadixCache(tree_components=(CT.FULL, CT.SWA), sliding_window_size=8,
+                                token_to_kv_pool_allocator=alloc)
+        c.init_hicache(host_size=4096, swa_host_size=4096, hicache_write_policy="write_back")
+        for key in (list(range(1, 9)), list(range(1, 13))):
+            c.insert(F.InsertParams(key=F.RadixKey(key), value=alloc.alloc(len(key))))
+        if step:
+            c.evict_device_start(CT.SWA, 4)
+            while c.evict_device_next_node(CT.SWA).made_progress:
+                pass
+            c.evict_device_end(CT.SWA)
+        else:
+            c.evict(F.EvictParams(num_tokens=0, swa_num_tokens=4))
+        c.evict(F.EvictParams(num_tokens=4))
+        c.sanity_check()
     # write-back with Mamba: an internal state backed up before its tombstone (the
     # whole evict and the step-wise round), a leaf victim backed up and demoted
     for step in (False, True):

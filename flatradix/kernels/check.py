@@ -41,7 +41,8 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
      and a host tier, a negative Mamba host lock_ref (or one without Mamba),
      the Mamba host LRU holding a node whose state is not host-only or missing
      an unlocked host-only one, broken links, or ``M_MAMBA_HOST_TOTAL`` off
-125  SWA host tier: SWA host data without a Full host value or on a cache
+125  SWA host tier: SWA host data without a Full host value (under write-back:
+     without Full data on either tier) or on a cache
      without SWA and a host tier, a negative SWA host lock_ref (or one without
      SWA), the SWA host LRU holding a node whose SWA data is not host-only or
      missing an unlocked host-only one, broken links, or ``M_SWA_HOST_TOTAL`` off
@@ -282,7 +283,11 @@ def sanity_check(nodes, ctab, pool, heap, meta):
             mh_listed += 1
         sh = (f & F_HAS_SWA_HOST) != 0
         if sh:
-            if not (swa_on and host_on) or not (f & F_HAS_FULL_HOST):
+            # a Full host copy under it, except under write-back, whose duplicate
+            # reclaim may free the Full host copy of a device node and keep its SWA's
+            if not (swa_on and host_on) or not (
+                    f & F_HAS_FULL_HOST
+                    or (meta[M_HOST] == HOST_WRITE_BACK and f & F_HAS_FULL_DEV)):
                 return 125, s
             sh_total += n
         slk = nodes[s, SWA_HOST_LOCK]

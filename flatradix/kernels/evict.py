@@ -39,7 +39,7 @@ from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
     C_MAMBA, C_SWA, E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_WALK_OPEN,
-    F_HAS_FULL_HOST, FLAGS,
+    F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS,
     FULL, HOST_WRITE_BACK, M_HOST, HEAP_DEVICE, HEAP_POS, KEY_LEN,
     LRU_MAMBA, LRU_SWA, MAMBA,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
@@ -70,10 +70,10 @@ PHASE_MAMBA = MAMBA
 
 @helper
 def _short(nodes, acts, out, meta, s):
-    """Room for one victim ``s`` (5 rows, its length + 2 values); else the needs."""
-    if acts_room(acts, out, meta, 5, nodes[s, KEY_LEN] + 2):
+    """Room for one victim ``s`` (6 rows, twice its length + 2 values); else the needs."""
+    if acts_room(acts, out, meta, 6, 2 * nodes[s, KEY_LEN] + 2):
         return False
-    need(meta, 0, 0, meta[M_NOUT] + nodes[s, KEY_LEN] + 2, meta[M_NACTS] + 5)
+    need(meta, 0, 0, meta[M_NOUT] + 2 * nodes[s, KEY_LEN] + 2, meta[M_NACTS] + 6)
     return True
 
 
@@ -295,7 +295,9 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     changed): ``E_NEED_BACKUP`` with a Full round's victim, or a Mamba round's
     device leaf, that has no host copy; ``E_NEED_STATE_BACKUP`` with a Mamba
     round's internal victim whose state and Full KV have no host copy (the
-    caller backs it up, then ``host.finish_state_eviction``).
+    caller backs it up, then ``host.finish_state_eviction``), or an SWA round's
+    whose SWA data and Full KV have none (``swa_units``: the unbacked SWA units
+    of its window; then ``host.finish_swa_eviction``).
     """
     if not meta[M_EVICT_WALK + component]:
         return E_NO_WALK, -1, 0, 0, 0
@@ -340,15 +342,24 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
         return E_CAPACITY, -1, 0, 0, 0
     meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_prev_unlocked(nodes, lst, x))
     nid = node_id(nodes, x)
-    if component == MAMBA and meta[M_HOST] == HOST_WRITE_BACK:
+    if meta[M_HOST] == HOST_WRITE_BACK:
+        backed = (nodes[x, FLAGS] & F_HAS_FULL_HOST) != 0
         if is_device_leaf(nodes, x):
-            if not (nodes[x, FLAGS] & F_HAS_FULL_HOST):
+            if not backed:
                 # as the Full round: the caller backs the leaf up, then demotes / drops it
                 return E_NEED_BACKUP, nid, 0, 0, 0
-        elif mamba.needs_backup(nodes, x) and not (nodes[x, FLAGS] & F_HAS_FULL_HOST):
+        elif component == MAMBA and mamba.needs_backup(nodes, x) and not backed:
             # SGLang's InternalStateBackup: the state is offered for a host backup
             # (with the node's Full KV) before host.finish_state_eviction tombstones it
             return E_NEED_STATE_BACKUP, nid, 0, 0, 0
+        elif component == SWA and not backed and not swa.has_host(nodes, x) \
+                and (nodes[x, FLAGS] & F_HAS_FULL_DEV):
+            # the same for SWA data: the node (and the unbacked SWA data of its
+            # window, ``w`` units: the host room the caller reserves) is backed up
+            # before host.finish_swa_eviction tombstones it
+            _, units = swa.collect_unbacked(nodes, meta, x, out[:0], 0)
+            if units:
+                return E_NEED_STATE_BACKUP, nid, 0, units, 0
     if component == SWA:
         f, w, m, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
         meta[M_EVICT_DONE + SWA] += w

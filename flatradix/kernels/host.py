@@ -33,7 +33,7 @@ from .layout import (
     FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
     HOST_HEAP_POS, HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
     M_DUP_HEAD, M_EVENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST,
-    M_HOST_TOTAL, MAMBA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST, M_SWA_WINDOW,
+    M_HOST_TOTAL, MAMBA, SWA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST, M_SWA_WINDOW,
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
@@ -797,6 +797,33 @@ def finish_state_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
 
 
 @kernel
+def finish_swa_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
+    """Resume a write-back SWA round after ``evict_next`` answered
+    ``E_NEED_STATE_BACKUP`` for node ``nid`` and the caller tried its backup
+    (SGLang ``finish_swa_state_eviction``): when the node still holds unlocked
+    SWA data in the SWA LRU, it is tombstoned (``A_FREE_SLOT(SWA)``; a host copy
+    stays, in the SWA host LRU) and counted toward the round; a node that became
+    an evictable device leaf becomes the round's cursor again (the walk
+    re-selects it); otherwise nothing changes. Returns ``(status, SWA units
+    freed)``; ``E_STALE`` never (a dead node just ends the step)."""
+    acts_begin(meta, 0)
+    s = resolve(nodes, meta, nid)
+    if s < 0 or not swa.has_data(nodes, s) or nodes[s, LOCK_REF + SWA * N_TIERS] > 0:
+        return OK, 0
+    if nodes[s, HEAP_POS] >= 0:
+        meta[M_EVICT_CURSOR + SWA] = nid
+        return OK, 0
+    n = nodes[s, KEY_LEN]
+    if not acts_room(acts, out, meta, 1, n):
+        need(meta, 0, 0, n, 1)
+        return E_CAPACITY, 0
+    swa.evict_component(nodes, pool, meta, s, out, acts)
+    if meta[M_EVICT_WALK + SWA]:
+        meta[M_EVICT_DONE + SWA] += n
+    return OK, n
+
+
+@kernel
 def path_cap(nodes, ctab, pool, heap, meta, slot, out, acts):
     """SGLang's ``MambaEvictExcessPathStates`` for the live node in ``slot``, run
     where an insert's ``A_PATH_CAP`` row stands (with the host tier the cap runs
@@ -823,7 +850,8 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Demote node ``nid`` now that its write-back backup is done (SGLang
     ``demote``): it must be an evictable device leaf with a host copy
     (``E_HOST_STATE`` otherwise, nothing changed). Counts toward an open Full
-    eviction round. Returns ``(status, units)``."""
+    eviction round (and the SWA and Mamba rounds for what it frees of them).
+    Returns ``(status, units)``."""
     acts_begin(meta, 0)
     s = resolve(nodes, meta, nid)
     if s < 0:
@@ -835,9 +863,12 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
         need(meta, 0, 0, n + 1, 4)
         return E_CAPACITY, 0
     state = mamba.has_data(nodes, s)
+    window = swa.has_data(nodes, s)
     demote(nodes, pool, heap, meta, s, out, acts)
     if meta[M_EVICT_WALK + FULL]:
         meta[M_EVICT_DONE + FULL] += n
+    if window and meta[M_EVICT_WALK + SWA]:
+        meta[M_EVICT_DONE + SWA] += n
     if state and meta[M_EVICT_WALK + MAMBA]:
         meta[M_EVICT_DONE + MAMBA] += 1
     return OK, n
@@ -887,9 +918,12 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
             x = nodes[x, FIRST_CHILD]
         freed_host += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
     state = mamba.has_data(nodes, s)
+    window = swa.has_data(nodes, s)
     freed = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
     if meta[M_EVICT_WALK + FULL]:
         meta[M_EVICT_DONE + FULL] += freed
+    if window and meta[M_EVICT_WALK + SWA]:
+        meta[M_EVICT_DONE + SWA] += freed
     if state and meta[M_EVICT_WALK + MAMBA]:
         meta[M_EVICT_DONE + MAMBA] += 1
     return OK, freed, freed_host

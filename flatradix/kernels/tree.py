@@ -235,10 +235,11 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     Emits ``A_FREE_SLOT(FULL)`` with its KV indices (copied to ``out``), then
     ``A_FREE_SLOT(SWA)`` over the same indices when it holds SWA data,
     ``A_FREE_SLOT(MAMBA)`` with its state slot when it owns one,
-    ``A_FREE_HOST(MAMBA)`` with its host state when it holds one and, with
+    ``A_FREE_HOST(SWA)`` / ``A_FREE_HOST(MAMBA)`` with its SWA host value / host
+    state when it holds one (left by a write-back duplicate reclaim) and, with
     KV events on, ``A_REMOVED`` with its pool span (the rows keep their page
     digests until the next compaction). The parent re-enters the heap if it
-    became a leaf. The caller checked room for 5 rows and ``len + 2`` values.
+    became a leaf. The caller checked room for 6 rows and ``2 * len + 2`` values.
     """
     n = nodes[s, KEY_LEN]
     off = nodes[s, KEY_OFF]
@@ -249,7 +250,9 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
         swa.release_deleted(nodes, meta, s)
     if mamba.has_data(nodes, s):
         mamba.evict_component(nodes, meta, s, out, acts)
-    if mamba.has_host(nodes, s):  # a host state left by a write-back duplicate reclaim
+    if swa.has_host(nodes, s):  # host data left by a write-back duplicate reclaim
+        swa.evict_host_component(nodes, pool, meta, s, out, acts)
+    if mamba.has_host(nodes, s):
         mamba.evict_host_component(nodes, meta, s, out, acts)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)

@@ -933,9 +933,9 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         for given, what in ((swa, "swa_window"), (mamba, "mamba_states")):
             if given:
                 raise ValueError(f"host_capacity (the host tier) with {what}: the replay "
-                                 f"drives the host tier for Full attention only (the cache's "
-                                 f"host tier refuses SWA; its Mamba host tier is not driven "
-                                 f"by the replay yet); drop one of the two")
+                                 f"drives the host tier for Full attention only (its SWA and "
+                                 f"Mamba modes do not drive the cache's host tier yet); drop "
+                                 f"one of the two")
         if isinstance(host_capacity, bool) or not isinstance(
                 host_capacity, (int, np.integer, float)) or (
                 isinstance(host_capacity, float) and host_capacity != math.inf):
