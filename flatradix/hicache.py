@@ -176,7 +176,8 @@ class HiCacheMixin:
         ``ValueError`` for an unknown policy, a cache with both SWA and Mamba (not
         supported yet), a missing size (or a
         host size below 1 for Mamba or SWA, or one given to a cache without that
-        component), a KVTransfer on an SWA cache (no SWA buffers yet), a
+        component), a KVTransfer on an SWA cache without SWA buffers (or too few
+        rows for the SWA pools), a
         ``KVTransfer`` whose buffers are smaller than the pools (or without state
         buffers on a Mamba cache), or a second call; ``TypeError`` for a
         non-number ratio or size, a non-callable ``transfer``; nothing changes
@@ -255,9 +256,21 @@ class HiCacheMixin:
             if swa_size > MAX_HOST_SIZE:
                 raise ValueError(f"swa_host_size must be <= {MAX_HOST_SIZE}, got {swa_size}")
             if isinstance(transfer, KVTransfer):
-                raise ValueError("transfer: KVTransfer has no SWA buffers yet; give an SWA "
-                                 "cache a transfer callable of your own (it gets "
-                                 "'backup_swa' / 'load_swa' calls) or none")
+                if transfer.device_swa_buffers is None:
+                    raise ValueError("transfer: an SWA cache's KVTransfer needs "
+                                     "device_swa_buffers and host_swa_buffers (the SWA pool "
+                                     "is backed up and loaded too)")
+                size_swa = getattr(self.token_to_kv_pool_allocator, "size_swa", None)
+                if isinstance(size_swa, (int, np.integer)) and \
+                        transfer.device_swa_rows <= size_swa:
+                    raise ValueError(f"transfer: its device SWA buffers have "
+                                     f"{transfer.device_swa_rows} rows, the allocator hands "
+                                     f"out SWA slots up to {size_swa} (they need "
+                                     f"{size_swa + 1} rows)")
+                if transfer.host_swa_rows < swa_size:
+                    raise ValueError(f"transfer: its host SWA buffers have "
+                                     f"{transfer.host_swa_rows} rows, the SWA host pool has "
+                                     f"{swa_size} slots")
         elif swa_host_size is not None:
             raise ValueError("swa_host_size given, but this cache has no SWA component")
         thr = as_int(load_back_threshold, "load_back_threshold")

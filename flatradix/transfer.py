@@ -4,8 +4,9 @@ names between device KV buffers and host KV buffers.
 The tree moves slot indices only. ``init_hicache(transfer=f)`` calls
 ``f(kind, device_indices, host_indices)`` before it commits each backup
 (``kind == "backup"``: device -> host) and each load-back (``"load"``: host ->
-device) of KV slots, and on a Mamba cache of state slots (``"backup_state"`` /
-``"load_state"``); when ``f`` raises, nothing of that copy is committed. ``KVTransfer``
+device) of KV slots, on a Mamba cache of state slots (``"backup_state"`` /
+``"load_state"``), on an SWA cache of SWA pool slots (``"backup_swa"`` /
+``"load_swa"``); when ``f`` raises, nothing of that copy is committed. ``KVTransfer``
 is such an ``f`` over the engine's own buffers (SGLang's role:
 ``HiCacheController`` with its host pool's ``backup_from_device_all_layer`` /
 ``load_to_device_per_layer``), synchronous: every copy is complete when the
@@ -26,8 +27,9 @@ import numpy as np
 
 __all__ = ["KVTransfer"]
 
-#: The kinds a transfer callable is called with: KV rows, and (Mamba caches) states.
-_KINDS = ("backup", "load", "backup_state", "load_state")
+#: The kinds a transfer callable is called with: KV rows, (Mamba caches) states and
+#: (SWA caches) SWA pool rows.
+_KINDS = ("backup", "load", "backup_state", "load_state", "backup_swa", "load_swa")
 
 
 def _is_torch(x):
@@ -139,13 +141,18 @@ class KVTransfer:
         state tensor, e.g. conv and temporal state per layer; slot on axis 0:
         the device side needs more rows than the state allocator's largest slot,
         the host side ``mamba_pool_host``'s size).
+    device_swa_buffers, host_swa_buffers : lists of arrays / tensors, optional
+        An SWA cache's SWA KV pool (the sliding-window layers' K and V, indexed
+        by SWA slot: more rows than the allocator's ``size_swa``) and its host
+        copy (``swa_pool_host``'s size), as the KV buffers.
 
     Calls
     -----
     ``transfer(kind, device_indices, host_indices)``: ``kind`` ``"backup"``
     copies ``device[device_indices] -> host[host_indices]`` in every buffer,
     ``"load"`` the other way; ``"backup_state"`` / ``"load_state"`` the same
-    over the state buffers (``ValueError`` without them). Indices: 1-D integer arrays (numpy or torch) of
+    over the state buffers, ``"backup_swa"`` / ``"load_swa"`` over the SWA
+    buffers (``ValueError`` without them). Indices: 1-D integer arrays (numpy or torch) of
     one length. Checked before any copy: ``ValueError`` for an unknown kind,
     lengths that differ, an index outside a buffer (naming the argument and
     the buffer's rows); ``TypeError`` for indices that are not 1-D integers.
@@ -155,8 +162,8 @@ class KVTransfer:
     belong to no cached node (their slots go back to their pool).
 
     Attributes ``backed_up_tokens``, ``loaded_tokens``, ``backed_up_states``,
-    ``loaded_states`` and ``bytes_copied`` count what was moved (ints, for
-    monitoring).
+    ``loaded_states``, ``backed_up_swa_tokens``, ``loaded_swa_tokens`` and
+    ``bytes_copied`` count what was moved (ints, for monitoring).
 
     Raises ``TypeError`` / ``ValueError`` at construction for buffers that
     are not arrays, differ in count, dtype, row shape or library, are
@@ -167,7 +174,7 @@ class KVTransfer:
     """
 
     def __init__(self, device_buffers, host_buffers, device_state_buffers=None,
-                 host_state_buffers=None):
+                 host_state_buffers=None, device_swa_buffers=None, host_swa_buffers=None):
         dev, host = _check_pair(device_buffers, host_buffers, "device_buffers", "host_buffers")
         self.device_buffers = dev
         self.host_buffers = host
@@ -188,15 +195,30 @@ class KVTransfer:
             self.device_state_rows = min(int(d.shape[0]) for d in sdev)
             self.host_state_rows = min(int(h.shape[0]) for h in shost)
             self._state_bytes = _row_bytes(sdev)
+        self.device_swa_buffers = self.host_swa_buffers = None
+        self.device_swa_rows = self.host_swa_rows = 0
+        if (device_swa_buffers is None) != (host_swa_buffers is None):
+            raise ValueError("device_swa_buffers and host_swa_buffers go together (an SWA "
+                             "cache's SWA pool and its host copy), got one of them")
+        if device_swa_buffers is not None:
+            wdev, whost = _check_pair(device_swa_buffers, host_swa_buffers,
+                                      "device_swa_buffers", "host_swa_buffers")
+            self.device_swa_buffers, self.host_swa_buffers = wdev, whost
+            self.device_swa_rows = min(int(d.shape[0]) for d in wdev)
+            self.host_swa_rows = min(int(h.shape[0]) for h in whost)
+            self._swa_bytes = _row_bytes(wdev)
         self.backed_up_tokens = 0
         self.loaded_tokens = 0
         self.backed_up_states = 0
         self.loaded_states = 0
+        self.backed_up_swa_tokens = 0
+        self.loaded_swa_tokens = 0
         self.bytes_copied = 0
 
     @classmethod
     def with_host_buffers(cls, device_buffers, host_size, pin_memory=None,
-                          device_state_buffers=None, host_state_size=None):
+                          device_state_buffers=None, host_state_size=None,
+                          device_swa_buffers=None, host_swa_size=None):
         """A ``KVTransfer`` with fresh host buffers of ``host_size`` rows (zeroed),
         each of its device buffer's dtype and row shape (numpy for numpy; CPU
         torch for torch, pinned when ``pin_memory`` is True, by default when
@@ -205,7 +227,9 @@ class KVTransfer:
         is ``(int(D * ratio) // page_size + 1) * page_size`` slots for a device
         allocator of D slots; ``init_hicache`` names the size if it differs).
         ``device_state_buffers`` with ``host_state_size`` (``mamba_pool_host``'s
-        size) does the same for a Mamba cache's states."""
+        size) does the same for a Mamba cache's states, ``device_swa_buffers``
+        with ``host_swa_size`` (``swa_pool_host``'s size) for an SWA cache's
+        SWA pool."""
         from ._cast import as_count, as_flag
 
         dev = _check_buffers(device_buffers, "device_buffers")
@@ -223,15 +247,33 @@ class KVTransfer:
             if srows < 1:
                 raise ValueError("host_state_size must be >= 1")
             shost = _zeros_like_rows(sdev, srows, pin_memory)
-        return cls(dev, _zeros_like_rows(dev, rows, pin_memory), sdev, shost)
+        wdev = whost = None
+        if (device_swa_buffers is None) != (host_swa_size is None):
+            raise ValueError("device_swa_buffers and host_swa_size go together")
+        if device_swa_buffers is not None:
+            wdev = _check_buffers(device_swa_buffers, "device_swa_buffers")
+            wrows = as_count(host_swa_size, "host_swa_size")
+            if wrows < 1:
+                raise ValueError("host_swa_size must be >= 1")
+            whost = _zeros_like_rows(wdev, wrows, pin_memory)
+        return cls(dev, _zeros_like_rows(dev, rows, pin_memory), sdev, shost, wdev, whost)
 
     def __call__(self, kind, device_indices, host_indices):
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {', '.join(map(repr, _KINDS))}, got {kind!r}")
-        state = kind.endswith("_state")
-        if state and self.device_state_buffers is None:
-            raise ValueError(f"{kind}: this KVTransfer has no state buffers (give "
-                             "device_state_buffers and host_state_buffers for a Mamba cache)")
+        group = kind.split("_", 1)[1] if "_" in kind else ""
+        dev_bufs, host_bufs, drows, hrows, row_bytes = {
+            "": (self.device_buffers, self.host_buffers, self.device_rows, self.host_rows,
+                 self._row_bytes),
+            "state": (self.device_state_buffers, self.host_state_buffers,
+                      self.device_state_rows, self.host_state_rows,
+                      getattr(self, "_state_bytes", 0)),
+            "swa": (self.device_swa_buffers, self.host_swa_buffers, self.device_swa_rows,
+                    self.host_swa_rows, getattr(self, "_swa_bytes", 0)),
+        }[group]
+        if dev_bufs is None:
+            raise ValueError(f"{kind}: this KVTransfer has no {group} buffers (give "
+                             f"device_{group}_buffers and host_{group}_buffers)")
         di = _as_index(device_indices, "device_indices")
         hi = _as_index(host_indices, "host_indices")
         n = di.shape[0]
@@ -240,37 +282,25 @@ class KVTransfer:
                              f"{hi.shape[0]}")
         if n == 0:
             return
-        drows, hrows = ((self.device_state_rows, self.host_state_rows) if state
-                        else (self.device_rows, self.host_rows))
-        what = "state buffers" if state else "buffers"
+        what = f"{group} buffers" if group else "buffers"
         if di.min() < 0 or di.max() >= drows:
             raise ValueError(f"device_indices: slots must lie in [0, {drows}) "
                              f"(the device {what}' rows)")
         if hi.min() < 0 or hi.max() >= hrows:
             raise ValueError(f"host_indices: slots must lie in [0, {hrows}) "
                              f"(the host {what}' rows)")
-        pairs = (zip(self.device_state_buffers, self.host_state_buffers) if state
-                 else zip(self.device_buffers, self.host_buffers))
         backup = kind.startswith("backup")
-        for d, h in pairs:
+        for d, h in zip(dev_bufs, host_bufs):
             if _is_torch(d):
                 self._copy_torch(backup, d, h, di, hi)
             elif backup:
                 h[hi] = d[di]
             else:
                 d[di] = h[hi]
-        if state:
-            if backup:
-                self.backed_up_states += n
-            else:
-                self.loaded_states += n
-            self.bytes_copied += n * self._state_bytes
-            return
-        if backup:
-            self.backed_up_tokens += n
-        else:
-            self.loaded_tokens += n
-        self.bytes_copied += n * self._row_bytes
+        counter = {"": "tokens", "state": "states", "swa": "swa_tokens"}[group]
+        name = ("backed_up_" if backup else "loaded_") + counter
+        setattr(self, name, getattr(self, name) + n)
+        self.bytes_copied += n * row_bytes
 
     @staticmethod
     def _copy_torch(backup, d, h, di, hi):

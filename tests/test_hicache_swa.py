@@ -509,3 +509,76 @@ class SWAHostTierMachine(RuleBasedStateMachine):
 SWAHostTierMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40,
                                                 deadline=None)
 TestSWAHostTierMachine = SWAHostTierMachine.TestCase
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_kv_and_swa_bytes_survive_backup_demote_and_load_back_with_kvtransfer(policy):
+    # A content model: the row of every position is a function of its whole prefix,
+    # written into the Full and SWA device buffers at insert; free device rows of both
+    # pools are overwritten with garbage after every step. After each match, every
+    # matched position's Full row -- and the SWA row of each of those that has an SWA
+    # peer -- must hold its content (what a backup, demotion and load-back moved).
+    from flatradix import KVTransfer
+
+    rng = np.random.default_rng(3)
+    pool, swa_pool, host = 40, 24, 48
+    full_buf = np.zeros((pool + 1, 2), dtype=np.int64)
+    swa_buf = np.zeros((swa_pool + 1, 2), dtype=np.int64)
+    t = KVTransfer.with_host_buffers([full_buf], host, device_swa_buffers=[swa_buf],
+                                     host_swa_size=host)
+    alloc = SWATokenToKVPoolAllocator(pool, swa_pool)
+    c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
+                          token_to_kv_pool_allocator=alloc)
+    c.init_hicache(host_size=host, swa_host_size=host, hicache_write_policy=policy,
+                   load_back_threshold=1, transfer=t)
+
+    def content(toks):
+        return np.array([hash(tuple(toks)) % (1 << 40), len(toks)], dtype=np.int64)
+
+    bases = [list(rng.integers(1, 4, size=12)) for _ in range(3)]
+    checked = 0
+    for _ in range(400):
+        toks = bases[int(rng.integers(0, 3))][:int(rng.integers(2, 13))]
+        op = int(rng.integers(0, 6))
+        if op <= 1:
+            n = len(toks)
+            if alloc.full_available_size() < n or alloc.swa_available_size() < n:
+                c.evict(EvictParams(num_tokens=n, swa_num_tokens=n))
+            if alloc.available_size() >= n:
+                kv = alloc.alloc(n)
+                swa = alloc.translate_swa_indices_for_transfer(kv)
+                for i in range(n):
+                    full_buf[kv[i]] = content(toks[:i + 1])
+                    swa_buf[swa[i]] = content(toks[:i + 1])
+                c.insert(InsertParams(key=RadixKey(toks), value=kv))
+        elif op == 2:
+            m = c.match_prefix(MatchPrefixParams(key=RadixKey(toks)))
+            if m.host_hit_length or m.swa_host_hit_length:
+                c.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length, None,
+                                                    Env.req(m)))
+        elif op == 3:
+            c.evict(EvictParams(num_tokens=int(rng.integers(0, 8)),
+                                swa_num_tokens=int(rng.integers(0, 8))))
+        elif op == 4:
+            c.evict_host(int(rng.integers(1, 6)), SWA if rng.random() < 0.5 else FULL)
+        else:
+            c.check_hicache_events()
+        # garbage into every free device row of both pools
+        held = set(np.asarray(c.all_values_flatten()).tolist())
+        for s in range(1, pool + 1):
+            if s not in held:
+                full_buf[s] = -1
+        swa_held = set(np.asarray(alloc.translate_swa_indices_for_transfer(
+            all_swa_full_values_flatten(c._engine))).tolist())
+        for s in range(1, swa_pool + 1):
+            if s not in swa_held:
+                swa_buf[s] = -1
+        m = c.match_prefix(MatchPrefixParams(key=RadixKey(toks)))
+        idx = np.asarray(m.device_indices)
+        swa = np.asarray(alloc.translate_swa_indices_for_transfer(idx)) if idx.size else idx
+        for i in range(idx.shape[0]):
+            assert np.array_equal(full_buf[idx[i]], content(toks[:i + 1])), i
+            if swa[i]:
+                assert np.array_equal(swa_buf[swa[i]], content(toks[:i + 1])), i
+                checked += 1
+    assert checked > 100 and t.loaded_swa_tokens > 0 and t.backed_up_swa_tokens > 0
