@@ -943,7 +943,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if st == L.E_NEED_STATE_BACKUP:  # write-back: back the node up, then tombstone
                 mf, sf = [], []
                 if c == L.SWA:
-                    ws, k = self._swa_victim(nid, w, sf), 0
+                    ws, k = self._swa_victim(nid, w, sf, mf)
                 else:
                     ws, k = 0, self._state_victim(nid, mf)
                 if mf:

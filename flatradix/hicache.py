@@ -1,8 +1,8 @@
 """HiCache, the host tier (SGLang 0.5.23 ``UnifiedRadixCache`` HiCache API, spec §8).
 
-Full attention, Full + Mamba (spec §6.3 HiCache notes) and Full + SWA (spec §6.2
-HiCache notes: window backups and load-backs, ``evict_host(n, SWA)``), under every
-write policy; SWA + Mamba is refused (``ValueError``).
+Full attention, Full + Mamba (spec §6.3 HiCache notes), Full + SWA (spec §6.2
+HiCache notes: window backups and load-backs, ``evict_host(n, SWA)``) and Full +
+SWA + Mamba, under every write policy.
 ``init_hicache`` turns the host tier on: a host pool of our own
 (``HostKVPool``), the write policy (``write_through`` backs a node up at its
 first hit, ``write_through_selective`` at its second, ``write_back`` only when
@@ -173,8 +173,7 @@ class HiCacheMixin:
         from ``hicache_ratio`` as SGLang sizes its SWA host pool over the
         allocator's SWA side (``size_swa``, same formula); the ``transfer``
         callable then also gets ``"backup_swa"`` / ``"load_swa"`` calls. Raises
-        ``ValueError`` for an unknown policy, a cache with both SWA and Mamba (not
-        supported yet), a missing size (or a
+        ``ValueError`` for an unknown policy, a missing size (or a
         host size below 1 for Mamba or SWA, or one given to a cache without that
         component), a KVTransfer on an SWA cache without SWA buffers (or too few
         rows for the SWA pools), a
@@ -192,9 +191,6 @@ class HiCacheMixin:
         if policy not in L.HOST_POLICY_NAMES[1:]:
             raise ValueError(f"hicache_write_policy must be one of "
                              f"{', '.join(L.HOST_POLICY_NAMES[1:])}, got {policy!r}")
-        if self._swa and self._mamba:
-            raise ValueError("init_hicache: SWA on the host tier is supported without Mamba "
-                             f"for now; this cache has components {self.components}")
         if self._host is not None:
             raise ValueError("init_hicache: the host tier is already on")
         ratio = arg("hicache_ratio", hicache_ratio)
@@ -1160,31 +1156,33 @@ class HiCacheMixin:
         self.writing_check(write_back=True)
         return True
 
-    def _swa_victim(self, nid, units, swa_out=None):
+    def _swa_victim(self, nid, units, swa_out=None, mamba_out=None):
         """A write-back SWA round's internal victim (``E_NEED_STATE_BACKUP`` with the
         ``units`` of unbacked SWA data in its window, SGLang's SWA
         ``InternalStateBackup``): that much SWA host room evicted first when the
         SWA host pool is short, the node backed up (``_write_back_backup``: its
         Full KV and that SWA data), then its SWA data tombstoned when it still
-        qualifies (``host.finish_swa_eviction``). Returns the SWA units freed; with
-        ``swa_out`` (a list) the Full slots whose SWA peers the caller frees are
-        appended instead of freeing them. Under the cache lock."""
+        qualifies (``host.finish_swa_eviction``; a Mamba state on it goes too).
+        Returns ``(SWA units, states)`` freed; with ``swa_out`` (a list) the Full
+        slots whose SWA peers the caller frees are appended instead of freeing
+        them (the state slots to ``mamba_out``). Under the cache lock."""
         eng = self._engine
         if self._host_swa.available_size() < units:
             self._evict_host_swa(units)
         if self.ongoing_write_through:  # another backup may cover the node: finish it
             self.writing_check(write_back=True)
         self._write_back_backup(nid)
-        st, k = eng.call(K.finish_swa_eviction, nid)
+        st, k, m = eng.call(K.finish_swa_eviction, nid)
         assert st == L.OK, st
         rows = eng.actions()
         if swa_out is not None:
             for o, n in rows[(rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)][:, 3:5].tolist():
                 swa_out.append(eng.out[o:o + n].copy())
-            execute(rows[rows[:, 0] != A_FREE_SLOT], eng.out, None, None, self._sink)
+            swa_rows = (rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)
+            execute(rows[~swa_rows], eng.out, None, None, self._sink, mamba_out=mamba_out)
         else:
             execute(rows, eng.out, None, self._vals, self._sink)
-        return int(k)
+        return int(k), int(m)
 
     def _write_back_victim(self, nid, vals, mamba_out=None, swa_out=None):
         """The deferred demote of an evicted write-back victim: back it up and
@@ -1270,7 +1268,9 @@ class HiCacheMixin:
                     continue
                 if st == L.E_NEED_STATE_BACKUP:
                     if c == L.SWA:
-                        w_done += self._swa_victim(nid, w)
+                        w2, m2 = self._swa_victim(nid, w)
+                        w_done += w2
+                        m_done += m2
                     else:
                         m_done += self._state_victim(nid)
                     continue

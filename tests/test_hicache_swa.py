@@ -276,13 +276,6 @@ def test_bad_input_is_refused_before_any_change():
     alloc = SWATokenToKVPoolAllocator(16, 16)
     c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
                           token_to_kv_pool_allocator=alloc)
-    from flatradix import HybridReqToTokenPool
-    both = UnifiedRadixCache(tree_components=(FULL, SWA, ComponentType.MAMBA),
-                             sliding_window_size=4, token_to_kv_pool_allocator=alloc,
-                             req_to_token_pool=HybridReqToTokenPool(4, 64, mamba_size=4))
-    with pytest.raises(ValueError, match="without Mamba"):
-        both.init_hicache(host_size=16, swa_host_size=16, mamba_host_size=4)
-    assert both.enable_hicache is False
     with pytest.raises(ValueError, match="swa_host_size must be >= 1"):
         c.init_hicache(host_size=16, swa_host_size=0)
     with pytest.raises(ValueError, match="swa_host_size"):
@@ -582,3 +575,74 @@ def test_kv_and_swa_bytes_survive_backup_demote_and_load_back_with_kvtransfer(po
                 assert np.array_equal(swa_buf[swa[i]], content(toks[:i + 1])), i
                 checked += 1
     assert checked > 100 and t.loaded_swa_tokens > 0 and t.backed_up_swa_tokens > 0
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+def test_swa_with_mamba_on_the_host_tier_keeps_every_pool_partitioned(policy):
+    # FULL + SWA + MAMBA: random runs over both auxiliary components on both tiers;
+    # after every op all six pools (Full / SWA / states, device and host) partition
+    # exactly and the cache's own invariants hold
+    from flatradix import HybridReqToTokenPool
+    from flatradix.inspection import all_mamba_host_values_flatten
+
+    rng = np.random.default_rng(9)
+    alloc = SWATokenToKVPoolAllocator(40, 24)
+    rtp = HybridReqToTokenPool(4, 64, mamba_size=6)
+    ma = rtp.mamba_allocator
+    c = UnifiedRadixCache(tree_components=(FULL, SWA, ComponentType.MAMBA),
+                          sliding_window_size=4, token_to_kv_pool_allocator=alloc,
+                          req_to_token_pool=rtp, mamba_cache_chunk_size=4)
+    c.init_hicache(host_size=32, swa_host_size=20, mamba_host_size=4,
+                   hicache_write_policy=policy, load_back_threshold=1)
+    env = SimpleNamespace(cache=c, alloc=alloc)
+    bases = [list(rng.integers(1, 5, size=12)) for _ in range(3)]
+    for _ in range(500):
+        op = int(rng.integers(0, 7))
+        toks = bases[int(rng.integers(0, 3))][:int(rng.integers(1, 13))]
+        if op <= 1:
+            n = len(toks)
+            if alloc.full_available_size() < n or alloc.swa_available_size() < n:
+                c.evict(EvictParams(num_tokens=n, swa_num_tokens=n))
+            if ma.available_size() == 0:
+                c.evict(EvictParams(num_tokens=0, mamba_num=1))
+            if alloc.available_size() >= n and ma.available_size():
+                st = ma.alloc(1)
+                r = c.insert(InsertParams(key=RadixKey(toks), value=alloc.alloc(n),
+                                          mamba_value=st))
+                if r.mamba_exist:
+                    ma.free(st)
+        elif op == 2:
+            m = c.match_prefix(MatchPrefixParams(key=RadixKey(toks)))
+            if (m.host_hit_length or m.swa_host_hit_length or m.mamba_host_hit_length) and (
+                    ma.available_size() or c.mamba_evictable_size()):
+                req = SimpleNamespace(last_node=m.last_device_node,
+                                      swa_host_hit_length=m.swa_host_hit_length,
+                                      mamba_host_hit_length=m.mamba_host_hit_length,
+                                      kv=SimpleNamespace(mamba_pool_idx=None))
+                c.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                    None, req))
+                if req.kv.mamba_pool_idx is not None:   # the request ends: its slot goes
+                    ma.free(np.asarray([int(req.kv.mamba_pool_idx)]))
+        elif op == 3:
+            c.evict(EvictParams(num_tokens=int(rng.integers(0, 8)),
+                                swa_num_tokens=int(rng.integers(0, 8)),
+                                mamba_num=int(rng.integers(0, 2))))
+        elif op == 4:
+            c.evict_host(int(rng.integers(1, 6)),
+                         (FULL, SWA, ComponentType.MAMBA)[int(rng.integers(0, 3))])
+        else:
+            c.ready_to_load_host_cache()
+            c.check_hicache_events()
+        Env.partition(env)
+        states = c.all_mamba_values_flatten().tolist()
+        assert ma.available_size() + len(states) == ma.size
+        hs = all_mamba_host_values_flatten(c._engine).tolist()
+        assert len(set(hs)) == len(hs) == c.mamba_host_total_size()
+        assert c.mamba_pool_host.available_size() + len(hs) == c.mamba_pool_host.size
+    c.ready_to_load_host_cache()
+    c.check_hicache_events()
+    assert c.protected_size() == 0
+    c.evict(EvictParams(num_tokens=10**6, swa_num_tokens=10**6, mamba_num=10**6))
+    c.evict_host(10**6)
+    Env.partition(env)
+    assert c.mamba_host_total_size() == 0 and c.swa_host_total_size() == 0

@@ -733,8 +733,9 @@ def evict_host_swa(nodes, ctab, pool, heap, meta, num_units, out, acts):
     ``evict_host(n, SWA)``, its SWA ``drive_host_eviction``): walk the SWA host LRU
     from its least recent end, skipping host-locked entries; an evictable host
     leaf is deleted whole (``tree.delete_host_leaf``: its Full host value too),
-    any other entry loses its SWA host value only (``A_FREE_HOST(SWA)``). The
-    next entry is read before each victim goes. Returns ``(status, SWA units
+    any other entry loses its SWA host value (``A_FREE_HOST(SWA)``) and, on a
+    Mamba cache, its host state (SGLang's cascade to the lower-priority
+    component). The next entry is read before each victim goes. Returns ``(status, SWA units
     freed, Full host units freed)``; ``E_CAPACITY`` (``meta[M_NEED_*]``) when the
     buffers cannot hold the next victim: what was freed so far is reported and
     a call with the rest continues."""
@@ -753,6 +754,8 @@ def evict_host_swa(nodes, ctab, pool, heap, meta, num_units, out, acts):
             units += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
         else:
             swa.evict_host_component(nodes, pool, meta, x, out, acts)
+            if mamba.has_host(nodes, x):  # the cascade: a host state behind an SWA hole
+                mamba.evict_host_component(nodes, meta, x, out, acts)
             refresh_leaf(nodes, heap, meta, x)
         x = nxt
     return OK, freed, units
@@ -804,23 +807,28 @@ def finish_swa_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
     SWA data in the SWA LRU, it is tombstoned (``A_FREE_SLOT(SWA)``; a host copy
     stays, in the SWA host LRU) and counted toward the round; a node that became
     an evictable device leaf becomes the round's cursor again (the walk
-    re-selects it); otherwise nothing changes. Returns ``(status, SWA units
-    freed)``; ``E_STALE`` never (a dead node just ends the step)."""
+    re-selects it); otherwise nothing changes. The tombstone cascades to the
+    node's Mamba state (a host copy stays). Returns ``(status, SWA units freed,
+    states freed)``; ``E_STALE`` never (a dead node just ends the step)."""
     acts_begin(meta, 0)
     s = resolve(nodes, meta, nid)
     if s < 0 or not swa.has_data(nodes, s) or nodes[s, LOCK_REF + SWA * N_TIERS] > 0:
-        return OK, 0
+        return OK, 0, 0
     if nodes[s, HEAP_POS] >= 0:
         meta[M_EVICT_CURSOR + SWA] = nid
-        return OK, 0
+        return OK, 0, 0
     n = nodes[s, KEY_LEN]
-    if not acts_room(acts, out, meta, 1, n):
-        need(meta, 0, 0, n, 1)
-        return E_CAPACITY, 0
+    if not acts_room(acts, out, meta, 2, n + 1):
+        need(meta, 0, 0, n + 1, 2)
+        return E_CAPACITY, 0, 0
     swa.evict_component(nodes, pool, meta, s, out, acts)
+    m = 0
+    if mamba.has_data(nodes, s):  # the cascade (a host copy stays, in the host LRU)
+        mamba.evict_component(nodes, meta, s, out, acts)
+        m = 1
     if meta[M_EVICT_WALK + SWA]:
         meta[M_EVICT_DONE + SWA] += n
-    return OK, n
+    return OK, n, m
 
 
 @kernel
