@@ -62,6 +62,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     full = []
     swa = []
     mamba = None
+    host_frees = {}   # component -> (its host pool, its slots): one free per pool and call
     # one tolist() instead of per-field numpy scalar reads (column order: actions.ACT_*)
     for kind, comp, src, off, n, aux in rows.tolist():
         if kind == A.A_STORED:
@@ -103,10 +104,13 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
         elif kind == A.A_FREE_KV_FULL_ONLY:
             full.append(v)
         elif kind == A.A_FREE_HOST:
-            pool = host_mamba if comp == MAMBA else host_swa if comp == SWA else host
-            if pool is None:
-                raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool given")
-            pool.free(v.copy())
+            if comp not in host_frees:
+                pool = host_mamba if comp == MAMBA else host_swa if comp == SWA else host
+                if pool is None:
+                    raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool "
+                                         "given")
+                host_frees[comp] = (pool, [])
+            host_frees[comp][1].append(v)
         elif kind == A.A_FREE_SLOT:
             if comp == MAMBA:  # state slots: their own pool
                 if mamba is None:
@@ -116,6 +120,8 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
                 (swa if comp == SWA else full).append(v)
         else:
             raise AssertionError(f"unhandled action kind {kind}")
+    for pool, parts in host_frees.values():
+        pool.free(np.concatenate(parts) if len(parts) > 1 else parts[0].copy())
     freed_full = _cat(full)
     if vals is not None:
         vals.free_split(freed_full, _cat(swa) if swa else _EMPTY)
