@@ -1,7 +1,7 @@
 """Differential driver for the host tier (HiCache): flatradix against SGLang 0.5.23's
 own ``UnifiedRadixCache`` with HiCache on (``hicache_peer.py``), Full attention
-(``write_through``, ``write_through_selective`` and ``write_back``) and Full + Mamba
-(the ``*-mamba-*`` configurations).
+(``write_through``, ``write_through_selective`` and ``write_back``), Full + Mamba
+(the ``*-mamba-*`` configurations) and Full + SWA (the ``*-swa*-*`` ones).
 
 Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``)::
 
@@ -92,6 +92,30 @@ after a load (then freed once its copy was submitted), the Mamba ledgers and
 pools' availability, the host state count (Python core), and per node in the tree
 checks its state, host state, Mamba lock_ref and host lock_ref.
 
+Full + SWA (``swa_window``: the sliding window; ``swa_device``: the SWA device
+pool, smaller than the Full one; SGLang's own ``SWAKVPool`` and
+``SWATokenToKVPoolAllocator``, its SWA host pool sized from the same
+``hicache_ratio`` over the SWA side, flatradix given that size): the driver's
+insert slots are Full slots each mapped to a fresh SWA slot (SGLang: ``alloc`` at
+page 1, its two inner allocators paired with ``set_full_to_swa_mapping`` above);
+when either pool is short both sides evict that pool's shortfall (``evict`` with
+``swa_num_tokens``); with no ``prev``, an insert may carry the request's SWA cursor
+(``set_evicted_seqlen(SWA, c)``, ``c`` a page multiple up to ``len - window``; the
+slots below it give their SWA peers back first, ``free_swa_segment``); ``evict``
+asks for SWA tokens too, ``evict_host`` frees SWA host tokens
+(``ComponentType.SWA``) or Full host tokens; a load sets the request's
+``swa_host_hit_length`` from its match; ``load_back`` also runs on an SWA-only host
+hit. No ``insert_host`` (SGLang's refill brings the SWA window's staging too, which
+flatradix's ``insert_host`` does not take). Compared as well: two more slot
+bijections (SWA device slots, bound at each allocation from either allocator side,
+frees in order; SWA host slots, frees as multisets), the SWA transfers of each
+submitted backup / load as (SWA host slot, SWA device slot) pairs (a write-back
+backup's by size, as the Full ones), the SWA ledgers (``swa_evictable_size`` /
+``swa_protected_size``) and both device pools' and the SWA host pool's
+availability, which components an ``inc_host_lock_ref`` receipt stamps, the tokens holding an SWA host value (Python core), and per node
+in the tree checks its SWA device slots (flatradix's: its Full slots through the
+allocator's mapping), SWA host slots, SWA lock_ref and host lock_ref.
+
 The stream is cut into episodes of ``--episode`` ops on fresh caches. The first
 divergence stops a configuration: the op, both sides' values, then the episode
 shrunk by delta debugging (fresh caches per try; the same divergence label must
@@ -146,6 +170,10 @@ DIFFERENCES = """
    leaves the load's host lock and path lock held for good; flatradix raises
    RuntimeError and releases them. The driver skips such loads
    (`load_skipped_no_state_room`); tests/test_hicache_mamba.py covers flatradix's.
+8. Allocator logs: a free or allocation of zero slots is no call and is left out of
+   both sides' logs (flatradix's SWA allocator passes empty batches on: a load-back
+   that is rolled back frees its fresh Full slots through the composite ``free``,
+   which frees their SWA peers, none, on the SWA side; SGLang makes no such call).
 """
 
 # Divergences found by this driver and reported, not yet fixed in flatradix. Never
@@ -204,6 +232,26 @@ CONFIGS = {
                                  device=24, host=24, max_pages=8, lbt=1, mamba=8, path_cap=2),
     "p1-mamba-cap1-wb-lru": dict(page_size=1, policy="lru", write_policy="write_back",
                                  device=24, host=24, max_pages=8, lbt=1, mamba=8, path_cap=1),
+    # (FULL, SWA): ``swa_window`` W, ``swa_device`` the SWA device pool (smaller than the
+    # Full one: SWA evictions, tombstones); SGLang sizes the SWA host pool from the same
+    # hicache_ratio over it (p1-swa4: 13 tokens, p1-swa8: 8, p4-swa8: 44 / 28 under
+    # write-back, p2-swa5: 32), so backups often evict SWA host values
+    "p1-swa4-wt-lru": dict(page_size=1, policy="lru", write_policy="write_through",
+                           device=16, host=20, max_pages=6, lbt=1, swa_window=4, swa_device=10),
+    "p1-swa8-wts-lfu": dict(page_size=1, policy="lfu", write_policy="write_through_selective",
+                            device=24, host=12, max_pages=6, lbt=1, swa_window=8,
+                            swa_device=16),
+    "p4-swa8-wt-lru": dict(page_size=4, policy="lru", write_policy="write_through",
+                           device=16 * 4, host=18 * 4, max_pages=6, lbt=1, swa_window=8,
+                           swa_device=10 * 4),
+    "p2-swa5-wt-fifo-t10": dict(page_size=2, policy="fifo", write_policy="write_through",
+                                device=20 * 2, host=20 * 2, min_pages=4, max_pages=12, lbt=10,
+                                swa_window=5, swa_device=16 * 2),
+    "p1-swa4-wb-lru": dict(page_size=1, policy="lru", write_policy="write_back",
+                           device=16, host=20, max_pages=6, lbt=1, swa_window=4, swa_device=10),
+    "p4-swa8-wb-lfu": dict(page_size=4, policy="lfu", write_policy="write_back",
+                           device=16 * 4, host=12 * 4, max_pages=6, lbt=1, swa_window=8,
+                           swa_device=10 * 4),
 }
 
 # Self-test: deliberately wrong flatradix façades (FlatSide applies ``mutant``); each
@@ -231,6 +279,14 @@ MUTANTS = {
     "mamba-host-hit-zero": ("p1-mamba-wts-lfu", dict(mamba_host_hit_zero=True)),
     # Mamba: a load-back never gives the request a slot of its own (no copy)
     "mamba-no-request-state": ("p4-mamba-wt-fifo", dict(no_request_state=True)),
+    # SWA: match_prefix reports swa_host_hit_length 0 (no window-only load-back)
+    "swa-host-hit-zero": ("p1-swa4-wt-lru", dict(swa_host_hit_zero=True)),
+    # SWA: a backup leaves the SWA window out (Full host copies only)
+    "swa-backup-no-window": ("p4-swa8-wt-lru", dict(swa_no_window_backup=True)),
+    # SWA: a load-back restores the Full KV only (no SWA window to the device)
+    "swa-load-no-window": ("p2-swa5-wt-fifo-t10", dict(swa_no_window_load=True)),
+    # SWA: flatradix built with a window one token larger than SGLang's
+    "swa-window-larger": ("p1-swa4-wt-lru", dict(swa_window=5)),
 }
 
 SELFTEST_OPS = 2000
@@ -260,10 +316,24 @@ class FlatSide:
         P = self.P = cfg["page_size"]
         mut = cfg.get("mutant", {})
         self.log = []
-        self.alloc = flatradix.TokenToKVPoolAllocator(cfg["device"], page_size=P)
-        self._alloc, self._free = self._logged(self.alloc, "d")
+        self._quiet = False  # the driver's own allocations / frees are not logged
         self.mamba = bool(cfg.get("mamba"))
+        self.swa = cfg.get("swa_window") is not None
         extra = {}
+        if self.swa:
+            # its two sides logged on their own (load-backs allocate from each)
+            CT = flatradix.ComponentType
+            self.alloc = flatradix.SWATokenToKVPoolAllocator(cfg["device"], cfg["swa_device"],
+                                                             page_size=P)
+            self._logged(self.alloc.full_attn_allocator, "d")
+            self._logged(self.alloc.swa_attn_allocator, "w")
+            self._alloc, self._free = self._quietly(self.alloc.alloc), \
+                self._quietly(self.alloc.free)
+            extra = dict(tree_components=(CT.FULL, CT.SWA),
+                         sliding_window_size=mut.get("swa_window", cfg["swa_window"]))
+        else:
+            self.alloc = flatradix.TokenToKVPoolAllocator(cfg["device"], page_size=P)
+            self._alloc, self._free = self._logged(self.alloc, "d")
         if self.mamba:
             CT = flatradix.ComponentType
             self.rtp = flatradix.HybridReqToTokenPool(4, 256, mamba_size=cfg["mamba"],
@@ -283,21 +353,27 @@ class FlatSide:
         # submitted (merged, one ack) at flush / ready: gathered until then
         self.backups, self.loads = [], []
         self.state_backups, self.state_loads = [], []
+        self.swa_backups, self.swa_loads = [], []
 
         def transfer(kind, dev, host):
             pairs = list(zip(np.asarray(host).tolist(), np.asarray(dev).tolist()))
             {"backup": self.backups, "load": self.loads, "backup_state": self.state_backups,
-             "load_state": self.state_loads}[kind].append(pairs)
+             "load_state": self.state_loads, "backup_swa": self.swa_backups,
+             "load_swa": self.swa_loads}[kind].append(pairs)
 
         hextra = {}
-        if self.mamba:  # SGLang's MambaPoolHost sizing, with the ratio the peer derives
-            ratio = (cfg["host"] - P + 0.5) / cfg["device"]
+        ratio = (cfg["host"] - P + 0.5) / cfg["device"]  # the hicache_ratio the peer derives
+        if self.mamba:  # SGLang's MambaPoolHost sizing
             hextra["mamba_host_size"] = int(self.malloc.size * ratio) + 1
+        if self.swa:  # SGLang's SWA host pool: the Full pool's sizing over the SWA side
+            hextra["swa_host_size"] = (int(cfg["swa_device"] * ratio) // P + 1) * P
         c.init_hicache(host_size=cfg["host"], hicache_write_policy=cfg["write_policy"],
                        load_back_threshold=cfg["lbt"], transfer=transfer, **hextra)
         self._logged(c.mem_pool_host, "h")
         if self.mamba:
             self._logged(c.mamba_pool_host, "s")
+        if self.swa:
+            self._logged(c.swa_pool_host, "v")
         # ---- self-test mutants (never in a real configuration)
         if mut.get("wt_threshold_delta"):
             c._engine.st.meta[L.M_WT_THRESHOLD] += mut["wt_threshold_delta"]
@@ -306,10 +382,10 @@ class FlatSide:
         if mut.get("backup_no_host_evict"):
             run_backup = c._run_backup
 
-            def no_host_evict(slot):
+            def no_host_evict(*a):  # (slot, aux): the executor passes both
                 c._evict_host_units = lambda n: 0
                 try:
-                    return run_backup(slot)
+                    return run_backup(*a)
                 finally:
                     del c._evict_host_units
             c._run_backup = no_host_evict
@@ -352,6 +428,20 @@ class FlatSide:
             c.match_prefix = lambda params: match0(params)._replace(mamba_host_hit_length=0)
         if mut.get("no_request_state"):
             c._holds_state = staticmethod(lambda kv: True)
+        if mut.get("swa_host_hit_zero"):
+            match_s = c.match_prefix
+            c.match_prefix = lambda params: match_s(params)._replace(swa_host_hit_length=0)
+        if mut.get("swa_no_window_backup") or mut.get("swa_no_window_load"):
+            from flatradix import hicache as H
+
+            call_out = c._call_out
+            plan = H.K.swa_backup_plan if mut.get("swa_no_window_backup") else H.K.swa_load_plan
+
+            def no_window(kernel, *a):  # the backup / load plan finds no SWA data to copy
+                if kernel is plan:
+                    return L.OK, 0, 0
+                return call_out(kernel, *a)
+            c._call_out = no_window
         if mut.get("host_hit_zero"):
             match = c.match_prefix
             c.match_prefix = lambda params: match(params)._replace(host_hit_length=0)
@@ -372,16 +462,28 @@ class FlatSide:
 
         def logged_alloc(n):
             out = alloc(n)
-            if out is not None:
+            if out is not None and not self._quiet:
                 self.log.append((tier + "alloc", np.asarray(out).reshape(-1).tolist()))
             return out
 
         def logged_free(idx):
-            self.log.append((tier + "free", np.asarray(idx).reshape(-1).tolist()))
+            if not self._quiet:
+                self.log.append((tier + "free", np.asarray(idx).reshape(-1).tolist()))
             return free(idx)
 
         pool.alloc, pool.free = logged_alloc, logged_free
         return alloc, free
+
+    def _quietly(self, fn):
+        """``fn`` with the logging off (the driver's own calls into the SWA allocator,
+        which reach the logged sides)."""
+        def call(*a, **k):
+            self._quiet = True
+            try:
+                return fn(*a, **k)
+            finally:
+                self._quiet = False
+        return call
 
     # -- slots the driver hands to inserts (not logged)
     def alloc_slots(self, n):
@@ -390,6 +492,16 @@ class FlatSide:
 
     def free_slots(self, slots):
         self._free(np.asarray(slots, dtype=np.int64))
+
+    def swa_peers(self, slots):
+        """The SWA slots Full slots map to (0: none)."""
+        if not slots:
+            return []
+        return np.asarray(self.alloc.translate_swa_indices_for_transfer(
+            np.asarray(slots, dtype=np.int64))).tolist()
+
+    def free_swa(self, slots):
+        self._quietly(self.alloc.free_swa_segment)(np.asarray(slots, dtype=np.int64))
 
     def alloc_state(self):
         out = self._malloc(1)
@@ -405,13 +517,16 @@ class FlatSide:
     def root(self):
         return self.cache.root_node_handle()
 
-    def insert(self, toks, value, prev, inserted, state=None):
+    def insert(self, toks, value, prev, inserted, state=None, cursor=0):
         fr = self.fr
         extra = {} if state is None else dict(mamba_value=np.asarray([state], dtype=np.int64))
-        return self.cache.insert(fr.InsertParams(
+        params = fr.InsertParams(
             key=fr.RadixKey(np.asarray(toks, dtype=np.int64)),
             value=np.asarray(value, dtype=np.int64), prev_prefix_len=prev, inserted_len=inserted,
-            **extra))
+            **extra)
+        if cursor:
+            params.set_evicted_seqlen(fr.ComponentType.SWA, cursor)
+        return self.cache.insert(params)
 
     def match(self, toks):
         return self.cache.match_prefix(self.fr.MatchPrefixParams(
@@ -423,16 +538,17 @@ class FlatSide:
     def node_depth(self, node):
         return self.cache._path_units(node, None)
 
-    def _req(self, last_node, mamba_host_hit=0, state=None):
+    def _req(self, last_node, mamba_host_hit=0, state=None, swa_host_hit=0):
         from .hicache_peer import _ReqKV
 
         return SimpleNamespace(last_node=last_node, mamba_host_hit_length=mamba_host_hit,
-                               kv=_ReqKV(state))
+                               swa_host_hit_length=swa_host_hit, kv=_ReqKV(state))
 
-    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
+    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None,
+                       swa_host_hit=0):
         from .hicache_peer import _slot
 
-        req = self._req(last_node, mamba_host_hit, state)
+        req = self._req(last_node, mamba_host_hit, state, swa_host_hit)
         r = self.cache.init_load_back(self.fr.InitLoadBackParams(
             best_match_node=best, host_hit_length=hit, mem_quota=mem_quota, req=req))
         return r, _slot(req.kv.mamba_pool_idx)
@@ -462,25 +578,32 @@ class FlatSide:
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
 
-    def evict(self, n, states=0):
+    def evict(self, n, states=0, swa=0):
+        if self.swa:
+            r = self.cache.evict(self.fr.EvictParams(num_tokens=n, swa_num_tokens=swa))
+            return r.num_tokens_evicted, r.swa_num_tokens_evicted
         r = self.cache.evict(self.fr.EvictParams(num_tokens=n, mamba_num=states))
         return r.num_tokens_evicted if not self.mamba else (r.num_tokens_evicted,
                                                             r.mamba_num_evicted)
 
     def take_submitted(self):
-        """(backups, loads, state backups, state loads) submitted since the last
-        call: each a list of (host, device) pairs. flatradix records the pairs at
-        commit; a commit's pairs are submitted once its queue is empty again
-        (flush / ready submit the whole queue; no op both commits and submits)."""
+        """(backups, loads, state backups, state loads, SWA backups, SWA loads)
+        submitted since the last call: each a list of (host, device) pairs.
+        flatradix records the pairs at commit; a commit's pairs are submitted once
+        its queue is empty again (flush / ready submit the whole queue; no op both
+        commits and submits)."""
         c = self.cache
-        b = l = bs = ls = []
-        if (self.backups or self.state_backups) and not c._write_queue:
-            b, self.backups = [p for x in self.backups for p in x], []
-            bs, self.state_backups = [p for x in self.state_backups for p in x], []
-        if (self.loads or self.state_loads) and not c._load_queue:
-            l, self.loads = [p for x in self.loads for p in x], []
-            ls, self.state_loads = [p for x in self.state_loads for p in x], []
-        return b, l, bs, ls
+
+        def flat(xs):
+            return [p for x in xs for p in x]
+        b = l = bs = ls = wb = wl = []
+        if (self.backups or self.state_backups or self.swa_backups) and not c._write_queue:
+            b, bs, wb = flat(self.backups), flat(self.state_backups), flat(self.swa_backups)
+            self.backups, self.state_backups, self.swa_backups = [], [], []
+        if (self.loads or self.state_loads or self.swa_loads) and not c._load_queue:
+            l, ls, wl = flat(self.loads), flat(self.state_loads), flat(self.swa_loads)
+            self.loads, self.state_loads, self.swa_loads = [], [], []
+        return b, l, bs, ls, wb, wl
 
     # -- state views (the queues are private to flatradix's façade: read for the oracle)
     def sizes(self):
@@ -488,6 +611,12 @@ class FlatSide:
         out = dict(evictable=c.evictable_size(), protected=c.protected_size(),
                    total=tuple(c.total_size()), device_available=self.alloc.available_size(),
                    host_available=c.mem_pool_host.available_size())
+        if self.swa:
+            out.update(swa_evictable=c.swa_evictable_size(),
+                       swa_protected=c.swa_protected_size(),
+                       full_available=self.alloc.full_available_size(),
+                       swa_available=self.alloc.swa_available_size(),
+                       swa_host_available=c.swa_pool_host.available_size())
         if self.mamba:
             out.update(mamba_evictable=c.mamba_evictable_size(),
                        mamba_protected=c.mamba_protected_size(),
@@ -505,6 +634,8 @@ class FlatSide:
     def host_ledger(self):
         c = self.cache
         out = (c.host_total_size(), c.host_evictable_size())
+        if self.swa:
+            out += (c.swa_host_total_size(),)
         return out + (c.mamba_host_total_size(),) if self.mamba else out
 
     def values(self):
@@ -541,6 +672,16 @@ class FlatSide:
                              int(nodes[s, L.MAMBA_HOST_SLOT]) if f & L.F_HAS_MAMBA_HOST else None,
                              int(nodes[s, L.LOCK_COL(L.MAMBA)]),
                              int(nodes[s, L.LOCK_COL(L.MAMBA, L.HOST)])),)
+                if self.swa:
+                    f = int(nodes[s, L.FLAGS])
+                    pool = eng.st.pool
+                    off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
+                    row += ((self.swa_peers(pool[off:off + n, L.FULL_DEV].tolist())
+                             if f & L.F_HAS_SWA_DEV else None,
+                             pool[off:off + n, pool.shape[1] - 2].tolist()
+                             if f & L.F_HAS_SWA_HOST else None,
+                             int(nodes[s, L.LOCK_COL(L.SWA)]),
+                             int(nodes[s, L.LOCK_COL(L.SWA, L.HOST)])),)
                 out[path] = row
         return out
 
@@ -559,8 +700,10 @@ class SglSide:
         self.h = SglHiCache(core, cfg["page_size"], cfg["device"], cfg["host"],
                             cfg["write_policy"], cfg["policy"], cfg["lbt"],
                             mamba_states=cfg.get("mamba", 0), chunk=cfg.get("chunk", 8),
-                            path_cap=cfg.get("path_cap", -1))
+                            path_cap=cfg.get("path_cap", -1), swa_window=cfg.get("swa_window"),
+                            swa_tokens=cfg.get("swa_device"))
         self.mamba = self.h.mamba
+        self.swa = self.h.swa
         self.cache = self.h.cache
         self._d2h = self._h2d = 0
 
@@ -569,6 +712,12 @@ class SglSide:
 
     def free_slots(self, slots):
         self.h.free_slots(slots)
+
+    def swa_peers(self, slots):
+        return self.h.swa_peers(slots)
+
+    def free_swa(self, slots):
+        self.h.free_swa(slots)
 
     def alloc_state(self):
         return self.h.alloc_state()
@@ -582,8 +731,8 @@ class SglSide:
     def root(self):
         return self.h.root
 
-    def insert(self, toks, value, prev, inserted, state=None):
-        return self.h.insert(toks, value, prev, inserted, state)
+    def insert(self, toks, value, prev, inserted, state=None, cursor=0):
+        return self.h.insert(toks, value, prev, inserted, state, cursor)
 
     def match(self, toks):
         return self.h.match(toks)
@@ -599,8 +748,10 @@ class SglSide:
             n = n.parent
         return d
 
-    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
-        return self.h.init_load_back(best, hit, mem_quota, last_node, mamba_host_hit, state)
+    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None,
+                       swa_host_hit=0):
+        return self.h.init_load_back(best, hit, mem_quota, last_node, mamba_host_hit, state,
+                                     swa_host_hit)
 
     def load_back(self, node, mem_quota, last_node, state=None):
         return self.h.load_back(node, mem_quota, last_node, state)
@@ -620,23 +771,32 @@ class SglSide:
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
 
-    def evict(self, n, states=0):
-        return self.h.evict(n, states)
+    def evict(self, n, states=0, swa=0):
+        return self.h.evict(n, states, swa)
 
     def take_submitted(self):
         e = self.h.engine
-        b = [p for x in e.d2h[self._d2h:] for p in x]
-        l = [p for x in e.h2d[self._h2d:] for p in x]
-        bs = [p for x in e.d2h_state[self._d2h:] for p in x]
-        ls = [p for x in e.h2d_state[self._h2d:] for p in x]
+
+        def flat(xs, start):
+            return [p for x in xs[start:] for p in x]
+        out = (flat(e.d2h, self._d2h), flat(e.h2d, self._h2d), flat(e.d2h_state, self._d2h),
+               flat(e.h2d_state, self._h2d), flat(e.d2h_swa, self._d2h),
+               flat(e.h2d_swa, self._h2d))
         self._d2h, self._h2d = len(e.d2h), len(e.h2d)
-        return b, l, bs, ls
+        return out
 
     def sizes(self):
         c = self.cache
         out = dict(evictable=c.full_evictable_size(), protected=c.full_protected_size(),
                    total=tuple(c.total_size()), device_available=self.h.alloc.available_size(),
                    host_available=self.h.host_available())
+        if self.swa:
+            a = self.h.alloc
+            out.update(swa_evictable=c.swa_evictable_size(),
+                       swa_protected=c.swa_protected_size(),
+                       full_available=a.full_available_size(),
+                       swa_available=a.swa_available_size(),
+                       swa_host_available=self.h.swa_host_available())
         if self.mamba:
             out.update(mamba_evictable=c.mamba_evictable_size(),
                        mamba_protected=c.mamba_protected_size(),
@@ -655,6 +815,8 @@ class SglSide:
         if self.core != "python":
             return None
         out = self.h.host_ledger()
+        if self.swa:
+            out += (self.h.swa_host_total(),)
         if self.mamba:
             tc = self.cache.tree_core
             M = self.h.S.ComponentType.MAMBA
@@ -695,6 +857,11 @@ class SglSide:
                 row += ((None if md.value is None else int(md.value.reshape(-1)[0]),
                          None if md.host_value is None else int(md.host_value.reshape(-1)[0]),
                          md.lock_ref, md.host_lock_ref),)
+            if self.swa:
+                sd = n.component_data[self.h.S.ComponentType.SWA]
+                row += ((None if sd.value is None else sd.value.tolist(),
+                         None if sd.host_value is None else sd.host_value.tolist(),
+                         sd.lock_ref, sd.host_lock_ref),)
             out[path(n)] = row
         return out
 
@@ -764,7 +931,7 @@ def _runs(log, tier):
     entries of the same kind merged."""
     out = []
     for kind, slots in log:
-        if kind[0] != tier:
+        if kind[0] != tier or not slots:  # an empty free / allocation is no call at all
             continue
         k = kind[1:]
         if out and out[-1][0] == k:
@@ -784,6 +951,12 @@ def _atoms(events):
         else:
             out.append(e)
     return sorted(out, key=repr)
+
+
+def _host_locked(r):
+    """An ``inc_host_lock_ref`` receipt: [(component, stamped)] (the stamps are each
+    side's own numbers; a component present with None reached the root)."""
+    return sorted((int(k), v is not None) for k, v in (r.component_host_lock_uuids or {}).items())
 
 
 def _match_fields(m):
@@ -816,6 +989,9 @@ class Executor:
         self.mdev = SlotMap("state")          # Mamba device state slots
         self.req_states = []                  # finished requests' slots, freed after submission
         self.shost = SlotMap("state_host")    # Mamba host state slots
+        self.swa = cfg.get("swa_window") is not None
+        self.swadev = SlotMap("swa")          # SWA device slots
+        self.swahost = SlotMap("swa_host")    # SWA host slots
         self.locks = []
         self.host_locks = []
         self.nops = 0
@@ -857,7 +1033,8 @@ class Executor:
         """Replay both sides' allocation / free logs into the slot bijections."""
         la, lb = self.a.take_log(), self.b.take_log()
         for tier, smap, ordered in (("d", self.dev, True), ("h", self.host, False),
-                                    ("m", self.mdev, True), ("s", self.shost, False)):
+                                    ("m", self.mdev, True), ("s", self.shost, False),
+                                    ("w", self.swadev, True), ("v", self.swahost, False)):
             ra, rb = _runs(la, tier), _runs(lb, tier)
             compare(f"{what}.{smap.tier}_alloc_free_runs",
                     [(k, len(s)) for k, s in ra], [(k, len(s)) for k, s in rb])
@@ -868,8 +1045,8 @@ class Executor:
                 else:
                     smap.release(what, sa, sb, ordered)
                     self.stats[f"{smap.tier}_free_slots"] += len(sa)
-                    if tier == "h" and what == "insert":  # a backup made room
-                        self.stats["insert_host_evict_slots"] += len(sa)
+                    if tier in "hv" and what == "insert":  # a backup made room
+                        self.stats[f"insert_{smap.tier}_evict_slots"] += len(sa)
 
     def _map_nodes(self, what, xs, ys):
         compare(f"{what}.len", len(xs), len(ys))
@@ -878,12 +1055,15 @@ class Executor:
 
     def _sync(self, what):
         self._drain(what)
-        (ba, la, bsa, lsa), (bb, lb, bsb, lsb) = self.a.take_submitted(), self.b.take_submitted()
+        (ba, la, bsa, lsa, wba, wla), (bb, lb, bsb, lsb, wbb, wlb) = (self.a.take_submitted(),
+                                                                      self.b.take_submitted())
         for kind, pa, pb, hmap, dmap, unit in (
                 ("backup", ba, bb, self.host, self.dev, "tokens"),
                 ("load", la, lb, self.host, self.dev, "tokens"),
                 ("backup_state", bsa, bsb, self.shost, self.mdev, "states"),
-                ("load_state", lsa, lsb, self.shost, self.mdev, "states")):
+                ("load_state", lsa, lsb, self.shost, self.mdev, "states"),
+                ("backup_swa", wba, wbb, self.swahost, self.swadev, "swa_tokens"),
+                ("load_swa", wla, wlb, self.swahost, self.swadev, "swa_tokens")):
             if not (pa or pb):
                 continue
             if kind.startswith("backup") and self.cfg["write_policy"] == "write_back":
@@ -914,7 +1094,8 @@ class Executor:
                 self._map_nodes(f"{what}.{k}", xa, xb)
         ha, hb = self.a.host_ledger(), self.b.host_ledger()
         if ha is not None and hb is not None:
-            compare(f"{what}.host_ledger(host_total,host_evictable)", ha, hb)
+            compare(f"{what}.host_ledger(host_total,host_evictable[,swa_host_total]"
+                    f"[,mamba_host_total])", ha, hb)
         ea = event_tuples(self.a.cache.take_events())
         eb = event_tuples(self.b.cache.take_events())
         if self.coalesce:
@@ -936,6 +1117,17 @@ class Executor:
         compare(f"{what}.tree.paths", sorted(ta), sorted(tb))
         for path, (da, ha, pa, *rest_a) in ta.items():
             db, hb, pb, *rest_b = tb[path]
+            if self.swa:
+                (wa, wha, *wla), (wb, whb, *wlb) = rest_a.pop(), rest_b.pop()
+                if (wa is None) != (wb is None) or (
+                        wa is not None and wa != self.swadev.to_a(what, wb)):
+                    raise Divergence(f"{what}.tree.swa_value",
+                                     f"node {path}: first={wa} second={wb}")
+                if (wha is None) != (whb is None) or (
+                        wha is not None and wha != [self.swahost.b2a.get(x) for x in whb]):
+                    raise Divergence(f"{what}.tree.swa_host_value",
+                                     f"node {path}: first={wha} second={whb}")
+                compare(f"{what}.tree.swa(lock_ref,host_lock_ref)@{path}", wla, wlb)
             if self.mamba:
                 (ma, mha, *mla), (mb, mhb, *mlb) = rest_a.pop(), rest_b.pop()
                 if (ma is None) != (mb is None) or (
@@ -1005,6 +1197,8 @@ class Executor:
             self._backuped(f"{what}.{f}", getattr(ma, f), getattr(mb, f))
         self.stats["match_device_tokens"] += n
         self.stats["match_host_tokens"] += ma.host_hit_length
+        if self.swa:
+            self.stats["match_swa_host_tokens"] += ma.swa_host_hit_length
         return ma, mb
 
     def _backuped(self, what, na, nb):
@@ -1114,11 +1308,38 @@ class Executor:
             raise Divergence(f"{what}.alloc_failed", f"first={xa} second={xb}")
         if xa is not None:
             self.dev.bind(what, xa, xb)
+            if self.swa:  # and their fresh SWA peers
+                self.swadev.bind(what, self.a.swa_peers(xa), self.b.swa_peers(xb))
         return xa, xb
 
     def _driver_free(self, what, xa, xb):
+        if self.swa:
+            pa, pb = self.a.swa_peers(xa), self.b.swa_peers(xb)
         self._both(what, lambda: self.a.free_slots(xa), lambda: self.b.free_slots(xb))
         self.dev.release(what, xa, xb, True)
+        if self.swa:
+            self.swadev.release(what, [x for x in pa if x], [y for y in pb if y], True)
+
+    def _driver_free_swa(self, what, xa, xb):
+        """Free the SWA peers of Full slots the driver holds (a request's slid window)."""
+        pa, pb = self.a.swa_peers(xa), self.b.swa_peers(xb)
+        self._both(what, lambda: self.a.free_swa(xa), lambda: self.b.free_swa(xb))
+        self.swadev.release(what, pa, pb, True)
+
+    def _make_room(self, what, n):
+        """Evict for an allocation of ``n`` slots: ``n`` Full tokens; Full + SWA: each
+        pool's shortfall (the sizes were found equal at the last sync, so SGLang's
+        view decides for both)."""
+        if not self.swa:
+            ea, eb = self._both(what, lambda: self.a.evict(n), lambda: self.b.evict(n))
+            compare(f"{what}.num_evicted", ea, eb)
+            return
+        sz = self.b.sizes()
+        fs, ss = max(0, n - sz["full_available"]), max(0, n - sz["swa_available"])
+        ea, eb = self._both(what, lambda: self.a.evict(fs, swa=ss),
+                            lambda: self.b.evict(fs, swa=ss))
+        compare(f"{what}.(num_evicted,swa_num_evicted)", ea, eb)
+        self.stats["insert_evict_swa_short"] += ss > 0
 
     def _state(self, what):
         """One Mamba state slot on each side for the caller (None when the pools
@@ -1143,7 +1364,10 @@ class Executor:
         self._both(what, lambda: self.a.free_state(sa), lambda: self.b.free_state(sb))
         self.mdev.release(what, [sa], [sb], True)
 
-    def op_insert(self, toks, use_prev, il_pick):
+    def op_insert(self, toks, use_prev, il_pick, cur=0):
+        """``cur`` (SWA): with no ``prev``, the request's SWA cursor -- its slots
+        below it gave their SWA peers back (its window slid past them) -- picked
+        from ``cur`` among the page multiples up to ``len - window``."""
         n = len(toks)
         sa = sb = None
         if self.mamba:
@@ -1153,8 +1377,7 @@ class Executor:
                 return
         va, vb = self._alloc("insert.alloc", n)
         if va is None:
-            ea, eb = self._both("insert.evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
-            compare("insert.evict.num_evicted", ea, eb)
+            self._make_room("insert.evict", n)
             self._drain("insert.evict")
             va, vb = self._alloc("insert.alloc", n)
             if va is None:
@@ -1171,8 +1394,14 @@ class Executor:
             pb = self.b.path_device_indices(mb.last_device_node, prev)
             self._driver_free("insert.prefix_free", va[:prev], vb[:prev])
             va[:prev], vb[:prev] = pa, pb
-        ra, rb = self._both("insert", lambda: self.a.insert(toks, va, prev, il, sa),
-                            lambda: self.b.insert(toks, vb, prev, il, sb))
+        cursor = 0
+        if self.swa and cur and not prev:
+            cursor = cur % (max(0, n - self.cfg["swa_window"]) // self.P + 1) * self.P
+            if cursor:
+                self._driver_free_swa("insert.cursor_free_swa", va[:cursor], vb[:cursor])
+                self.stats["insert_swa_cursor"] += 1
+        ra, rb = self._both("insert", lambda: self.a.insert(toks, va, prev, il, sa, cursor),
+                            lambda: self.b.insert(toks, vb, prev, il, sb, cursor))
         compare("insert.prefix_len", ra.prefix_len, rb.prefix_len)
         if self.mamba:
             compare("insert.mamba_exist", bool(ra.mamba_exist), bool(rb.mamba_exist))
@@ -1228,13 +1457,19 @@ class Executor:
                             lambda: self.b.host_lock(nb))
         if not (ra.delta != rb.delta and self._tolerated("host-lock-delta")):
             compare("inc_host_lock_ref.delta", ra.delta, rb.delta)
-        compare("inc_host_lock_ref.locked", bool(ra.component_host_lock_uuids),
-                bool(rb.component_host_lock_uuids))
+        if self.swa:  # the SWA window's stamp (None: the segment reached the root)
+            compare("inc_host_lock_ref.locked(component,stamped)", _host_locked(ra),
+                    _host_locked(rb))
+        else:
+            compare("inc_host_lock_ref.locked", bool(ra.component_host_lock_uuids),
+                    bool(rb.component_host_lock_uuids))
         self.host_locks.append((na, nb, ra, rb))
-        if not ra.component_host_lock_uuids:
+        uuids = ra.component_host_lock_uuids or {}
+        if not (uuids.get(0) if self.swa else uuids):
             # nothing locked (no host copy): the node may be deleted by a later
             # eviction, and releasing a receipt on a deleted node is a misuse (SGLang's
-            # Rust core panics and poisons its mutex): release it now
+            # Rust core panics and poisons its mutex): release it now (SWA: no Full
+            # stamp; the SWA window's host count alone does not keep the node)
             self._hunlock(len(self.host_locks) - 1)
             self.stats["hlock_empty"] += 1
 
@@ -1248,6 +1483,14 @@ class Executor:
             self._hunlock(k)
 
     def op_evict(self, n, states=None):
+        if self.swa:  # ``states``: SWA tokens here (the wind-down asks for ``n``)
+            m = n if states is None else states
+            ea, eb = self._both("evict", lambda: self.a.evict(n, swa=m),
+                                lambda: self.b.evict(n, swa=m))
+            compare("evict.(num_evicted,swa_num_evicted)", ea, eb)
+            self.stats["evicted_tokens"] += ea[0]
+            self.stats["evicted_swa_tokens"] += ea[1]
+            return
         if not self.mamba:
             ea, eb = self._both("evict", lambda: self.a.evict(n), lambda: self.b.evict(n))
             compare("evict.num_evicted", ea, eb)
@@ -1260,14 +1503,16 @@ class Executor:
         self.stats["evicted_states"] += ea[1]
 
     def op_evict_host(self, n, component=0):
+        """``component`` 0 Full, 1 SWA (host tokens), 2 Mamba (host states)."""
         if component:
             CTa = self.a.fr.ComponentType if hasattr(self.a, "fr") else self.a.h.S.ComponentType
             CTb = self.b.h.S.ComponentType
-            ea, eb = self._both("evict_host(MAMBA)",
-                                lambda: self.a.cache.evict_host(n, CTa.MAMBA),
-                                lambda: self.b.cache.evict_host(n, CTb.MAMBA))
-            compare("evict_host(MAMBA).num_evicted", ea, eb)
-            self.stats["evict_host_states"] += ea
+            name = ("SWA", "MAMBA")[component - 1]
+            ea, eb = self._both(f"evict_host({name})",
+                                lambda: self.a.cache.evict_host(n, CTa[name]),
+                                lambda: self.b.cache.evict_host(n, CTb[name]))
+            compare(f"evict_host({name}).num_evicted", ea, eb)
+            self.stats["evict_host_states" if component == 2 else "evict_host_swa_tokens"] += ea
             return
         ea, eb = self._both("evict_host", lambda: self.a.cache.evict_host(n),
                             lambda: self.b.cache.evict_host(n))
@@ -1366,9 +1611,11 @@ class Executor:
         (ra, ka_), (rb, kb_) = self._both(
             "init_load_back",
             lambda: self.a.init_load_back(ma.best_match_node, ma.host_hit_length, q,
-                                          ma.last_device_node, ma.mamba_host_hit_length, sa),
+                                          ma.last_device_node, ma.mamba_host_hit_length, sa,
+                                          swa_host_hit=ma.swa_host_hit_length),
             lambda: self.b.init_load_back(mb.best_match_node, mb.host_hit_length, q,
-                                          mb.last_device_node, mb.mamba_host_hit_length, sb))
+                                          mb.last_device_node, mb.mamba_host_hit_length, sb,
+                                          swa_host_hit=mb.swa_host_hit_length))
         self._req_state_done("init_load_back", ka_, kb_)
         unpin()
         compare("init_load_back.loaded", ra[0], rb[0])
@@ -1376,6 +1623,8 @@ class Executor:
         self.stats["load_tokens"] += ra[0]
         self.stats["load_nonzero"] += ra[0] > 0
         self.stats["load_declined_with_host_hit"] += ra[0] == 0 and ma.host_hit_length > 0
+        if self.swa:
+            self.stats["load_with_swa_host_hit"] += ma.swa_host_hit_length > 0
 
     def op_load_back(self, toks, quota, held=False):
         sa = sb = None
@@ -1383,7 +1632,8 @@ class Executor:
             sa, sb = self._state("load_back.req_state")
             self._drain("load_back.req_state")
         ma, mb = self._match("load_back.match", toks)
-        if ma.host_hit_length == 0 and not ma.mamba_host_hit_length:
+        if ma.host_hit_length == 0 and not ma.mamba_host_hit_length and \
+                not ma.swa_host_hit_length:
             if sa is not None:
                 self._free_state("load_back.req_state_free", sa, sb)
             return
@@ -1426,7 +1676,10 @@ class Generator:
         self.max_pages = cfg["max_pages"]
         self.bases = [[rng.randrange(1, 6) for _ in range(self.max_pages * P)]
                       for _ in range(rng.choice((2, 3, 4)))]
-        self.kinds = list(WEIGHTS)
+        self.swa = cfg.get("swa_window") is not None
+        # SWA: no storage refills (SGLang's refill brings the SWA window's staging
+        # too, which flatradix's insert_host does not take)
+        self.kinds = [k for k in WEIGHTS if not (self.swa and k == "insert_host")]
         self.weights = [WEIGHTS[k] for k in self.kinds]
 
     def key(self, tail=False):
@@ -1443,6 +1696,9 @@ class Generator:
         r, P = self.rng, self.P
         kind = r.choices(self.kinds, self.weights)[0]
         if kind == "insert":
+            if self.swa:
+                return ("insert", self.key(), r.random() < 0.5, r.randrange(3),
+                        r.randrange(1, 1 << 16) if r.random() < 0.25 else 0)
             return ("insert", self.key(), r.random() < 0.5, r.randrange(3))
         if kind == "match":
             return ("match", self.key(tail=True))
@@ -1458,12 +1714,17 @@ class Generator:
             return ("unlock", r.randrange(1 << 16))
         mamba = bool(self.cfg.get("mamba"))
         if kind == "evict":
+            if self.swa:
+                return ("evict", r.choice((0, r.randint(1, 6 * P))),
+                        r.choice((0, 0, 1, P, r.randint(1, 6 * P))))
             if mamba:
                 return ("evict", r.choice((0, r.randint(1, 6 * P))), r.choice((0, 0, 1, 2)))
             return ("evict", r.randint(1, 6 * P))
         if kind == "evict_host":
             if mamba and r.random() < 0.4:
                 return ("evict_host", r.randint(1, 3), 2)
+            if self.swa and r.random() < 0.4:
+                return ("evict_host", r.randint(1, 4 * P), 1)
             return ("evict_host", r.randint(1, 8 * P))
         if kind in ("wcheck", "lcheck"):
             return (kind, None if r.random() < 0.4 else r.randrange(4))

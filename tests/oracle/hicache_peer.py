@@ -1,6 +1,6 @@
 """SGLang 0.5.23's ``UnifiedRadixCache`` with HiCache on, run on CPU (Full attention,
-or Full + Mamba with ``mamba_states``): the peer ``hicache_driver.py`` compares
-flatradix's host tier against.
+Full + Mamba with ``mamba_states``, or Full + SWA with ``swa_window``): the peer
+``hicache_driver.py`` compares flatradix's host tier against.
 
 Runs only in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``), with
 ``SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never OMP_NUM_THREADS=1``.
@@ -37,9 +37,20 @@ Recording (the allocators still do their real work):
 * Full + Mamba: the state allocator's allocations / frees made by SGLang
   (``"malloc"`` / ``"mfree"``) and the Mamba host pool's (``"salloc"`` /
   ``"sfree"``), in the same log.
+* Full + SWA: SGLang's own ``SWAKVPool`` and ``SWATokenToKVPoolAllocator`` (its
+  two inner allocators, paged above page 1 with ``debug_mode`` on, logged before
+  the cache is built: ``init_hicache`` keeps the SWA side's bound ``alloc`` /
+  ``free`` for load-backs). The Full side's allocations / frees are the ``"d"``
+  entries, the SWA side's ``"walloc"`` / ``"wfree"``, the SWA host pool's
+  ``"valloc"`` / ``"vfree"``; ``engine.d2h_swa`` / ``engine.h2d_swa`` the SWA
+  pairs (SWA host slot, SWA device slot) of each submission. The driver's own
+  slots: ``alloc`` at page 1, the two inner allocators paired with
+  ``set_full_to_swa_mapping`` above (``alloc`` is page-1 only).
 
 The host pool is sized exactly ``host_tokens``: SGLang sizes it
-``(int(device * hicache_ratio) // P + 1) * P``, so the ratio is picked to land on it.
+``(int(device * hicache_ratio) // P + 1) * P``, so the ratio is picked to land on it;
+the SWA host pool is sized by the same formula over the SWA device pool
+(``swa_host_tokens``).
 """
 
 from __future__ import annotations
@@ -149,18 +160,30 @@ class FakeL2Engine:
 
         self.d2h_state = []  # Mamba state transfers, (host state, device state) pairs
         self.h2d_state = []
+        self.d2h_swa = []    # SWA transfers, (SWA host slot, SWA device slot) pairs
+        self.h2d_swa = []
 
     @staticmethod
-    def _pairs(transfers, states):
+    def _kind(t):
+        if type(t.host_pool).__name__ == "MambaPoolHost":
+            return "state"
+        return "swa" if getattr(t.host_pool, "pool_label", None) == "swa" else "kv"
+
+    @classmethod
+    def _pairs(cls, transfers, kind):
         out = []
         for t in transfers:
-            if (type(t.host_pool).__name__ == "MambaPoolHost") == states:
+            if cls._kind(t) == kind:
                 out.extend(zip(t.host_indices.tolist(), t.device_indices.tolist()))
         return out
 
+    def _record(self, transfers, kv, state, swa):
+        kv.append(self._pairs(transfers, "kv"))
+        state.append(self._pairs(transfers, "state"))
+        swa.append(self._pairs(transfers, "swa"))
+
     def submit_device_to_host(self, transfers):
-        self.d2h.append(self._pairs(transfers, False))
-        self.d2h_state.append(self._pairs(transfers, True))
+        self._record(transfers, self.d2h, self.d2h_state, self.d2h_swa)
         return self.S.TransferCompletion(FakeEvent(), FakeEvent(), False)
 
     def submit_host_to_device(self, transfers, *, transfer_layer_id_max, start_event=None,
@@ -168,8 +191,7 @@ class FakeL2Engine:
         if on_layer_done is not None:
             for layer_id in range(transfer_layer_id_max):
                 on_layer_done(layer_id)
-        self.h2d.append(self._pairs(transfers, False))
-        self.h2d_state.append(self._pairs(transfers, True))
+        self._record(transfers, self.h2d, self.h2d_state, self.h2d_swa)
         return self.S.TransferCompletion(FakeEvent(), FakeEvent(), False)
 
 
@@ -178,7 +200,7 @@ class SglHiCache:
 
     def __init__(self, core, page_size, device_tokens, host_tokens, write_policy,
                  eviction_policy="lru", load_back_threshold=None, mamba_states=0, chunk=8,
-                 path_cap=-1):
+                 path_cap=-1, swa_window=None, swa_tokens=None):
         S = self.S = sgl()
         import torch
 
@@ -193,7 +215,20 @@ class SglHiCache:
             hicache_ratio=ratio, hicache_size=0, hicache_storage_backend=None,
             hicache_host_memory_mode="cache")
         self.mamba = bool(mamba_states)
-        if self.mamba:
+        self.swa = swa_window is not None
+        if self.swa and self.mamba:
+            raise ValueError("Full + SWA + Mamba is not driven here")
+        if self.swa:
+            from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+            swa_tokens = device_tokens if swa_tokens is None else swa_tokens
+            if swa_tokens % P:
+                raise ValueError("swa_tokens must be a page multiple")
+            self.kv = SWAKVPool(size=device_tokens, size_swa=swa_tokens, page_size=P,
+                                dtype=torch.float16, head_num=1, head_dim=8,
+                                swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                                device="cpu")
+        elif self.mamba:
             # (FULL, MAMBA): SGLang's HybridReqToTokenPool (one-layer Mamba2 states; the
             # extra buffer above page 1, as the scheduler requires) and its hybrid KV pool
             from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
@@ -225,7 +260,17 @@ class SglHiCache:
             self.kv = S.MHATokenToKVPool(size=device_tokens, page_size=P, dtype=torch.float16,
                                          head_num=1, head_dim=8, layer_num=1, device="cpu",
                                          enable_memory_saver=False)
-        if P == 1:
+        if self.swa:
+            from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+
+            self.alloc = SWATokenToKVPoolAllocator(size=device_tokens, size_swa=swa_tokens,
+                                                   page_size=P, dtype=torch.float16,
+                                                   device="cpu", kvcache=self.kv,
+                                                   need_sort=False)
+            if P > 1:
+                self.alloc.full_attn_allocator.debug_mode = True
+                self.alloc.swa_attn_allocator.debug_mode = True
+        elif P == 1:
             self.alloc = S.TokenToKVPoolAllocator(device_tokens, torch.float16, "cpu", self.kv,
                                                   False)
         else:
@@ -235,37 +280,16 @@ class SglHiCache:
         self.device_tokens = device_tokens
         self.log = []
         self._quiet = False  # the driver's own allocations / frees are not logged
-        depth = [0]
-
-        def wrap(name, to_slots):
-            real = getattr(self.alloc, name)
-
-            def logged(idx, *a, _real=real, **k):
-                if depth[0] == 0 and not self._quiet:
-                    self.log.append(("dfree", to_slots(idx)))
-                depth[0] += 1
-                try:
-                    return _real(idx, *a, **k)
-                finally:
-                    depth[0] -= 1
-
-            setattr(self.alloc, name, logged)
-
-        for name in ("free", "free_full", "free_segment", "free_full_segment"):
-            wrap(name, lambda idx: idx.tolist())
-        wrap("free_page_ids",
-             lambda pages: [int(p) * P + j for p in pages.tolist() for j in range(P)])
-        real_alloc = self.alloc.alloc
-
-        def logged_alloc(n, *a, _real=real_alloc, **k):
-            out = _real(n, *a, **k)
-            if not self._quiet and out is not None:
-                self.log.append(("dalloc", out.tolist()))
-            return out
-
-        self.alloc.alloc = logged_alloc
+        if self.swa:  # each side on its own (init_hicache keeps the SWA side's methods)
+            self._log_allocator(self.alloc.full_attn_allocator, "d")
+            self._log_allocator(self.alloc.swa_attn_allocator, "w")
+        else:
+            self._log_allocator(self.alloc, "d")
         comps = (S.ComponentType.FULL,)
         extra = {}
+        if self.swa:
+            comps = (S.ComponentType.FULL, S.ComponentType.SWA)
+            extra = dict(sliding_window_size=swa_window)
         if self.mamba:
             comps = (S.ComponentType.FULL, S.ComponentType.MAMBA)
             extra = dict(enable_mamba_extra_buffer=P > 1)
@@ -308,6 +332,17 @@ class SglHiCache:
         if self.host_pool.size != host_tokens:
             raise RuntimeError(f"host pool has {self.host_pool.size} slots, wanted {host_tokens}")
         self._log_host_pool(self.host_pool, "h")
+        self.swa_host_pool = None
+        if self.swa:
+            from sglang.srt.mem_cache.hicache_storage import PoolName
+
+            self.swa_host_pool = self.host_group.entry_map[PoolName.SWA].host_pool
+            # sized as the Full one, over the SWA device pool (flatradix is given this)
+            self.swa_host_tokens = (int(swa_tokens * ratio) // P + 1) * P
+            if self.swa_host_pool.size != self.swa_host_tokens:
+                raise RuntimeError(f"SWA host pool has {self.swa_host_pool.size} slots, "
+                                   f"expected {self.swa_host_tokens}")
+            self._log_host_pool(self.swa_host_pool, "v")
         self.state_host_pool = None
         if self.mamba:
             from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PoolName
@@ -316,6 +351,41 @@ class SglHiCache:
             self._log_host_pool(self.state_host_pool, "s")
         self.cache.take_events()  # the construction's AllBlocksCleared
         self._rid = 0
+
+    def _log_allocator(self, alloc, tier):
+        """Log the frees (outermost call only: a free may call another free method)
+        and allocations of a device allocator made by SGLang as ``(tier + "free" |
+        tier + "alloc", slots)``; page-id frees as their slots."""
+        P = self.page_size
+        depth = [0]
+
+        def wrap(name, to_slots):
+            real = getattr(alloc, name)
+
+            def logged(idx, *a, _real=real, **k):
+                if depth[0] == 0 and not self._quiet:
+                    self.log.append((tier + "free", to_slots(idx)))
+                depth[0] += 1
+                try:
+                    return _real(idx, *a, **k)
+                finally:
+                    depth[0] -= 1
+
+            setattr(alloc, name, logged)
+
+        for name in ("free", "free_full", "free_segment", "free_full_segment"):
+            wrap(name, lambda idx: idx.tolist())
+        wrap("free_page_ids",
+             lambda pages: [int(p) * P + j for p in pages.tolist() for j in range(P)])
+        real_alloc = alloc.alloc
+
+        def logged_alloc(n, *a, _real=real_alloc, **k):
+            out = _real(n, *a, **k)
+            if not self._quiet and out is not None:
+                self.log.append((tier + "alloc", out.tolist()))
+            return out
+
+        alloc.alloc = logged_alloc
 
     def _log_host_pool(self, pool, tier):
         """Log every ``alloc`` / ``free`` of a host pool as ``(tier + "alloc" | tier +
@@ -339,18 +409,45 @@ class SglHiCache:
         return self.S.RadixKey(array("q", tokens), None)
 
     def alloc_slots(self, n):
-        """``n`` fresh device slots (n a page multiple), or None; not logged."""
+        """``n`` fresh device slots (n a page multiple), or None; not logged. Full +
+        SWA: Full slots, each mapped to a fresh SWA slot (``alloc`` at page 1; above,
+        where it asserts, the two sides paired as the scheduler's ``alloc_extend``)."""
         self._quiet = True
         try:
-            out = self.alloc.alloc(n)
+            if self.swa and self.page_size > 1:
+                a = self.alloc
+                if n > a.full_available_size() or n > a.swa_available_size():
+                    return None
+                out = a.full_attn_allocator.alloc(n)
+                a.set_full_to_swa_mapping(out, a.swa_attn_allocator.alloc(n))
+            else:
+                out = self.alloc.alloc(n)
         finally:
             self._quiet = False
         return None if out is None else out.tolist()
 
     def free_slots(self, slots):
+        """Free device slots (Full + SWA: with their SWA peers); not logged."""
         self._quiet = True
         try:
             self.alloc.free(self.torch.as_tensor(slots, dtype=self.torch.int64))
+        finally:
+            self._quiet = False
+
+    def swa_peers(self, slots):
+        """The SWA slots Full slots map to (0: none)."""
+        if not slots:
+            return []
+        return self.alloc.translate_swa_indices_for_transfer(
+            self.torch.as_tensor(slots, dtype=self.torch.int64)).tolist()
+
+    def free_swa(self, slots):
+        """Free the SWA peers of Full slots (a request whose window slid past them:
+        ``free_swa_segment``, page-aligned from 0); not logged."""
+        self._quiet = True
+        try:
+            self.alloc.free_swa_segment(self.torch.as_tensor(slots, dtype=self.torch.int64),
+                                        start_pos=0)
         finally:
             self._quiet = False
 
@@ -379,13 +476,18 @@ class SglHiCache:
         return self.cache.root_node_handle()
 
     # ------------------------------------------------------------ tree ops
-    def insert(self, tokens, value, prev_prefix_len, inserted_len, state=None):
+    def insert(self, tokens, value, prev_prefix_len, inserted_len, state=None, cursor=0):
+        """``cursor`` (SWA): the request's SWA evicted seqlen (its slots below it hold
+        no SWA peer)."""
         extra = {}
         if state is not None:
             extra["mamba_value"] = self.torch.as_tensor([state], dtype=self.torch.int64)
-        return self.cache.insert(self.S.InsertParams(
+        params = self.S.InsertParams(
             key=self.key(tokens), value=self.torch.as_tensor(value, dtype=self.torch.int64),
-            prev_prefix_len=prev_prefix_len, inserted_len=inserted_len, **extra))
+            prev_prefix_len=prev_prefix_len, inserted_len=inserted_len, **extra)
+        if cursor:
+            params.set_evicted_seqlen(self.S.ComponentType.SWA, cursor)
+        return self.cache.insert(params)
 
     def match(self, tokens):
         return self.cache.match_prefix(self.S.MatchPrefixParams(key=self.key(tokens)))
@@ -393,19 +495,21 @@ class SglHiCache:
     def path_device_indices(self, node, n):
         return self.cache.path_device_indices(node)[:n].tolist() if n else []
 
-    def make_req(self, last_node, mamba_host_hit=0, state=None):
+    def make_req(self, last_node, mamba_host_hit=0, state=None, swa_host_hit=0):
         """The request fields ``init_load_back`` reads (as the scheduler sets them);
         ``state``: a Mamba slot the request holds already."""
         self._rid += 1
         idx = None if state is None else self.torch.tensor(state, dtype=self.torch.int64)
-        req = SimpleNamespace(rid=f"r{self._rid}", last_node=last_node, swa_host_hit_length=0,
+        req = SimpleNamespace(rid=f"r{self._rid}", last_node=last_node,
+                              swa_host_hit_length=swa_host_hit,
                               mamba_host_hit_length=mamba_host_hit,
                               auxiliary_swa_host_hit_length=0, kv=_ReqKV(idx))
         return req
 
-    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None):
+    def init_load_back(self, best, hit, mem_quota, last_node, mamba_host_hit=0, state=None,
+                       swa_host_hit=0):
         """``(result, the request's Mamba slot after the call or None)``."""
-        req = self.make_req(last_node, mamba_host_hit, state)
+        req = self.make_req(last_node, mamba_host_hit, state, swa_host_hit)
         r = self.cache.init_load_back(self.S.InitLoadBackParams(
             best_match_node=best, host_hit_length=hit, mem_quota=mem_quota, req=req))
         return r, _slot(req.kv.mamba_pool_idx)
@@ -415,7 +519,12 @@ class SglHiCache:
         r = self.cache.load_back(node, mem_quota, req=req)
         return r, _slot(req.kv.mamba_pool_idx)
 
-    def evict(self, n, states=0):
+    def evict(self, n, states=0, swa=0):
+        """Evicted Full tokens; Full + Mamba: (tokens, states); Full + SWA: (tokens, SWA
+        tokens)."""
+        if self.swa:
+            r = self.cache.evict(self.S.EvictParams(num_tokens=n, swa_num_tokens=swa))
+            return r.num_tokens_evicted, r.swa_num_tokens_evicted
         r = self.cache.evict(self.S.EvictParams(num_tokens=n, mamba_num=states) if self.mamba
                              else self.S.EvictParams(num_tokens=n))
         return r.num_tokens_evicted if not self.mamba else (r.num_tokens_evicted,
@@ -466,6 +575,16 @@ class SglHiCache:
 
     def state_host_available(self):
         return self.state_host_pool.available_size()
+
+    def swa_host_available(self):
+        return self.swa_host_pool.available_size()
+
+    def swa_host_total(self):
+        """Python core only: tokens holding an SWA host value, from the node arena."""
+        tc = self.cache.tree_core
+        SWA = self.S.ComponentType.SWA
+        return sum(len(n.component_data[SWA].host_value) for n in tc._node_arena.values()
+                   if n is not tc.root_node and n.component_data[SWA].host_value is not None)
 
     def host_ledger(self):
         """Python core only: (host tokens in the tree, of them on evictable host leaves)."""

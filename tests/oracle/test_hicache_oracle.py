@@ -2,10 +2,10 @@
 ``UnifiedRadixCache`` with HiCache on CPU, with both of SGLang's tree cores (pure
 Python and Rust), on every configuration of ``tests/oracle/hicache_driver.py``
 (write_through, write_through_selective and write_back; pages 1, 2 and 4; lru, lfu,
-fifo; load_back_threshold 1 and 10; small device and host pools; Full attention and
-Full + Mamba), compared after every op: return values, slots on both tiers (KV and
-Mamba states) through bijections, the transfers, sizes, the backup / load-back
-protocol state and the KV events.
+fifo; load_back_threshold 1 and 10; small device and host pools; Full attention,
+Full + Mamba and Full + SWA), compared after every op: return values, slots on both
+tiers (KV, Mamba states, SWA KV) through bijections, the transfers, sizes, the
+backup / load-back protocol state and the KV events.
 
 SGLang only runs in its own venv (``../shared/tools/setup_sglang_oracle.sh``), so
 the driver runs there in two subprocesses, one per SGLang core, side by side; this
@@ -36,11 +36,14 @@ TIMEOUT_S = int(os.environ.get("FLATRADIX_ORACLE_TIMEOUT", "900"))
 CONFIGS = ("p1-wt-lru", "p1-wt-lru-t10", "p4-wt-lru", "p2-wts-lru", "p2-wts-lru-t10",
            "p1-wt-lfu", "p4-wt-fifo", "p1-wb-lru", "p4-wb-lru", "p2-wb-lfu-t10",
            "p1-mamba-wt-lru", "p1-mamba-wts-lfu", "p1-mamba-wt-lru-t10", "p4-mamba-wt-fifo",
-           "p1-mamba-wb-lru", "p4-mamba-wb-lfu", "p1-mamba-cap2-wt-lru", "p1-mamba-cap1-wb-lru")
+           "p1-mamba-wb-lru", "p4-mamba-wb-lfu", "p1-mamba-cap2-wt-lru", "p1-mamba-cap1-wb-lru",
+           "p1-swa4-wt-lru", "p1-swa8-wts-lfu", "p4-swa8-wt-lru", "p2-swa5-wt-fifo-t10",
+           "p1-swa4-wb-lru", "p4-swa8-wb-lfu")
 MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-host-evict",
            "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop",
            "insert-host-as-write-back", "mamba-no-state-backup", "mamba-host-hit-zero",
-           "mamba-no-request-state")
+           "mamba-no-request-state", "swa-host-hit-zero", "swa-backup-no-window",
+           "swa-load-no-window", "swa-window-larger")
 
 
 @pytest.fixture(scope="module")
