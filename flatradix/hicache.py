@@ -1320,38 +1320,26 @@ class HiCacheMixin:
             return self._evict_host_units(n)
 
     def _evict_host_units(self, n):
-        eng = self._engine
-        done = 0
-        while True:
-            st, f = K.evict_host(*eng.st, n - done, eng.out, eng.acts)
-            done += f
-            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
-                    host_mamba=self._host_mamba, host_swa=self._host_swa)
-            if st == L.OK:
-                return done
-            eng.grow()
+        return self._evict_host_with(K.evict_host, n)
 
     def _evict_host_swa(self, n):
-        eng = self._engine
-        done = 0
-        while True:
-            st, f, _ = K.evict_host_swa(*eng.st, n - done, eng.out, eng.acts)
-            done += f
-            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
-                    host_mamba=self._host_mamba, host_swa=self._host_swa)
-            if st == L.OK:
-                return done
-            eng.grow()
+        return self._evict_host_with(K.evict_host_swa, n)
 
     def _evict_host_states(self, n):
+        return self._evict_host_with(K.evict_host_states, n)
+
+    def _evict_host_with(self, kernel, n):
+        """Run a host-eviction kernel (``(status, freed, ...)``) until ``n`` of its
+        component are freed or nothing is left, executing each call's frees; grows
+        the buffers on ``E_CAPACITY`` and goes on. Returns what it freed."""
         eng = self._engine
         done = 0
         while True:
-            st, f, _ = K.evict_host_states(*eng.st, n - done, eng.out, eng.acts)
-            done += f
+            r = kernel(*eng.st, n - done, eng.out, eng.acts)
+            done += r[1]
             execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
                     host_mamba=self._host_mamba, host_swa=self._host_swa)
-            if st == L.OK:
+            if r[0] == L.OK:
                 return done
             eng.grow()
 

@@ -132,20 +132,38 @@ def collect_unbacked(nodes, meta, s, out, k0):
     flight or with no SWA data on either tier, the nodes whose SWA data has no
     host copy, written deepest first to ``out[k0:]`` when ``out`` is given
     (``out.shape[0] > 0``). Returns ``(nodes, units)``; the caller checked room."""
+    return window_nodes(nodes, meta, s, out, k0, F_HAS_SWA_DEV, True)
+
+
+@helper
+def collect_host_only(nodes, meta, s, out, k0):
+    """SGLang's SWA ``build_hicache_transfers(LOAD_BACK)``: from ``s`` toward the root
+    until ``W`` units of SWA data are covered, the nodes whose SWA data is on the
+    host only, as ``collect_unbacked`` writes them; a node with no SWA data on
+    either tier ends the walk (SGLang asserts there is none: its validator
+    guarantees it for a match's best node)."""
+    return window_nodes(nodes, meta, s, out, k0, F_HAS_SWA_HOST, False)
+
+
+@helper
+def window_nodes(nodes, meta, s, out, k0, tier_bit, stop_pending):
+    """The window walk of ``collect_unbacked`` / ``collect_host_only``: the nodes
+    whose SWA data is on the tier of ``tier_bit`` only; ``stop_pending``: a node
+    with a backup in flight ends the walk too."""
     w = meta[M_SWA_WINDOW]
     covered = 0
     k = 0
     units = 0
     a = s
     while a != ROOT and covered < w:
-        if nodes[a, WT_PENDING] != 0:
+        if stop_pending and nodes[a, WT_PENDING] != 0:
             break
-        f = nodes[a, FLAGS]
-        if not (f & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)):
+        f = nodes[a, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)
+        if not f:
             break
         n = nodes[a, KEY_LEN]
         covered += n
-        if (f & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)) == F_HAS_SWA_DEV:
+        if f == tier_bit:
             if out.shape[0] > 0:
                 out[k0 + k] = a
             k += 1
@@ -209,12 +227,19 @@ def acquire_host_lock(nodes, meta, s):
         nodes[a, SWA_HOST_LOCK] += 1
         covered += nodes[a, KEY_LEN]
         if covered >= w:
-            if nodes[a, SWA_HOST_UUID] == 0:
-                nodes[a, SWA_HOST_UUID] = meta[M_SWA_UUID_NEXT]
-                meta[M_SWA_UUID_NEXT] += 1
-            boundary = nodes[a, SWA_HOST_UUID]
+            boundary = _stamp(nodes, meta, a, SWA_HOST_UUID)
         a = nodes[a, PARENT]
     return boundary
+
+
+@helper
+def _stamp(nodes, meta, a, col):
+    """Node ``a``'s window-lock boundary stamp in column ``col`` (``SWA_UUID`` /
+    ``SWA_HOST_UUID``), a fresh one (never reused) when it has none."""
+    if nodes[a, col] == 0:
+        nodes[a, col] = meta[M_SWA_UUID_NEXT]
+        meta[M_SWA_UUID_NEXT] += 1
+    return nodes[a, col]
 
 
 @helper
@@ -482,10 +507,7 @@ def acquire_component_lock(nodes, meta, s):
         nodes[a, SWA_LOCK] += 1
         covered += nodes[a, KEY_LEN]
         if covered >= w:
-            if nodes[a, SWA_UUID] == 0:
-                nodes[a, SWA_UUID] = meta[M_SWA_UUID_NEXT]
-                meta[M_SWA_UUID_NEXT] += 1
-            boundary = nodes[a, SWA_UUID]
+            boundary = _stamp(nodes, meta, a, SWA_UUID)
         a = nodes[a, PARENT]
     return boundary
 

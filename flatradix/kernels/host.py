@@ -33,7 +33,7 @@ from .layout import (
     FULL_DEV, FULL_HOST_LOCK, F_ALIVE, F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_HOST, HEAP_POS,
     HOST_HEAP_POS, HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
     M_DUP_HEAD, M_EVENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST,
-    M_HOST_TOTAL, MAMBA, SWA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST, M_SWA_WINDOW,
+    M_HOST_TOTAL, MAMBA, SWA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST,
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
@@ -130,17 +130,42 @@ def swa_backup_plan(nodes, ctab, pool, heap, meta, slot, out):
         need(meta, 0, 0, units + k, 0)
         return E_CAPACITY, 0, 0
     swa.collect_unbacked(nodes, meta, slot, out, units)
-    _reverse(out, units, units + k)
+    _reverse(out, units, units + k)  # root-first
+    _node_values(nodes, pool, out, units, k, FULL_DEV)
+    return OK, units, k
+
+
+@helper
+def _swa_node_units(nodes, meta, swa_nodes, tier_bit):
+    """The units of the SWA nodes a commit takes (slots), each alive with its SWA
+    data on the tier of ``tier_bit`` only (a backup's: the device; a load's: the
+    host); -1 when one is not, or the cache has no SWA on the host tier."""
+    if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+        return -1
+    units = 0
+    for i in range(swa_nodes.shape[0]):
+        a = swa_nodes[i]
+        if a <= ROOT or a >= meta[M_HWM] or not (nodes[a, FLAGS] & F_ALIVE) or (
+                nodes[a, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)) != tier_bit:
+            return -1
+        units += nodes[a, KEY_LEN]
+    return units
+
+
+@helper
+def _node_values(nodes, pool, out, slots_at, k, col):
+    """``out[:units]`` = the values in pool column ``col`` of the ``k`` nodes whose
+    slots are ``out[slots_at:slots_at + k]`` (root-first), concatenated; the
+    caller checked that they fit before ``slots_at``."""
     pos = 0
-    for i in range(k):  # root-first
-        a = out[units + i]
+    for i in range(k):
+        a = out[slots_at + i]
         n = nodes[a, KEY_LEN]
-        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, FULL_DEV]
+        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, col]
         dst = out[pos:pos + n]
         for j in range(n):
             dst[j] = src[j]
         pos += n
-    return OK, units, k
 
 
 @helper
@@ -208,15 +233,9 @@ def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, s
     ws = swa_host.shape[0]
     wk = swa_nodes.shape[0]
     if ws or wk:
-        if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+        wu = _swa_node_units(nodes, meta, swa_nodes, F_HAS_SWA_DEV)
+        if wu < 0:
             return E_HOST_STATE, 0, 0
-        wu = 0
-        for i in range(wk):
-            a = swa_nodes[i]
-            if a <= ROOT or a >= meta[M_HWM] or not (nodes[a, FLAGS] & F_ALIVE) \
-                    or not swa.needs_backup(nodes, a):
-                return E_HOST_STATE, 0, 0
-            wu += nodes[a, KEY_LEN]
         if wu != ws:
             return E_HOST_LEN, wu, 0
     n = nodes[slot, KEY_LEN]
@@ -362,36 +381,9 @@ def load_plan(nodes, ctab, pool, heap, meta, nid, out):
     return OK, units, k
 
 
-@helper
-def _swa_load_nodes(nodes, meta, s, out, k0):
-    """SGLang's SWA ``build_hicache_transfers(LOAD_BACK)``: from ``s`` toward the root
-    until ``W`` units of SWA data are covered, the nodes whose SWA data is on the
-    host only, written deepest first to ``out[k0:]`` when ``out`` is given; a node
-    with no SWA data on either tier ends the walk (SGLang asserts there is none:
-    its validator guarantees it for a match's best node). Returns ``(nodes,
-    units)``."""
-    w = meta[M_SWA_WINDOW]
-    covered = 0
-    k = 0
-    units = 0
-    a = s
-    while a != ROOT and covered < w:
-        if not (nodes[a, FLAGS] & (F_HAS_SWA_DEV | F_HAS_SWA_HOST)):
-            break
-        n = nodes[a, KEY_LEN]
-        covered += n
-        if swa.host_only(nodes, a):
-            if out.shape[0] > 0:
-                out[k0 + k] = a
-            k += 1
-            units += n
-        a = nodes[a, PARENT]
-    return k, units
-
-
 @kernel
 def swa_load_plan(nodes, ctab, pool, heap, meta, nid, out):
-    """The SWA part of a load-back to node ``nid`` (``_swa_load_nodes``): their SWA
+    """The SWA part of a load-back to node ``nid`` (``swa.collect_host_only``): their SWA
     host slots, root-first, to ``out[:units]``, their slots, root-first, to
     ``out[units:units + nodes]`` (``load_commit``'s ``swa_nodes``). Returns ``(status, units,
     nodes)``; ``(OK, 0, 0)`` without SWA on the host tier; ``E_STALE`` for a dead
@@ -402,26 +394,19 @@ def swa_load_plan(nodes, ctab, pool, heap, meta, nid, out):
         return E_STALE, 0, 0
     if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
         return OK, 0, 0
-    k, units = _swa_load_nodes(nodes, meta, s, out[:0], 0)
+    k, units = swa.collect_host_only(nodes, meta, s, out[:0], 0)
     if k == 0:
         return OK, 0, 0
     if out.shape[0] < units + k:
         need(meta, 0, 0, units + k, 0)
         return E_CAPACITY, 0, 0
-    _swa_load_nodes(nodes, meta, s, out, units)
-    _reverse(out, units, units + k)
-    hc = swa.host_col(pool)
-    pos = 0
-    for i in range(k):  # root-first
-        a = out[units + i]
-        if meta[M_HOST] == HOST_WRITE_BACK and nodes[a, LOAD_PENDING] not in (0, nid):
-            return E_HOST_STATE, 0, 0
-        n = nodes[a, KEY_LEN]
-        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, hc]
-        dst = out[pos:pos + n]
-        for j in range(n):
-            dst[j] = src[j]
-        pos += n
+    swa.collect_host_only(nodes, meta, s, out, units)
+    _reverse(out, units, units + k)  # root-first
+    if meta[M_HOST] == HOST_WRITE_BACK:
+        for i in range(k):
+            if nodes[out[units + i], LOAD_PENDING] not in (0, nid):
+                return E_HOST_STATE, 0, 0
+    _node_values(nodes, pool, out, units, k, swa.host_col(pool))
     return OK, units, k
 
 
@@ -464,21 +449,17 @@ def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_sl
     ws = swa_dev.shape[0]
     wk = swa_nodes.shape[0]
     if ws or wk:
-        if not (meta[M_COMPONENTS] & C_SWA) or meta[M_HOST] == 0:
+        wu = _swa_node_units(nodes, meta, swa_nodes, F_HAS_SWA_HOST)
+        if wu < 0:
             return E_HOST_STATE, 0, 0
-        wu = 0
         for i in range(wk):
             a = swa_nodes[i]
-            if a <= ROOT or a >= meta[M_HWM] or not (nodes[a, FLAGS] & F_ALIVE) \
-                    or not swa.host_only(nodes, a):
-                return E_HOST_STATE, 0, 0
             if not (nodes[a, FLAGS] & F_HAS_FULL_DEV):  # restored by this load?
                 b = s
                 while b != ROOT and b != a and not (nodes[b, FLAGS] & F_HAS_FULL_DEV):
                     b = nodes[b, PARENT]
                 if b != a:
                     return E_HOST_STATE, 0, 0
-            wu += nodes[a, KEY_LEN]
         if wu != ws:
             return E_HOST_LEN, wu, 0
     events = meta[M_EVENTS] != 0
