@@ -793,6 +793,64 @@ def ack(c, what, k):
         c.check_hicache_events()
 
 
+def ack_mix(c, rng):
+    """A random runs' ack step: submit both queues, complete some of each."""
+    c.flush_pending_backups()
+    c.ready_to_load_host_cache()
+    c.writing_check(finish_count=int(rng.integers(0, 3)))
+    c.loading_check(finish_count=int(rng.integers(0, 2)))
+
+
+def drain(c, locks, hlocks):
+    """A random run's end: release every held ``(node, receipt)`` lock of either
+    tier and complete every backup and load."""
+    for nid, rec in locks:
+        c.dec_lock_ref(nid, rec.to_dec_params())
+    for nid, rec in hlocks:
+        c.dec_host_lock_ref(nid, rec)
+    c.check_hicache_events()
+    c.ready_to_load_host_cache()
+    c.loading_check()
+
+
+class AuxHostTierRules(RuleBasedStateMachine):
+    """The rules the auxiliary components' host-tier machines share (Mamba's in
+    ``test_hicache_mamba.py``, SWA's in ``test_hicache_swa.py``): a subclass builds
+    ``self.env`` (with ``cache`` and ``partition()``) and ``self.locks`` /
+    ``self.hlocks`` (``(node, receipt)`` pairs) in its own ``build`` rule; these
+    release a held lock of either tier, make ack calls at arbitrary points, and
+    check ``env.partition()`` after every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.env = None
+
+    def _toks(self, b, cut):
+        t = _BASES[b][:cut]
+        return t[:len(t) - len(t) % self.env.cache.page_size]
+
+    @rule(i=st.integers(0, 2), host=st.booleans())
+    @precondition(lambda self: self.env is not None and (self.locks or self.hlocks))
+    def release(self, i, host):
+        c = self.env.cache
+        if host and self.hlocks:
+            nid, rec = self.hlocks.pop(i % len(self.hlocks))
+            c.dec_host_lock_ref(nid, rec)
+        elif self.locks:
+            nid, rec = self.locks.pop(i % len(self.locks))
+            c.dec_lock_ref(nid, rec.to_dec_params())
+
+    @rule(what=st.sampled_from(ACK_CALLS), k=st.integers(0, 2))
+    @precondition(lambda self: self.env is not None)
+    def acks(self, what, k):
+        ack(self.env.cache, what, k)
+
+    @invariant()
+    def partitioned(self):
+        if self.env is not None:
+            self.env.partition()
+
+
 class HostTierMachine(RuleBasedStateMachine):
     """The host tier under a random schedule: backups, demotes, write-back backups and
     drops, host eviction and duplicate reclaim, load-backs, host locks, storage

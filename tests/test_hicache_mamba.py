@@ -22,7 +22,7 @@ from flatradix import (
 )
 from flatradix.inspection import all_mamba_host_values_flatten
 
-from .test_hicache import _same_state
+from .test_hicache import _same_state, ack_mix, drain
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 
@@ -404,18 +404,9 @@ def test_random_runs_keep_all_four_pools_partitioned(policy):
             nid, rec = hlocks.pop()
             c.dec_host_lock_ref(nid, rec)
         else:
-            c.flush_pending_backups()
-            c.ready_to_load_host_cache()
-            c.writing_check(finish_count=int(rng.integers(0, 3)))
-            c.loading_check(finish_count=int(rng.integers(0, 2)))
+            ack_mix(c, rng)
         env.partition()
-    for nid, rec in locks:
-        c.dec_lock_ref(nid, rec.to_dec_params())
-    for nid, rec in hlocks:
-        c.dec_host_lock_ref(nid, rec)
-    c.check_hicache_events()
-    c.ready_to_load_host_cache()
-    c.loading_check()
+    drain(c, locks, hlocks)
     assert c.protected_size() == 0 and c.mamba_protected_size() == 0
     c.evict(EvictParams(num_tokens=10**6, mamba_num=10**6))
     c.evict_host(10**6)
@@ -572,22 +563,18 @@ def test_a_zero_mamba_host_pool_is_refused():
 # ---------------------------------------------------------------------- hypothesis machine
 from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+from hypothesis.stateful import precondition, rule  # noqa: E402
 
-from .test_hicache import _BASES, ACK_CALLS, ack  # noqa: E402  (the Full machine's)
+from .test_hicache import AuxHostTierRules  # noqa: E402
 
 
-class MambaHostTierMachine(RuleBasedStateMachine):
+class MambaHostTierMachine(AuxHostTierRules):
     """The Mamba host tier under a random schedule (every write policy): inserts with
     states, matches with locks, host locks and load-backs (the request holding no
     slot, or its own), whole and step-wise evictions of both components, host
     eviction of both, and the ack calls at arbitrary points (acks late and
     interleaved). Invariant after every step: all four pools partition exactly
     (``Env.partition``: KV and state slots on both tiers) and ``sanity_check()``."""
-
-    def __init__(self):
-        super().__init__()
-        self.env = None
 
     @rule(policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
           host=st.sampled_from([6, 12, 40]), host_states=st.sampled_from([1, 2, 6]),
@@ -598,9 +585,6 @@ class MambaHostTierMachine(RuleBasedStateMachine):
                        policy=policy, page=page)
         self.locks, self.hlocks = [], []
 
-    def _toks(self, b, cut):
-        t = _BASES[b][:cut]
-        return t[:len(t) - len(t) % self.env.cache.page_size]
 
     @rule(b=st.integers(0, 3), cut=st.integers(1, 8))
     @precondition(lambda self: self.env is not None)
@@ -647,16 +631,6 @@ class MambaHostTierMachine(RuleBasedStateMachine):
         if own is not None:
             env.ma.free(np.asarray([own]))
 
-    @rule(i=st.integers(0, 2), host=st.booleans())
-    @precondition(lambda self: self.env is not None and (self.locks or self.hlocks))
-    def release(self, i, host):
-        c = self.env.cache
-        if host and self.hlocks:
-            nid, rec = self.hlocks.pop(i % len(self.hlocks))
-            c.dec_host_lock_ref(nid, rec)
-        elif self.locks:
-            nid, rec = self.locks.pop(i % len(self.locks))
-            c.dec_lock_ref(nid, rec.to_dec_params())
 
     @rule(n=st.integers(0, 12), states=st.integers(0, 3), stepwise=st.booleans())
     @precondition(lambda self: self.env is not None)
@@ -682,16 +656,6 @@ class MambaHostTierMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.env is not None)
     def evict_host(self, n, states):
         self.env.cache.evict_host(n, MAMBA if states else FULL)
-
-    @rule(what=st.sampled_from(ACK_CALLS), k=st.integers(0, 2))
-    @precondition(lambda self: self.env is not None)
-    def acks(self, what, k):
-        ack(self.env.cache, what, k)
-
-    @invariant()
-    def partitioned(self):
-        if self.env is not None:
-            self.env.partition()
 
 
 MambaHostTierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
