@@ -16,10 +16,12 @@ pool) and every sequence backed up; a timed body then runs a batch of steps
 * ``HostEvict``: everything demoted untimed, then ``evict_host(1)`` x 200 (the
   LRU host leaf deleted, its host slots freed);
 * ``MambaLoadBack``: the load-back request on a Full + Mamba cache (a host-only
-  state restored and copied into the request's slot; see its docstring).
+  state restored and copied into the request's slot; see its docstring);
+* ``SWALoadBack``: the load-back request on a Full + SWA cache (the Full host hit
+  and its last window of SWA data restored; see its docstring).
 
-``compare_hicache.py`` times the Full steps against SGLang's cores (the Mamba one
-is not compared yet).
+``compare_hicache.py`` times these steps against SGLang's cores (``--component
+full|swa|mamba``).
 """
 
 import numpy as np
@@ -37,11 +39,11 @@ TREE_TOKENS = 100_000
 def load_back_request(c, params, make_req=None):
     """One request's load-back, as SGLang's ``PrefillAdder`` drives it; with
     ``make_req`` (Mamba) the request built from the match is passed to
-    ``init_load_back`` and returned (a Mamba host hit loads too)."""
+    ``init_load_back`` and returned (a Mamba or SWA host hit loads too)."""
     m = c.match_prefix(params)
     lk = c.lock(m.last_device_node)
     req = None if make_req is None else make_req(m)
-    if m.host_hit_length > 0 or m.mamba_host_hit_length > 0:
+    if m.host_hit_length > 0 or m.mamba_host_hit_length > 0 or m.swa_host_hit_length > 0:
         h = c.inc_host_lock_ref(m.best_match_node)
         c.init_load_back(fr.InitLoadBackParams(m.best_match_node, m.host_hit_length, None,
                                                req))
@@ -190,6 +192,73 @@ class MambaLoadBack(_Timing):
             req = load_back_request(c, p, _Req)
             if req.kv.mamba_pool_idx is not None:
                 ma.free(np.asarray([int(req.kv.mamba_pool_idx)]))
+
+
+# ------------------------------------------------------------------ Full + SWA
+SWA_WINDOW = 256
+
+
+class SWALoadBack(_Timing):
+    """Full + SWA (window ``SWA_WINDOW``) with the host tier (``write_through``):
+    2,000 sequences of the same stream, each backed up (KV and the SWA data of its
+    window); setup demotes them all; the timed body loads 100 of them back per
+    request as a scheduler does -- ``match_prefix`` (``swa_host_hit_length``: the
+    last window's host-only SWA tokens), ``lock``, ``inc_host_lock_ref`` (the SWA
+    host window too), ``init_load_back`` (the Full host hit into Full slots, the
+    window into fresh SWA slots, then mapped), the releases,
+    ``ready_to_load_host_cache``, ``loading_check``. Compare with ``LoadBack``: the
+    window's extra steps."""
+
+    def setup(self):
+        _warm_swa()
+        size = 600_000
+        self.alloc = fr.SWATokenToKVPoolAllocator(size, size)
+        c = self.cache = fr.UnifiedRadixCache(
+            tree_components=(fr.ComponentType.FULL, fr.ComponentType.SWA),
+            sliding_window_size=SWA_WINDOW, token_to_kv_pool_allocator=self.alloc)
+        c.init_hicache(host_size=size, swa_host_size=size, hicache_write_policy="write_through",
+                       load_back_threshold=1)
+        stream = W.SequenceStream(seed=0)
+        seqs = []
+        while len(seqs) < 2000:
+            for s in stream.batch():
+                c.insert(fr.InsertParams(key=fr.RadixKey(s), value=self.alloc.alloc(
+                    s.shape[0])))
+                seqs.append(s)
+            c.check_hicache_events()
+        c.evict(fr.EvictParams(num_tokens=size, swa_num_tokens=size))  # all host-only
+        rng = np.random.default_rng(1)
+        picks = rng.choice(len(seqs), size=100, replace=False)
+        self.params_ = [fr.MatchPrefixParams(key=fr.RadixKey(seqs[i])) for i in picks]
+
+    def time_swa_load_back(self):
+        c = self.cache
+        for p in self.params_:
+            load_back_request(c, p, _SWAReq)
+
+
+def _warm_swa():
+    """The SWA load-back's kernels once on a small cache (loaded before a sample)."""
+    _warm()
+    alloc = fr.SWATokenToKVPoolAllocator(64, 64)
+    c = fr.UnifiedRadixCache(tree_components=(fr.ComponentType.FULL, fr.ComponentType.SWA),
+                             sliding_window_size=4, token_to_kv_pool_allocator=alloc)
+    c.init_hicache(host_size=64, swa_host_size=64, load_back_threshold=1)
+    key = fr.RadixKey(np.arange(1, 17, dtype=np.int64))
+    c.insert(fr.InsertParams(key=key, value=alloc.alloc(16)))
+    c.check_hicache_events()
+    c.evict(fr.EvictParams(num_tokens=16, swa_num_tokens=16))
+    load_back_request(c, fr.MatchPrefixParams(key=key), _SWAReq)
+
+
+class _SWAReq:
+    """The request fields an SWA load-back reads."""
+
+    __slots__ = ("last_node", "swa_host_hit_length")
+
+    def __init__(self, m):
+        self.last_node = m.last_device_node
+        self.swa_host_hit_length = m.swa_host_hit_length
 
 
 class _KV:

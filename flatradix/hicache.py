@@ -805,16 +805,8 @@ class HiCacheMixin:
 
     def _path_units(self, top, until):
         """Full units from node ``top`` up to (not including) node ``until`` or the root."""
-        eng = self._engine
         with self._mutex:
-            nodes = eng.st.nodes
-            s = int(_k_resolve(nodes, eng.meta, top))
-            stop = int(_k_resolve(nodes, eng.meta, until)) if until is not None else -1
-            n = 0
-            while s > 0 and s != stop:  # the root is slot 0
-                n += int(nodes[s, L.KEY_LEN])
-                s = int(nodes[s, L.PARENT])
-            return n
+            return int(K.path_units(*self._engine.st, top, -1 if until is None else until))
 
     def load_back(self, node, mem_quota=None, req=None):
         """SGLang ``load_back``: restore the host-only nodes from ``node`` up to
@@ -953,8 +945,7 @@ class HiCacheMixin:
                 st, _, at = eng.call(K.load_commit, nid, dev, load_id, dstate, wnodes, wdev)
                 assert st == L.OK, st
                 if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
-                    alloc.set_full_to_swa_mapping(self._vals.out(eng.out[at:at + wdev.shape[0]]
-                                                                 .copy()), self._vals.out(wdev))
+                    self._vals.set_swa_mapping(eng.out[at:at + wdev.shape[0]].copy(), wdev)
                 execute(eng.actions(), eng.out, None, None, self._sink)
                 if dstate >= 0:
                     self._vals.mamba_owned.add(dstate)

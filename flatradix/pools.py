@@ -641,6 +641,13 @@ class SWATokenToKVPoolAllocator:
         with self._lock:
             self.full_to_swa_index_mapping[full] = swa
 
+    def _map_trusted(self, full, swa):
+        """``set_full_to_swa_mapping`` for int64 numpy slots the cache vouches for (a
+        load-back's: Full slots of the tree, SWA slots it was just handed), without
+        the argument checks."""
+        with self._lock:
+            self.full_to_swa_index_mapping[full] = swa
+
     def clear_full_to_swa_mapping(self, full_indices):
         full = self._full_slots(full_indices, "full_indices")
         with self._lock:

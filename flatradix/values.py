@@ -209,6 +209,16 @@ class ValueBridge:
         dev = getattr(self.mamba, "device", "cpu")
         self.mamba.free(t.to(dev) if str(dev) != "cpu" else t)
 
+    def set_swa_mapping(self, full, swa):
+        """Map the Full slots ``full`` to the SWA slots ``swa`` (int64 numpy, the tree's
+        own: a load-back's restored window); flatradix's allocator without its
+        argument checks, another through ``set_full_to_swa_mapping``."""
+        fast = getattr(self.allocator, "_map_trusted", None)
+        if fast is not None:
+            fast(full, swa)
+        else:
+            self.allocator.set_full_to_swa_mapping(self._arg(full), self._arg(swa))
+
     def swa_recover_locked(self, kept, incoming):
         """SGLang ``RecoverSWAWithLockedFull``'s mapping move: the locked Full slots
         ``kept`` take over the SWA peers of ``incoming`` (whose mapping is cleared;

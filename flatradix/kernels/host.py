@@ -743,6 +743,20 @@ def evict_host_swa(nodes, ctab, pool, heap, meta, num_units, out, acts):
 
 
 @kernel
+def path_units(nodes, ctab, pool, heap, meta, top, until):
+    """The Full units from node ``top`` up to (not including) node ``until`` or the
+    root (``until`` -1 or a dead id: the root); 0 for a dead ``top``. SGLang's
+    ``init_load_back`` count (``collect_full_device_indices``)."""
+    s = resolve(nodes, meta, top)
+    stop = resolve(nodes, meta, until) if until >= 0 else -1
+    n = 0
+    while s > ROOT and s != stop:
+        n += nodes[s, KEY_LEN]
+        s = nodes[s, PARENT]
+    return n
+
+
+@kernel
 def swa_host_hit(nodes, ctab, pool, heap, meta, nid):
     """SGLang's ``swa_host_hit_length`` of a match whose best node is ``nid``
     (``swa.host_hit_length``); 0 for a dead id."""
