@@ -1,7 +1,8 @@
 """Differential driver for the host tier (HiCache): flatradix against SGLang 0.5.23's
 own ``UnifiedRadixCache`` with HiCache on (``hicache_peer.py``), Full attention
 (``write_through``, ``write_through_selective`` and ``write_back``), Full + Mamba
-(the ``*-mamba-*`` configurations) and Full + SWA (the ``*-swa*-*`` ones).
+(the ``*-mamba-*`` configurations), Full + SWA (the ``*-swa*-*`` ones) and Full +
+SWA + Mamba (the ``*-swa*-mamba-*`` ones).
 
 Run in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``)::
 
@@ -115,6 +116,23 @@ backup's by size, as the Full ones), the SWA ledgers (``swa_evictable_size`` /
 availability, which components an ``inc_host_lock_ref`` receipt stamps, the tokens holding an SWA host value (Python core), and per node
 in the tree checks its SWA device slots (flatradix's: its Full slots through the
 allocator's mapping), SWA host slots, SWA lock_ref and host lock_ref.
+
+Full + SWA + Mamba (``swa_window``, ``swa_device`` and ``mamba`` together; SGLang's
+``SWAKVPool`` and ``SWATokenToKVPoolAllocator`` beside its ``HybridReqToTokenPool``,
+whose state pool its hybrid pool assembler (``_MambaSwaStrategy``) takes for a third
+host pool: KV, SWA and Mamba host pools, all sized from the same ``hicache_ratio``;
+flatradix given both sizes): both of the above at once. Every insert donates a state
+slot and may carry an SWA cursor; the driver's evictions for an insert ask for each
+device pool's shortfall and, for the donated state, one state; ``evict`` asks for
+tokens, SWA tokens and states (``("evict", n, swa_n, states)``); ``evict_host``
+frees Full host tokens, SWA host tokens (an internal node's SWA host eviction takes
+its host state along: SGLang's cascade to the lower-priority component, counted as
+``evict_host_swa_state_cascade``) or host states; a load carries both
+``swa_host_hit_length`` and ``mamba_host_hit_length`` and sometimes the request's
+own state slot. Every check of both: the six slot bijections, the KV / SWA / state
+transfer pairs, every ledger and pool's availability, both host totals (Python
+core), and per node in the tree checks its Mamba and SWA parts. No ``insert_host``
+(as Full + SWA). Above page 1 SGLang's Mamba extra buffer is on (as Full + Mamba).
 
 The stream is cut into episodes of ``--episode`` ops on fresh caches. The first
 divergence stops a configuration: the op, both sides' values, then the episode
@@ -252,6 +270,21 @@ CONFIGS = {
     "p4-swa8-wb-lfu": dict(page_size=4, policy="lfu", write_policy="write_back",
                            device=16 * 4, host=12 * 4, max_pages=6, lbt=1, swa_window=8,
                            swa_device=10 * 4),
+    # (FULL, SWA, MAMBA): both of the above (SGLang's _MambaSwaStrategy host stack: KV,
+    # SWA and Mamba host pools, all sized from the same hicache_ratio: p1-swa4-mamba
+    # 20 / 13 tokens, 8 states; p1-swa8-mamba 12 / 8 tokens, 4 states)
+    "p1-swa4-mamba-wt-lru": dict(page_size=1, policy="lru", write_policy="write_through",
+                                 device=16, host=20, max_pages=6, lbt=1, swa_window=4,
+                                 swa_device=10, mamba=6),
+    "p1-swa8-mamba-wts-lfu": dict(page_size=1, policy="lfu",
+                                  write_policy="write_through_selective", device=24, host=12,
+                                  max_pages=10, lbt=1, swa_window=8, swa_device=16, mamba=8),
+    "p1-swa4-mamba-wb-lru": dict(page_size=1, policy="lru", write_policy="write_back",
+                                 device=16, host=20, max_pages=6, lbt=1, swa_window=4,
+                                 swa_device=10, mamba=6),
+    "p4-swa8-mamba-wt-fifo": dict(page_size=4, policy="fifo", write_policy="write_through",
+                                  device=16 * 4, host=20 * 4, max_pages=6, lbt=1, swa_window=8,
+                                  swa_device=10 * 4, mamba=6, chunk=4),
 }
 
 # Self-test: deliberately wrong flatradix façades (FlatSide applies ``mutant``); each
@@ -287,6 +320,9 @@ MUTANTS = {
     "swa-load-no-window": ("p2-swa5-wt-fifo-t10", dict(swa_no_window_load=True)),
     # SWA: flatradix built with a window one token larger than SGLang's
     "swa-window-larger": ("p1-swa4-wt-lru", dict(swa_window=5)),
+    # SWA + Mamba: evict_host(n, SWA) of an internal node keeps its Mamba host state
+    # (no cascade to the lower-priority component)
+    "swa-host-evict-no-state-cascade": ("p1-swa4-mamba-wt-lru", dict(swa_no_state_cascade=True)),
 }
 
 SELFTEST_OPS = 2000
@@ -340,8 +376,8 @@ class FlatSide:
                                                       enable_mamba_extra_buffer=P > 1)
             self.malloc = self.rtp.mamba_allocator
             self._malloc, self._mfree = self._logged(self.malloc, "m")
-            extra = dict(tree_components=(CT.FULL, CT.MAMBA), req_to_token_pool=self.rtp,
-                         mamba_cache_chunk_size=cfg.get("chunk", 8),
+            extra.update(tree_components=extra.get("tree_components", (CT.FULL,)) + (CT.MAMBA,),
+                         req_to_token_pool=self.rtp, mamba_cache_chunk_size=cfg.get("chunk", 8),
                          enable_mamba_extra_buffer=P > 1,
                          mamba_max_states_per_path=cfg.get("path_cap", -1))
         self.cache = c = flatradix.UnifiedRadixCache(
@@ -442,6 +478,19 @@ class FlatSide:
                     return L.OK, 0, 0
                 return call_out(kernel, *a)
             c._call_out = no_window
+        if mut.get("swa_no_state_cascade"):
+            evict_swa = c._evict_host_swa
+
+            def no_cascade(n):  # the internal nodes' host states hidden from the kernel
+                nodes = c._engine.st.nodes
+                hidden = np.flatnonzero((nodes[:, L.FLAGS] & L.F_HAS_MAMBA_HOST != 0)
+                                        & (nodes[:, L.HOST_HEAP_POS] < 0))
+                nodes[hidden, L.FLAGS] &= ~L.F_HAS_MAMBA_HOST
+                try:
+                    return evict_swa(n)
+                finally:  # the kernel may have grown the arrays (rows keep their numbers)
+                    c._engine.st.nodes[hidden, L.FLAGS] |= L.F_HAS_MAMBA_HOST
+            c._evict_host_swa = no_cascade
         if mut.get("host_hit_zero"):
             match = c.match_prefix
             c.match_prefix = lambda params: match(params)._replace(host_hit_length=0)
@@ -579,6 +628,10 @@ class FlatSide:
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
 
     def evict(self, n, states=0, swa=0):
+        if self.swa and self.mamba:
+            r = self.cache.evict(self.fr.EvictParams(num_tokens=n, swa_num_tokens=swa,
+                                                     mamba_num=states))
+            return r.num_tokens_evicted, r.swa_num_tokens_evicted, r.mamba_num_evicted
         if self.swa:
             r = self.cache.evict(self.fr.EvictParams(num_tokens=n, swa_num_tokens=swa))
             return r.num_tokens_evicted, r.swa_num_tokens_evicted
@@ -1350,7 +1403,7 @@ class Executor:
                 raise Divergence(f"{what}.state_alloc_failed", f"first={sa} second={sb}")
             ea, eb = self._both(f"{what}.evict", lambda: self.a.evict(0, 1),
                                 lambda: self.b.evict(0, 1))
-            compare(f"{what}.evict.(num_evicted,mamba_num_evicted)", ea, eb)
+            compare(f"{what}.evict.(num_evicted,[swa_num_evicted,]mamba_num_evicted)", ea, eb)
             self._drain(f"{what}.evict")
             sa, sb = self._both(what, self.a.alloc_state, self.b.alloc_state)
             if (sa is None) != (sb is None):
@@ -1482,7 +1535,17 @@ class Executor:
         if self.host_locks:
             self._hunlock(k)
 
-    def op_evict(self, n, states=None):
+    def op_evict(self, n, states=None, mstates=None):
+        if self.swa and self.mamba:  # SWA tokens ``states``, Mamba states ``mstates``
+            m = n if states is None else states
+            k = n if mstates is None else mstates
+            ea, eb = self._both("evict", lambda: self.a.evict(n, k, swa=m),
+                                lambda: self.b.evict(n, k, swa=m))
+            compare("evict.(num_evicted,swa_num_evicted,mamba_num_evicted)", ea, eb)
+            self.stats["evicted_tokens"] += ea[0]
+            self.stats["evicted_swa_tokens"] += ea[1]
+            self.stats["evicted_states"] += ea[2]
+            return
         if self.swa:  # ``states``: SWA tokens here (the wind-down asks for ``n``)
             m = n if states is None else states
             ea, eb = self._both("evict", lambda: self.a.evict(n, swa=m),
@@ -1508,10 +1571,15 @@ class Executor:
             CTa = self.a.fr.ComponentType if hasattr(self.a, "fr") else self.a.h.S.ComponentType
             CTb = self.b.h.S.ComponentType
             name = ("SWA", "MAMBA")[component - 1]
+            cascade = component == 1 and self.mamba
+            before = self.b.sizes()["state_host_available"] if cascade else 0
             ea, eb = self._both(f"evict_host({name})",
                                 lambda: self.a.cache.evict_host(n, CTa[name]),
                                 lambda: self.b.cache.evict_host(n, CTb[name]))
             compare(f"evict_host({name}).num_evicted", ea, eb)
+            if cascade:  # host states the SWA eviction took along
+                self.stats["evict_host_swa_state_cascade"] += \
+                    self.b.sizes()["state_host_available"] - before
             self.stats["evict_host_states" if component == 2 else "evict_host_swa_tokens"] += ea
             return
         ea, eb = self._both("evict_host", lambda: self.a.cache.evict_host(n),
@@ -1714,6 +1782,9 @@ class Generator:
             return ("unlock", r.randrange(1 << 16))
         mamba = bool(self.cfg.get("mamba"))
         if kind == "evict":
+            if self.swa and mamba:
+                return ("evict", r.choice((0, r.randint(1, 6 * P))),
+                        r.choice((0, 0, 1, P, r.randint(1, 6 * P))), r.choice((0, 0, 1, 2)))
             if self.swa:
                 return ("evict", r.choice((0, r.randint(1, 6 * P))),
                         r.choice((0, 0, 1, P, r.randint(1, 6 * P))))
@@ -1721,6 +1792,11 @@ class Generator:
                 return ("evict", r.choice((0, r.randint(1, 6 * P))), r.choice((0, 0, 1, 2)))
             return ("evict", r.randint(1, 6 * P))
         if kind == "evict_host":
+            if self.swa and mamba:  # Full / SWA (cascading to internal nodes' states) / Mamba
+                c = r.choice((0, 0, 1, 1, 2))
+                return ("evict_host", (r.randint(1, 8 * P), r.randint(1, 4 * P),
+                                       r.randint(1, 3))[c], c) if c else \
+                    ("evict_host", r.randint(1, 8 * P))
             if mamba and r.random() < 0.4:
                 return ("evict_host", r.randint(1, 3), 2)
             if self.swa and r.random() < 0.4:

@@ -1,5 +1,6 @@
 """SGLang 0.5.23's host tier with a hybrid component, on CPU: the groundwork for the
-SWA / Mamba HiCache oracle (issue 13; flatradix's SWA and Mamba host tiers are compared op by op in ``hicache_driver.py``).
+SWA / Mamba HiCache oracle (issue 13; flatradix's SWA and Mamba host tiers are now
+compared op by op in ``hicache_driver.py``).
 
     $VENV/bin/python -m tests.oracle.hicache_hybrid_probe --component swa --core rust
     $VENV/bin/python -m tests.oracle.hicache_hybrid_probe --component mamba --core python --page 4

@@ -1,6 +1,7 @@
 """SGLang 0.5.23's ``UnifiedRadixCache`` with HiCache on, run on CPU (Full attention,
-Full + Mamba with ``mamba_states``, or Full + SWA with ``swa_window``): the peer
-``hicache_driver.py`` compares flatradix's host tier against.
+Full + Mamba with ``mamba_states``, Full + SWA with ``swa_window``, or Full + SWA +
+Mamba with both): the peer ``hicache_driver.py`` compares flatradix's host tier
+against.
 
 Runs only in the oracle venv (``../shared/tools/setup_sglang_oracle.sh``), with
 ``SGLANG_USE_CPU_ENGINE=1 SGLANG_RUST_BUILD_MODE=never OMP_NUM_THREADS=1``.
@@ -46,6 +47,10 @@ Recording (the allocators still do their real work):
   pairs (SWA host slot, SWA device slot) of each submission. The driver's own
   slots: ``alloc`` at page 1, the two inner allocators paired with
   ``set_full_to_swa_mapping`` above (``alloc`` is page-1 only).
+* Full + SWA + Mamba: the SWA pools above with the Mamba ``HybridReqToTokenPool``;
+  ``init_hicache``'s hybrid pool assembler picks its ``_MambaSwaStrategy``
+  (``build_hybrid_mamba_swa_stack``: the SWA group plus a ``MambaPoolHost`` entry),
+  so all three host pools are logged as above.
 
 The host pool is sized exactly ``host_tokens``: SGLang sizes it
 ``(int(device * hicache_ratio) // P + 1) * P``, so the ratio is picked to land on it;
@@ -216,26 +221,13 @@ class SglHiCache:
             hicache_host_memory_mode="cache")
         self.mamba = bool(mamba_states)
         self.swa = swa_window is not None
-        if self.swa and self.mamba:
-            raise ValueError("Full + SWA + Mamba is not driven here")
-        if self.swa:
-            from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-            swa_tokens = device_tokens if swa_tokens is None else swa_tokens
-            if swa_tokens % P:
-                raise ValueError("swa_tokens must be a page multiple")
-            self.kv = SWAKVPool(size=device_tokens, size_swa=swa_tokens, page_size=P,
-                                dtype=torch.float16, head_num=1, head_dim=8,
-                                swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                                device="cpu")
-        elif self.mamba:
-            # (FULL, MAMBA): SGLang's HybridReqToTokenPool (one-layer Mamba2 states; the
-            # extra buffer above page 1, as the scheduler requires) and its hybrid KV pool
+        if self.mamba:
+            # (FULL, MAMBA) and (FULL, SWA, MAMBA): SGLang's HybridReqToTokenPool
+            # (one-layer Mamba2 states; the extra buffer above page 1, as the scheduler
+            # requires)
             from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-            from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
-            from sglang.srt.runtime_context import get_server_args
-
-            from sglang.srt.runtime_context import get_exec
+            from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+            from sglang.srt.runtime_context import get_exec, get_server_args
 
             get_server_args()._mamba_cache_chunk_size = chunk
             # the per-path state cap (-1: off), as a launcher sets it (both cores read it
@@ -253,6 +245,22 @@ class SglHiCache:
                 enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
                 mamba_layer_ids=[0], enable_mamba_extra_buffer=P > 1,
                 speculative_num_draft_tokens=3)
+        if self.swa:
+            # (FULL, SWA) and (FULL, SWA, MAMBA): SGLang's SWAKVPool (with Mamba, its
+            # hybrid pool assembler's _MambaSwaStrategy takes the state pool from the
+            # HybridReqToTokenPool above)
+            from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+            swa_tokens = device_tokens if swa_tokens is None else swa_tokens
+            if swa_tokens % P:
+                raise ValueError("swa_tokens must be a page multiple")
+            self.kv = SWAKVPool(size=device_tokens, size_swa=swa_tokens, page_size=P,
+                                dtype=torch.float16, head_num=1, head_dim=8,
+                                swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                                device="cpu")
+        elif self.mamba:
+            from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+
             self.kv = HybridLinearKVPool(size=device_tokens, dtype=torch.float16, page_size=P,
                                          head_num=1, head_dim=8, full_attention_layer_ids=[1],
                                          device="cpu", mamba_pool=self.rtp.mamba_pool)
@@ -288,11 +296,11 @@ class SglHiCache:
         comps = (S.ComponentType.FULL,)
         extra = {}
         if self.swa:
-            comps = (S.ComponentType.FULL, S.ComponentType.SWA)
-            extra = dict(sliding_window_size=swa_window)
+            comps += (S.ComponentType.SWA,)
+            extra.update(sliding_window_size=swa_window)
         if self.mamba:
-            comps = (S.ComponentType.FULL, S.ComponentType.MAMBA)
-            extra = dict(enable_mamba_extra_buffer=P > 1)
+            comps += (S.ComponentType.MAMBA,)
+            extra.update(enable_mamba_extra_buffer=P > 1)
             self.malloc = self.rtp.mamba_allocator
             real_malloc, real_mfree = self.malloc.alloc, self.malloc.free
 
@@ -521,7 +529,11 @@ class SglHiCache:
 
     def evict(self, n, states=0, swa=0):
         """Evicted Full tokens; Full + Mamba: (tokens, states); Full + SWA: (tokens, SWA
-        tokens)."""
+        tokens); Full + SWA + Mamba: (tokens, SWA tokens, states)."""
+        if self.swa and self.mamba:
+            r = self.cache.evict(self.S.EvictParams(num_tokens=n, swa_num_tokens=swa,
+                                                    mamba_num=states))
+            return r.num_tokens_evicted, r.swa_num_tokens_evicted, r.mamba_num_evicted
         if self.swa:
             r = self.cache.evict(self.S.EvictParams(num_tokens=n, swa_num_tokens=swa))
             return r.num_tokens_evicted, r.swa_num_tokens_evicted

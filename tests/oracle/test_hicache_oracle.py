@@ -3,9 +3,9 @@
 Python and Rust), on every configuration of ``tests/oracle/hicache_driver.py``
 (write_through, write_through_selective and write_back; pages 1, 2 and 4; lru, lfu,
 fifo; load_back_threshold 1 and 10; small device and host pools; Full attention,
-Full + Mamba and Full + SWA), compared after every op: return values, slots on both
-tiers (KV, Mamba states, SWA KV) through bijections, the transfers, sizes, the
-backup / load-back protocol state and the KV events.
+Full + Mamba, Full + SWA and Full + SWA + Mamba), compared after every op: return
+values, slots on both tiers (KV, Mamba states, SWA KV) through bijections, the
+transfers, sizes, the backup / load-back protocol state and the KV events.
 
 SGLang only runs in its own venv (``../shared/tools/setup_sglang_oracle.sh``), so
 the driver runs there in two subprocesses, one per SGLang core, side by side; this
@@ -38,12 +38,13 @@ CONFIGS = ("p1-wt-lru", "p1-wt-lru-t10", "p4-wt-lru", "p2-wts-lru", "p2-wts-lru-
            "p1-mamba-wt-lru", "p1-mamba-wts-lfu", "p1-mamba-wt-lru-t10", "p4-mamba-wt-fifo",
            "p1-mamba-wb-lru", "p4-mamba-wb-lfu", "p1-mamba-cap2-wt-lru", "p1-mamba-cap1-wb-lru",
            "p1-swa4-wt-lru", "p1-swa8-wts-lfu", "p4-swa8-wt-lru", "p2-swa5-wt-fifo-t10",
-           "p1-swa4-wb-lru", "p4-swa8-wb-lfu")
+           "p1-swa4-wb-lru", "p4-swa8-wb-lfu", "p1-swa4-mamba-wt-lru", "p1-swa8-mamba-wts-lfu",
+           "p1-swa4-mamba-wb-lru", "p4-swa8-mamba-wt-fifo")
 MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-host-evict",
            "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop",
            "insert-host-as-write-back", "mamba-no-state-backup", "mamba-host-hit-zero",
            "mamba-no-request-state", "swa-host-hit-zero", "swa-backup-no-window",
-           "swa-load-no-window", "swa-window-larger")
+           "swa-load-no-window", "swa-window-larger", "swa-host-evict-no-state-cascade")
 
 
 @pytest.fixture(scope="module")
