@@ -1653,8 +1653,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         As SGLang's ``reset``: the tree's KV slots are not given back to the
         allocator (clear it too, as SGLang's ``flush_cache`` does), and locks held
         by running requests go stale (releasing them raises ``NodeAccessError``).
-        With a host tier the host pool is cleared and pending backups / loads are
-        dropped (their acks never come)."""
+        With a host tier the host pools (Full, and SWA / Mamba) are cleared and
+        pending backups / loads are dropped (their acks never come)."""
         with self._mutex:
             self._root = self._engine.reset()
             self._vals.mamba_owned.clear()
@@ -1662,7 +1662,10 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 self._host.clear()
                 if self._host_mamba is not None:
                     self._host_mamba.clear()
+                if self._host_swa is not None:
+                    self._host_swa.clear()
                 self.ongoing_write_through.clear()
+                self._wt_swa.clear()
                 self.ongoing_load_back.clear()
                 self._state_loads.clear()
                 self._write_queue, self._load_queue = [], []

@@ -162,8 +162,11 @@ class HiCacheMixin:
         ``hicache_size`` (GB per rank) is not read: flatradix sizes its pool in
         tokens (``host_size``). ``host_size``: host pool slots (tokens); else from ``hicache_ratio``
         as SGLang sizes it: ``(int(D * ratio) // page_size + 1) * page_size`` for a
-        device allocator of ``size`` D. ``load_back_threshold``: fewer host
-        tokens than this are recomputed, not loaded (SGLang's default 10).
+        device allocator of ``size`` D (an SWA allocator: its Full side,
+        ``size_full``). ``load_back_threshold``: fewer host tokens than this are
+        recomputed, not loaded (SGLang's default 10) -- unless the load also
+        restores a Mamba state or SWA data (SGLang loads those whatever the Full
+        count: on an SWA cache every load of a demoted prefix restores its window).
         ``transfer``: see the module docstring. Mamba caches get a host state
         pool too (``mamba_pool_host``): ``mamba_host_size`` states, else from
         ``hicache_ratio`` as SGLang's ``MambaPoolHost``: ``int(S * ratio) + 1`` for
@@ -198,7 +201,7 @@ class HiCacheMixin:
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.integer,
                                                                   np.floating)):
                 raise TypeError(f"hicache_ratio must be a number, got {type(ratio).__name__}")
-            dev = getattr(self.token_to_kv_pool_allocator, "size", None)
+            dev = self._full_slots()
             if dev is None:
                 raise ValueError("hicache_ratio needs a token_to_kv_pool_allocator with a size "
                                  "(or give host_size)")
@@ -279,7 +282,7 @@ class HiCacheMixin:
                 raise ValueError(f"transfer: its host buffers have {transfer.host_rows} rows, the "
                                  f"host pool has {host_size} slots (build them with "
                                  f"KVTransfer.with_host_buffers(device_buffers, {host_size}))")
-            dev_size = getattr(self.token_to_kv_pool_allocator, "size", None)
+            dev_size = self._full_slots()
             if isinstance(dev_size, int) and transfer.device_rows <= dev_size:
                 raise ValueError(f"transfer: its device buffers have {transfer.device_rows} "
                                  f"rows, the allocator hands out slots up to {dev_size} (they "
@@ -318,6 +321,13 @@ class HiCacheMixin:
             self._write_acks = deque()        # submitted backups: one list of ack ids each
             self._load_queue = []             # loads committed, not yet submitted
             self._load_acks = deque()
+
+    def _full_slots(self):
+        """The allocator's Full slots (an SWA allocator's Full side, ``size_full``:
+        its ``size`` is the smaller of its two sides), or None."""
+        alloc = self.token_to_kv_pool_allocator
+        n = getattr(alloc, "size_full", None)
+        return getattr(alloc, "size", None) if n is None else n
 
     @property
     def enable_hicache(self):
@@ -632,10 +642,15 @@ class HiCacheMixin:
         (``params``: the receipt or its ``to_dec_params()``): the host lock from
         ``node`` up to the receipt's boundary (a split since may have extended the
         segment upwards). Checked first: ``NodeAccessError`` (stale id),
-        ``LockRefError`` (boundary not on the path, or no host lock left);
+        ``LockRefError`` (a receipt of another node, boundary not on the path, or no
+        host lock left);
         nothing changes then. Returns a ``DecLockRefResult``. O(segment)."""
         nid = as_node_id(node, "node")
         uuids = getattr(params, "component_host_lock_uuids", None)
+        anchor = getattr(params, "node_id", None)
+        if anchor is not None and anchor != nid:
+            raise LockRefError(f"dec_host_lock_ref: the receipt is anchored on node {anchor}, "
+                               f"released on node {nid}")
         if uuids is None:
             raise TypeError("params must be the IncLockRefResult of inc_host_lock_ref or its "
                             f"to_dec_params(), got {type(params).__name__}")
@@ -1302,7 +1317,7 @@ class HiCacheMixin:
                                  + " or ".join(f"ComponentType.{ComponentType(c).name}"
                                                for c in ok)
                                  + f" (what this cache's host tier holds), got {component_type!r}")
-        n = as_count(num_tokens, "num_tokens")
+        n = min(as_count(num_tokens, "num_tokens"), 1 << 62)  # a huge count: everything
         with self._mutex:
             if ct == L.MAMBA:
                 return self._evict_host_states(n)

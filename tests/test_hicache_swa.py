@@ -610,3 +610,58 @@ def test_swa_with_mamba_on_the_host_tier_keeps_every_pool_partitioned(policy):
     c.evict_host(10**6)
     Env.partition(env)
     assert c.mamba_host_total_size() == 0 and c.swa_host_total_size() == 0
+
+
+def test_reset_clears_the_swa_host_pool_and_its_ledger():
+    # helper-29: reset() left the SWA host pool and M_SWA_HOST_TOTAL as they were
+    env = Env(window=4, pool=32, host=32)
+    c = env.cache
+    backed(env, range(1, 13))
+    assert c.swa_host_total_size() > 0
+    c.reset()
+    c.sanity_check()
+    assert c.swa_host_total_size() == 0
+    assert c.swa_pool_host.available_size() == c.swa_pool_host.size == 32
+    env.alloc.clear()
+    backed(env, range(1, 13))          # backups work again, window included
+    assert c.swa_host_total_size() == c.host_total_size() == 12
+    env.partition()
+
+
+def test_hicache_ratio_sizes_the_full_host_pool_over_the_full_side():
+    # helper-29: an SWA allocator's size is min(Full, SWA); SGLang sizes the Full host
+    # pool over the Full side (64 * 0.5078 -> 32, + 1 page = 33), the SWA one over the
+    # SWA side (16 * 0.5078 -> 8, + 1 = 9)
+    alloc = SWATokenToKVPoolAllocator(64, 16)
+    c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
+                          token_to_kv_pool_allocator=alloc)
+    c.init_hicache(hicache_ratio=0.5078)
+    assert (c.mem_pool_host.size, c.swa_pool_host.size) == (33, 9)
+
+
+def test_a_kvtransfer_short_of_full_device_rows_is_refused_on_an_swa_cache():
+    from flatradix import KVTransfer
+
+    alloc = SWATokenToKVPoolAllocator(64, 16)
+    c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
+                          token_to_kv_pool_allocator=alloc)
+    t = KVTransfer.with_host_buffers([np.zeros((17, 2))], 32, device_swa_buffers=[
+        np.zeros((17, 2))], host_swa_size=32)
+    with pytest.raises(ValueError, match="need 65 rows"):
+        c.init_hicache(host_size=32, swa_host_size=32, transfer=t)
+    assert c.enable_hicache is False
+
+
+def test_host_lock_receipts_are_checked_and_huge_host_evictions_clamped():
+    env = _tombstoned_internal()
+    c = env.cache
+    m = env.match(range(1, 13))
+    rec = c.inc_host_lock_ref(m.best_match_node)
+    before = c._snapshot()
+    with pytest.raises(LockRefError, match="anchored"):
+        c.dec_host_lock_ref(m.last_visited_node_id if m.last_visited_node_id !=
+                            m.best_match_node else c.root_node_handle(), rec)
+    _same_state(before, c._snapshot())
+    c.dec_host_lock_ref(m.best_match_node, rec)
+    assert c.evict_host(2 ** 70, SWA) == 8     # everything, as evict clamps
+    env.partition()
