@@ -20,7 +20,6 @@ from .engine import Engine, node_id
 from .errors import CacheInvariantError, LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
 from .executor import execute
-from .kernels import actions as L_A
 from .kernels import layout as L
 from .kernels.check import sanity_check as _k_check
 from .kernels.evict import evict as _k_evict
@@ -955,13 +954,12 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                                                       else self._mamba_empty()), mamba_num=k)
             rows = eng.actions()
             # the controller frees the step's slots: execute the events only
-            mamba_freed = []
-            freed = execute(rows, eng.out, None, None, self._sink, mamba_out=mamba_freed)
+            mamba_freed, swa_out = [], []
+            freed = execute(rows, eng.out, None, None, self._sink, mamba_out=mamba_freed,
+                            swa_out=swa_out)
             if mamba_freed:  # the controller frees them: the tree holds them no more
                 self._vals.mamba_owned.difference_update(mamba_freed[0].tolist())
-            swa = rows[(rows[:, 0] == L_A.A_FREE_SLOT) & (rows[:, 1] == L.SWA)]
-            swa_freed = (np.concatenate([eng.out[o:o + k] for o, k in swa[:, 3:5].tolist()])
-                         if len(swa) else _EMPTY.copy())
+            swa_freed = _cat_or_empty(swa_out)
         if f == 0 and w == 0 and m == 0:
             return EvictStep(None, self._vals.empty(), 0, False, swa_freed_indices=self._vals.empty(),
                              mamba_freed_indices=self._mamba_empty())

@@ -30,7 +30,8 @@ assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
 
 
 def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None,
-            host=None, backups=None, host_mamba=None, path_cap=None, host_swa=None):
+            host=None, backups=None, host_mamba=None, path_cap=None, host_swa=None,
+            swa_out=None):
     """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
 
     ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -43,7 +44,8 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     (coalesced as SGLang's ``record_adopted_range``). ``mamba_out``: a list the
     Mamba state slots freed are appended to when ``vals`` is None (a step-wise
     round: the controller frees them); with ``vals`` they go to its Mamba
-    allocator.
+    allocator. ``swa_out``: the same for the Full slots of ``A_FREE_SLOT(SWA)``
+    rows (whose SWA peers the controller frees).
 
     ``host``: the host pool (``flatradix.hicache.HostKVPool``) Full
     ``A_FREE_HOST`` rows are freed to (host eviction), ``host_mamba`` the Mamba
@@ -127,8 +129,11 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
         vals.free_split(freed_full, _cat(swa) if swa else _EMPTY)
         if mamba is not None:
             vals.free_mamba(_cat(mamba))
-    elif mamba is not None and mamba_out is not None:
-        mamba_out.append(_cat(mamba))
+    else:
+        if mamba is not None and mamba_out is not None:
+            mamba_out.append(_cat(mamba))
+        if swa and swa_out is not None:
+            swa_out.append(_cat(swa))
     return freed_full
 
 

@@ -40,7 +40,6 @@ from .types import (
     InsertResult,
 )
 from .executor import execute
-from .kernels.actions import A_FREE_SLOT
 from .kernels import host as K
 from .kernels import layout as L
 from .kernels.evict import evict_end as _k_evict_end
@@ -377,14 +376,15 @@ class HiCacheMixin:
             return False
         return True
 
-    def _copy_state(self, kind, dev_state, host_state):
-        """Run the transfer callable for one Mamba state (``kind`` ``"backup_state"``
-        or ``"load_state"``; ``dev_state`` / ``host_state`` are one-slot int64
-        arrays); False (the exception kept, as ``_copy``) when it raises."""
+    def _copy_slots(self, kind, device, host):
+        """Run the transfer callable for ``kind`` (``"load"`` of KV slots, or the
+        component kinds ``"backup_state"`` / ``"load_state"`` / ``"backup_swa"`` /
+        ``"load_swa"``) over the given device and host slots; False (the exception
+        kept, as ``_copy``) when it raises."""
         if self._transfer is None:
             return True
         try:
-            self._transfer(kind, dev_state, host_state)
+            self._transfer(kind, device, host)
         except Exception as e:  # noqa: BLE001 -- re-raised by the public call
             if self._transfer_error is None:
                 self._transfer_error = e
@@ -463,69 +463,79 @@ class HiCacheMixin:
             return
         chain = eng.out[:k].tolist()
         mamba = self._host_mamba is not None
-        swa = self._host_swa is not None
         for c in chain:
-            nodes = eng.st.nodes  # host evictions below may not grow it, but read it fresh
-            f = int(nodes[c, L.FLAGS])
-            n = 0 if f & L.F_HAS_FULL_HOST else int(nodes[c, L.KEY_LEN])
-            state = mamba and state_needs_backup(f)
-            if c == s and aux == _BACKUP_NO_STATE:
-                state = False
-            wnodes = wdev = _EMPTY
-            if swa:  # the SWA data within the node's window with no host copy
-                _, wu, wk = self._call_out(K.swa_backup_plan, c)
-                if wu:
-                    wdev = eng.out[:wu].copy()   # their Full device indices, root-first
-                    wnodes = eng.out[wu:wu + wk].copy()
+            f = int(eng.st.nodes[c, L.FLAGS])
+            n = 0 if f & L.F_HAS_FULL_HOST else int(eng.st.nodes[c, L.KEY_LEN])
+            state = mamba and state_needs_backup(f) and not (c == s and aux == _BACKUP_NO_STATE)
+            wnodes, wdev = self._swa_backup_plan(c)
             if n == 0 and not state and not wnodes.size:
                 continue  # nothing left to back up on this node
+            cid = int(eng.st.nodes[c, L.GEN]) << 32 | int(c)
+            r = self._backup_node(c, n, state, wnodes, wdev, cid, True)
+            if r is not True:
+                break  # no host room, or a failed copy: this node and the rest stay unbacked
+            self._write_queue.append(cid)
+
+    def _swa_backup_plan(self, slot):
+        """``(nodes, Full device indices)`` of the SWA data within the window of the
+        node in ``slot`` that has no host copy (``host.swa_backup_plan``, root-first;
+        empty without SWA on the host tier). Under the cache lock."""
+        if self._host_swa is None:
+            return _EMPTY, _EMPTY
+        eng = self._engine
+        _, wu, wk = self._call_out(K.swa_backup_plan, slot)
+        if not wu:
+            return _EMPTY, _EMPTY
+        return eng.out[wu:wu + wk].copy(), eng.out[:wu].copy()
+
+    def _backup_node(self, c, n, state, wnodes, wdev, ack, lock):
+        """One node's backup (the node in slot ``c``): ``n`` Full host slots (host
+        leaves evicted when short), a host state slot when ``state``, SWA host
+        slots for the window nodes ``wnodes`` (Full device indices ``wdev``), in
+        SGLang's order (Full, then its pools by name: mamba, swa; a slot that
+        cannot be found gives the others back), the copies, then the commit
+        (pending mark ``ack``, with ``lock`` the device lock until the ack) and
+        ``ongoing_write_through``. Returns True when committed, False when host
+        slots could not be found, None when a copy failed (its exception kept for
+        ``_raise_transfer_error``; every slot given back). Under the cache lock."""
+        host = self._host.alloc(n)
+        if host is None:
+            self._evict_host_units(n - self._host.available_size())
             host = self._host.alloc(n)
             if host is None:
-                self._evict_host_units(n - self._host.available_size())
-                host = self._host.alloc(n)
-                if host is None:
-                    break
-            # then the other pools, in SGLang's (name) order: mamba, swa
-            hstate = None
-            if state:
-                hstate = self._state_host_alloc()
-                if hstate is None:  # SGLang's rollback: the node's Full host slots go back
-                    self._host.free(host)
-                    break
-            hswa = _EMPTY
-            if wnodes.size:
-                hswa = self._swa_host_alloc(wdev.shape[0])
-                if hswa is None:  # SGLang's rollback: the other host slots go back
-                    if hstate is not None:
-                        self._host_mamba.free(hstate)
-                    self._host.free(host)
-                    break
-            nodes = eng.st.nodes
-            cid = int(nodes[c, L.GEN]) << 32 | int(c)
-            if n and not self._copy("backup", c, host):
-                if hstate is not None:
-                    self._host_mamba.free(hstate)
-                if hswa.size:
-                    self._host_swa.free(hswa)
-                break  # the copy failed: this node and the rest of the row stay unbacked
-            if (state and not self._copy_state(
-                    "backup_state", np.array([nodes[c, L.MAMBA_SLOT]], dtype=np.int64), hstate)) \
-                    or (hswa.size and not self._copy_swa(
-                        "backup_swa", self._vals.swa_of(wdev), hswa)):
-                if hstate is not None:
-                    self._host_mamba.free(hstate)
-                if hswa.size:
-                    self._host_swa.free(hswa)
-                if n:
-                    self._host.free(host)
-                break
-            st, _, boundary = self._call_out(K.backup_commit, c, host, -1 if hstate is None
-                                             else int(hstate[0]), wnodes, hswa, cid, True)
-            assert st == L.OK, st
-            self.ongoing_write_through[cid] = cid
-            if boundary:
-                self._wt_swa[cid] = int(boundary)
-            self._write_queue.append(cid)
+                return False
+        hstate = self._state_host_alloc() if state else None
+        hswa = self._swa_host_alloc(wdev.shape[0]) if wnodes.size and (
+            hstate is not None or not state) else _EMPTY
+        if (state and hstate is None) or hswa is None:  # SGLang's rollback
+            self._free_backup_slots(host, hstate, None)
+            return False
+        if n and not self._copy("backup", c, host):  # (the Full host slots went back)
+            self._free_backup_slots(None, hstate, hswa)
+            return None
+        if (state and not self._copy_slots(
+                "backup_state", np.array([self._engine.st.nodes[c, L.MAMBA_SLOT]],
+                                         dtype=np.int64), hstate)) \
+                or (hswa.size and not self._copy_slots(
+                    "backup_swa", self._vals.out(self._vals.swa_of(wdev)), hswa)):
+            self._free_backup_slots(host if n else None, hstate, hswa)
+            return None
+        st, _, boundary = self._call_out(K.backup_commit, c, host, -1 if hstate is None
+                                         else int(hstate[0]), wnodes, hswa, ack, lock)
+        assert st == L.OK, st
+        self.ongoing_write_through[ack] = ack
+        if boundary:
+            self._wt_swa[ack] = int(boundary)
+        return True
+
+    def _free_backup_slots(self, host, hstate, hswa):
+        """Give a backup's host slots back (None / empty: none of that pool)."""
+        if host is not None and host.size:
+            self._host.free(host)
+        if hstate is not None:
+            self._host_mamba.free(hstate)
+        if hswa is not None and hswa.size:
+            self._host_swa.free(hswa)
 
     def _swa_host_alloc(self, n):
         """``n`` SWA host slots; when the pool is short, ``n`` SWA host units are
@@ -536,20 +546,6 @@ class HiCacheMixin:
             self._evict_host_swa(n)
             h = self._host_swa.alloc(n)
         return h
-
-    def _copy_swa(self, kind, dev_swa, host_swa):
-        """Run the transfer callable for SWA slots (``kind`` ``"backup_swa"`` or
-        ``"load_swa"``; ``dev_swa`` device SWA slots, ``host_swa`` SWA host slots,
-        int64, in step); False (the exception kept, as ``_copy``) when it raises."""
-        if self._transfer is None:
-            return True
-        try:
-            self._transfer(kind, self._vals.out(dev_swa), host_swa)
-        except Exception as e:  # noqa: BLE001 -- re-raised by the public call
-            if self._transfer_error is None:
-                self._transfer_error = e
-            return False
-        return True
 
     def _run_path_cap(self, s):
         """An insert's ``A_PATH_CAP`` row (Mamba's per-path cap with the host tier, at
@@ -944,7 +940,8 @@ class HiCacheMixin:
                             raise _Declined
                         dstate = d
                     if not self._load_copies(units, dev, host, slot, dstate, kv) or (
-                            wdev.size and not self._copy_swa("load_swa", wdev, whost)):
+                            wdev.size and not self._copy_slots("load_swa", self._vals.out(wdev),
+                                                               whost)):
                         self._raise_transfer_error()
                 except BaseException as e:
                     if units:
@@ -1012,19 +1009,15 @@ class HiCacheMixin:
         raised (kept for ``_raise_transfer_error``)."""
         if self._transfer is None:
             return True
-        if units:
-            try:
-                self._transfer("load", self._vals.out(dev), host)
-            except Exception as e:  # noqa: BLE001
-                self._transfer_error = e
-                return False
+        if units and not self._copy_slots("load", self._vals.out(dev), host):
+            return False
         if dstate >= 0:
             hs = np.array([self._engine.st.nodes[slot, L.MAMBA_HOST_SLOT]], dtype=np.int64)
             targets = [dstate]
             if kv is not None and kv.mamba_pool_idx is not None:
                 targets.append(int(kv.mamba_pool_idx))
             for t in targets:
-                if not self._copy_state("load_state", np.array([t], dtype=np.int64), hs):
+                if not self._copy_slots("load_state", np.array([t], dtype=np.int64), hs):
                     return False
         return True
 
@@ -1103,61 +1096,22 @@ class HiCacheMixin:
 
     # ------------------------------------------------------------------ write-back
     def _write_back_backup(self, nid):
-        """Back up the unbacked device node ``nid`` before its demotion or, in a
-        Mamba round, before its state's tombstone (write-back: that node only; its
-        Mamba device state too when it has no host copy), then complete it at once
+        """Back up the unbacked device node ``nid`` before its demotion or, in an
+        SWA or Mamba round, before its tombstone (write-back: that node only; its
+        Mamba device state too when it has no host copy, and the SWA data of its
+        window without one; ``_backup_node``), then complete it at once
         as SGLang's eviction does (``writing_check(write_back=True)``). Returns
         False when no host slots could be found (host eviction included; for the
         state: one host state evicted first). Under the cache lock."""
-        eng = self._engine
         s = nid & 0xFFFFFFFF
-        nodes = eng.st.nodes
-        n = int(nodes[s, L.KEY_LEN])
+        nodes = self._engine.st.nodes
         state = self._host_mamba is not None and state_needs_backup(int(nodes[s, L.FLAGS]))
-        wnodes = wdev = _EMPTY
-        if self._host_swa is not None:  # the unbacked SWA data within its window
-            _, wu, wk = self._call_out(K.swa_backup_plan, s)
-            if wu:
-                wdev = eng.out[:wu].copy()
-                wnodes = eng.out[wu:wu + wk].copy()
-        host = self._host.alloc(n)
-        if host is None:
-            self._evict_host_units(n - self._host.available_size())
-            host = self._host.alloc(n)
-            if host is None:
-                return False
-        hstate = None
-        if state:
-            hstate = self._state_host_alloc()
-            if hstate is None:  # SGLang's rollback: the Full host slots go back
-                self._host.free(host)
-                return False
-        hswa = _EMPTY
-        if wnodes.size:
-            hswa = self._swa_host_alloc(wdev.shape[0])
-            if hswa is None:  # SGLang's rollback: the other host slots go back
-                self._host.free(host)
-                return False
-        if not self._copy("backup", s, host):
-            if hstate is not None:
-                self._host_mamba.free(hstate)
-            if hswa.size:
-                self._host_swa.free(hswa)
+        wnodes, wdev = self._swa_backup_plan(s)
+        r = self._backup_node(s, int(nodes[s, L.KEY_LEN]), state, wnodes, wdev, nid, False)
+        if r is None:
             self._raise_transfer_error()  # the victim stays on the device, unbacked
-        if (state and not self._copy_state(
-                "backup_state", np.array([eng.st.nodes[s, L.MAMBA_SLOT]], dtype=np.int64),
-                hstate)) or (hswa.size and not self._copy_swa(
-                    "backup_swa", self._vals.swa_of(wdev), hswa)):
-            if hstate is not None:
-                self._host_mamba.free(hstate)
-            if hswa.size:
-                self._host_swa.free(hswa)
-            self._host.free(host)
-            self._raise_transfer_error()
-        st, _, _ = self._call_out(K.backup_commit, s, host, -1 if hstate is None
-                                  else int(hstate[0]), wnodes, hswa, nid, False)
-        assert st == L.OK, st
-        self.ongoing_write_through[nid] = nid
+        if not r:
+            return False
         self._write_queue.append(nid)
         self.writing_check(write_back=True)
         return True
@@ -1180,14 +1134,9 @@ class HiCacheMixin:
         self._write_back_backup(nid)
         st, k, m = eng.call(K.finish_swa_eviction, nid)
         assert st == L.OK, st
-        rows = eng.actions()
-        if swa_out is not None:
-            for o, n in rows[(rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)][:, 3:5].tolist():
-                swa_out.append(eng.out[o:o + n].copy())
-            swa_rows = (rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)
-            execute(rows[~swa_rows], eng.out, None, None, self._sink, mamba_out=mamba_out)
-        else:
-            execute(rows, eng.out, None, self._vals, self._sink)
+        # swa_out given: the caller frees the slots (a step of its round)
+        execute(eng.actions(), eng.out, None, None if swa_out is not None else self._vals,
+                self._sink, mamba_out=mamba_out, swa_out=swa_out)
         return int(k), int(m)
 
     def _write_back_victim(self, nid, vals, mamba_out=None, swa_out=None):
@@ -1210,12 +1159,9 @@ class HiCacheMixin:
         else:
             st, n, _ = eng.call(K.drop_subtree, nid)
             assert st == L.OK, st
-        rows = eng.actions()
-        if vals is None and swa_out is not None:
-            for o, k in rows[(rows[:, 0] == A_FREE_SLOT) & (rows[:, 1] == L.SWA)][:, 3:5].tolist():
-                swa_out.append(eng.out[o:o + k].copy())
-        freed = execute(rows, eng.out, None, vals, self._sink, host=self._host,
-                        mamba_out=mamba_out, host_mamba=self._host_mamba, host_swa=self._host_swa)
+        freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
+                        mamba_out=mamba_out, host_mamba=self._host_mamba, host_swa=self._host_swa,
+                        swa_out=swa_out)
         return int(n), freed, int(had_state and n > 0), swa_units if n > 0 else 0
 
     def _state_victim(self, nid, mamba_out=None):

@@ -665,3 +665,29 @@ def test_host_lock_receipts_are_checked_and_huge_host_evictions_clamped():
     c.dec_host_lock_ref(m.best_match_node, rec)
     assert c.evict_host(2 ** 70, SWA) == 8     # everything, as evict clamps
     env.partition()
+
+
+def test_a_write_back_backup_short_of_swa_host_slots_gives_its_host_state_back():
+    # FULL + SWA + MAMBA under write-back: a leaf victim's backup finds its Full host
+    # slots and a host state slot, but no SWA host room for its window (an SWA host
+    # pool of 1 token): SGLang's rollback gives every slot back (the host state was
+    # kept, leaked, before _backup_node served both backup paths) and the leaf is
+    # dropped instead
+    from flatradix import HybridReqToTokenPool
+
+    alloc = SWATokenToKVPoolAllocator(32, 32)
+    rtp = HybridReqToTokenPool(4, 64, mamba_size=4)
+    c = UnifiedRadixCache(tree_components=(FULL, SWA, ComponentType.MAMBA),
+                          sliding_window_size=4, token_to_kv_pool_allocator=alloc,
+                          req_to_token_pool=rtp, mamba_cache_chunk_size=4)
+    c.init_hicache(host_size=32, swa_host_size=1, mamba_host_size=4,
+                   hicache_write_policy="write_back")
+    c.insert(InsertParams(key=RadixKey(list(range(1, 5))), value=alloc.alloc(4),
+                          mamba_value=rtp.mamba_allocator.alloc(1)))
+    r = c.evict(EvictParams(num_tokens=4))
+    assert r.num_tokens_evicted == 4                 # dropped, not demoted
+    assert c.host_total_size() == 0 and c.mamba_host_total_size() == 0
+    assert c.mem_pool_host.available_size() == 32
+    assert c.mamba_pool_host.available_size() == c.mamba_pool_host.size == 4
+    assert c.swa_pool_host.available_size() == 1
+    c.sanity_check()
