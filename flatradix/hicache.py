@@ -1275,19 +1275,20 @@ class HiCacheMixin:
         return self._evict_host_with(K.evict_host, n)
 
     def _evict_host_swa(self, n):
-        return self._evict_host_with(K.evict_host_swa, n)
+        return self._evict_host_with(K.evict_host_aux, n, L.SWA)
 
     def _evict_host_states(self, n):
-        return self._evict_host_with(K.evict_host_states, n)
+        return self._evict_host_with(K.evict_host_aux, n, L.MAMBA)
 
-    def _evict_host_with(self, kernel, n):
-        """Run a host-eviction kernel (``(status, freed, ...)``) until ``n`` of its
-        component are freed or nothing is left, executing each call's frees; grows
-        the buffers on ``E_CAPACITY`` and goes on. Returns what it freed."""
+    def _evict_host_with(self, kernel, n, *args):
+        """Run a host-eviction kernel (``(status, freed, ...)``; ``args`` before the
+        count) until ``n`` of its component are freed or nothing is left,
+        executing each call's frees; grows the buffers on ``E_CAPACITY`` and goes
+        on. Returns what it freed."""
         eng = self._engine
         done = 0
         while True:
-            r = kernel(*eng.st, n - done, eng.out, eng.acts)
+            r = kernel(*eng.st, *args, n - done, eng.out, eng.acts)
             done += r[1]
             execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
                     host_mamba=self._host_mamba, host_swa=self._host_swa)

@@ -106,23 +106,9 @@ def validate_host(nodes, meta, s, acc):
 def host_hit_length(nodes, meta, best):
     """SGLang's ``swa_host_hit_length``: from ``best`` toward the root until ``W``
     units of SWA data (either tier) are covered, the units of the nodes whose SWA
-    data is on the host only; a node with none ends the walk."""
-    w = meta[M_SWA_WINDOW]
-    covered = 0
-    hit = 0
-    a = best
-    while a != ROOT and covered < w:
-        f = nodes[a, FLAGS]
-        n = nodes[a, KEY_LEN]
-        if f & F_HAS_SWA_DEV:
-            covered += n
-        elif f & F_HAS_SWA_HOST:
-            covered += n
-            hit += n
-        else:
-            break
-        a = nodes[a, PARENT]
-    return hit
+    data is on the host only; a node with none ends the walk (``collect_host_only``'s
+    units; nothing written: an empty view of ``nodes`` stands for ``out``)."""
+    return window_nodes(nodes, meta, best, nodes[ROOT, :0], 0, F_HAS_SWA_HOST, False)[1]
 
 
 @helper

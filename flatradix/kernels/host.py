@@ -678,64 +678,37 @@ def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
 
 
 @kernel
-def evict_host_states(nodes, ctab, pool, heap, meta, num_states, out, acts):
-    """Free Mamba host states until ``num_states`` are freed or none is left
-    (SGLang ``evict_host(n, MAMBA)``, its Mamba ``drive_host_eviction``): walk
-    the Mamba host LRU from its least recent end, skipping host-locked entries;
-    an evictable host leaf is deleted whole (``tree.delete_host_leaf``: its Full
-    host value too), any other entry loses its host state only
-    (``A_FREE_HOST(MAMBA)``). The next entry is read before each victim goes.
-    Returns ``(status, states freed, Full host units freed)``; ``E_CAPACITY``
-    (``meta[M_NEED_*]``) when the buffers cannot hold the next victim: what was
-    freed so far is reported and a call with the rest continues."""
+def evict_host_aux(nodes, ctab, pool, heap, meta, c, num, out, acts):
+    """Free host data of auxiliary component ``c`` (SWA or MAMBA) until ``num`` are
+    freed or none is left (SGLang ``evict_host(n, c)``, the component's
+    ``drive_host_eviction``; SWA counts tokens, Mamba states): walk the
+    component's host LRU from its least recent end, skipping host-locked
+    entries; an evictable host leaf is deleted whole (``tree.delete_host_leaf``:
+    every component's host data), any other entry loses the component's host
+    value only (``A_FREE_HOST(c)``) -- and, for SWA on a Mamba cache, its host
+    state too (SGLang's cascade to the lower-priority component). The next entry
+    is read before each victim goes. Returns ``(status, freed, Full host units
+    freed)``; ``E_CAPACITY`` (``meta[M_NEED_*]``) when the buffers cannot hold
+    the next victim: what was freed so far is reported and a call with the rest
+    continues."""
     acts_begin(meta, 0)
+    lst = LRU_SWA_HOST if c == SWA else LRU_MAMBA_HOST
     freed = 0
     units = 0
-    x = lru_tail_unlocked(nodes, LRU_MAMBA_HOST)
-    while freed < num_states and x != NIL:
+    x = lru_tail_unlocked(nodes, lst)
+    while freed < num and x != NIL:
         n = nodes[x, KEY_LEN]
         if not acts_room(acts, out, meta, 4, 2 * n + 1):
             need(meta, 0, 0, meta[M_NOUT] + 2 * n + 1, meta[M_NACTS] + 4)
             return E_CAPACITY, freed, units
-        nxt = lru_prev_unlocked(nodes, LRU_MAMBA_HOST, x)
+        nxt = lru_prev_unlocked(nodes, lst, x)
+        freed += n if c == SWA else 1
         if nodes[x, HOST_HEAP_POS] >= 0:  # an evictable host leaf: atomic
             units += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
         else:
-            mamba.evict_host_component(nodes, meta, x, out, acts)
-            refresh_leaf(nodes, heap, meta, x)
-        freed += 1
-        x = nxt
-    return OK, freed, units
-
-
-@kernel
-def evict_host_swa(nodes, ctab, pool, heap, meta, num_units, out, acts):
-    """Free SWA host units until ``num_units`` are freed or none is left (SGLang
-    ``evict_host(n, SWA)``, its SWA ``drive_host_eviction``): walk the SWA host LRU
-    from its least recent end, skipping host-locked entries; an evictable host
-    leaf is deleted whole (``tree.delete_host_leaf``: its Full host value too),
-    any other entry loses its SWA host value (``A_FREE_HOST(SWA)``) and, on a
-    Mamba cache, its host state (SGLang's cascade to the lower-priority
-    component). The next entry is read before each victim goes. Returns ``(status, SWA units
-    freed, Full host units freed)``; ``E_CAPACITY`` (``meta[M_NEED_*]``) when the
-    buffers cannot hold the next victim: what was freed so far is reported and
-    a call with the rest continues."""
-    acts_begin(meta, 0)
-    freed = 0
-    units = 0
-    x = lru_tail_unlocked(nodes, LRU_SWA_HOST)
-    while freed < num_units and x != NIL:
-        n = nodes[x, KEY_LEN]
-        if not acts_room(acts, out, meta, 4, 2 * n + 1):
-            need(meta, 0, 0, meta[M_NOUT] + 2 * n + 1, meta[M_NACTS] + 4)
-            return E_CAPACITY, freed, units
-        nxt = lru_prev_unlocked(nodes, LRU_SWA_HOST, x)
-        freed += n
-        if nodes[x, HOST_HEAP_POS] >= 0:  # an evictable host leaf: atomic
-            units += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
-        else:
-            swa.evict_host_component(nodes, pool, meta, x, out, acts)
-            if mamba.has_host(nodes, x):  # the cascade: a host state behind an SWA hole
+            if c == SWA:
+                swa.evict_host_component(nodes, pool, meta, x, out, acts)
+            if mamba.has_host(nodes, x):  # Mamba's own, or SWA's cascade to it
                 mamba.evict_host_component(nodes, meta, x, out, acts)
             refresh_leaf(nodes, heap, meta, x)
         x = nxt
