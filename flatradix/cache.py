@@ -1665,7 +1665,6 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 self.ongoing_write_through.clear()
                 self._wt_swa.clear()
                 self.ongoing_load_back.clear()
-                self._state_loads.clear()
                 self._write_queue, self._load_queue = [], []
                 self._write_acks.clear()
                 self._load_acks.clear()

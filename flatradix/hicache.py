@@ -314,8 +314,8 @@ class HiCacheMixin:
                                      self.write_through_threshold)
             self.ongoing_write_through = {}   # ack id (the node's id) -> node id
             self._wt_swa = {}                 # ack id -> its SWA window lock's boundary
-            self.ongoing_load_back = {}       # anchor node id -> its lock stamps
-            self._state_loads = set()         # anchors of loads that restored a state alone
+            # anchor node id -> (its load id: 0 for a load of aux data alone, its lock stamps)
+            self.ongoing_load_back = {}
             self._write_queue = []            # backups committed, not yet submitted
             self._write_acks = deque()        # submitted backups: one list of ack ids each
             self._load_queue = []             # loads committed, not yet submitted
@@ -895,12 +895,11 @@ class HiCacheMixin:
                                            "pool is empty and nothing is evictable")
                     kv.mamba_pool_idx = self._vals.mamba_out(new_req_slot)[0]
                 restore = mamba and st == L.OK and self._state_host_only(slot)
-                if restore and self._hicache_policy == "write_back" and int(
-                        eng.st.nodes[slot, L.LOAD_PENDING]) not in (0, nid):
-                    # SGLang: the state's node is pinned by another load-back: the
-                    # whole spec is rejected (the caller recomputes)
-                    st, restore = K.E_HOST_STATE, False
-                if pinned:  # SGLang: the whole spec is rejected (the caller recomputes)
+                if pinned or (restore and self._hicache_policy == "write_back" and int(
+                        eng.st.nodes[slot, L.LOAD_PENDING]) not in (0, nid)):
+                    # SGLang: a node of the spec (the state's, or one of the SWA
+                    # window's) is pinned by another load-back: the whole spec is
+                    # rejected (the caller recomputes)
                     st, restore = K.E_HOST_STATE, False
                 if st != L.OK:
                     units = 0
@@ -953,7 +952,7 @@ class HiCacheMixin:
                     if isinstance(e, _Declined):
                         return 0, False
                     raise
-                load_id = nid if units else 0
+                load_id = nid if units else 0   # aux data alone: no Full marks
                 st, _, at = eng.call(K.load_commit, nid, dev, load_id, dstate, wnodes, wdev)
                 assert st == L.OK, st
                 if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
@@ -961,9 +960,7 @@ class HiCacheMixin:
                 execute(eng.actions(), eng.out, None, None, self._sink)
                 if dstate >= 0:
                     self._vals.mamba_owned.add(dstate)
-                self.ongoing_load_back[nid] = stamps
-                if not units:
-                    self._state_loads.add(nid)
+                self.ongoing_load_back[nid] = (load_id, stamps)
                 self._load_queue.append(nid)
                 committed = True
                 return units, True
@@ -1061,11 +1058,7 @@ class HiCacheMixin:
             error = None
             for _ in range(k):
                 for nid in self._load_acks.popleft():
-                    stamps = self.ongoing_load_back.pop(nid)
-                    load_id = nid
-                    if nid in self._state_loads:  # aux data alone: no Full marks
-                        self._state_loads.discard(nid)
-                        load_id = 0
+                    load_id, stamps = self.ongoing_load_back.pop(nid)
                     # the ack, the path lock's and the host lock's release, in one kernel
                     st, x = K.load_finish(*eng.st, nid, load_id, *stamps)
                     if st != L.OK:
