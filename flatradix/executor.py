@@ -47,14 +47,15 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
     allocator. ``swa_out``: the same for the Full slots of ``A_FREE_SLOT(SWA)``
     rows (whose SWA peers the controller frees).
 
-    ``host``: the host pool (``flatradix.hicache.HostKVPool``) Full
-    ``A_FREE_HOST`` rows are freed to (host eviction), ``host_mamba`` the Mamba
-    host state pool (Mamba rows), ``host_swa`` the SWA host pool (SWA rows); a row whose pool is not given is an error
-    (``AssertionError``: a host slot is never dropped); ``backups``: called with the node slot of
-    each ``A_BACKUP`` row when the row is reached (the façade backs the node up
-    there, as SGLang's insert does at that barrier; it makes engine calls, so
-    ``out`` must then be a copy); ``path_cap``: called with the node slot of an
-    ``A_PATH_CAP`` row (the façade runs the Mamba per-path cap there). Event rows carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
+    ``host``: the host pool (``flatradix.hicache.HostKVPool``) Full ``A_FREE_HOST`` rows are
+    freed to (host eviction), ``host_mamba`` the Mamba host state pool (Mamba rows),
+    ``host_swa`` the SWA host pool (SWA rows); a row whose pool is not given is an error
+    (``AssertionError``: a host slot is never dropped); ``backups``: called with the node
+    slot of each ``A_BACKUP`` row when the row is reached (the façade backs the node up
+    there, as SGLang's insert does at that barrier; it makes engine calls, so ``out`` must
+    then be a copy); ``path_cap``: called with the node slot of an ``A_PATH_CAP`` row (the
+    façade runs the Mamba per-path cap there). Event rows carry their medium (``A_STORED`` /
+    ``A_REMOVED`` ``aux``).
 
     Returns the Full slots freed, concatenated in row order (int64, owned): what
     the caller frees itself when no allocator is attached.

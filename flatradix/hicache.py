@@ -607,18 +607,17 @@ class HiCacheMixin:
 
     def inc_host_lock_ref(self, node):
         """SGLang ``inc_host_lock_ref``: pin ``node``'s host copy against host eviction
-        (a scheduler pins a match's ``best_match_node`` around ``init_load_back``).
-        Returns the receipt (``IncLockRefResult``; ``component_host_lock_uuids``
-        ``{FULL: stamp}``; empty when the node has no host copy, except under
-        write-back, which pins any node, as SGLang). On a Mamba cache the node's
-        Mamba host lock is taken as well, whatever it holds (SGLang's Mamba
-        component; never the root), and ``dec_host_lock_ref`` releases it with
-        any receipt of this node. On an SWA cache the SWA host window lock is taken
-        too (the receipt's ``{SWA: stamp}``; None when it reached the root). A host lock does not keep a device-only node
-        from device eviction (as SGLang's): pin such a node with ``inc_lock_ref``
-        too, or release the receipt before it can be evicted (a release on a
-        deleted node raises ``NodeAccessError``). ``NodeAccessError`` for a stale
-        id. O(1)."""
+        (a scheduler pins a match's ``best_match_node`` around ``init_load_back``). Returns
+        the receipt (``IncLockRefResult``; ``component_host_lock_uuids`` ``{FULL: stamp}``;
+        empty when the node has no host copy, except under write-back, which pins any node,
+        as SGLang). On a Mamba cache the node's Mamba host lock is taken as well, whatever
+        it holds (SGLang's Mamba component; never the root), and ``dec_host_lock_ref``
+        releases it with any receipt of this node. On an SWA cache the SWA host window lock
+        is taken too (the receipt's ``{SWA: stamp}``; None when it reached the root). A host
+        lock does not keep a device-only node from device eviction (as SGLang's): pin such a
+        node with ``inc_lock_ref`` too, or release the receipt before it can be evicted (a
+        release on a deleted node raises ``NodeAccessError``). ``NodeAccessError`` for a
+        stale id. O(1)."""
         nid = as_node_id(node, "node")
         with self._mutex:
             stamp = swa_stamp = 0
@@ -765,18 +764,18 @@ class HiCacheMixin:
     def init_load_back(self, params):
         """SGLang ``init_load_back(InitLoadBackParams)``: load the host part of a
         match back to the device when ``params.best_match_node`` is host-only,
-        ``params.host_hit_length > 0`` or (Mamba) ``params.req.mamba_host_hit_length
-        > 0`` or (SWA) ``params.req.swa_host_hit_length > 0``. Returns ``(loaded_tokens, node)``: the best match node when Full
-        tokens were loaded, else ``(0, params.req.last_node)`` (the request's device
-        match; ``params.req`` may be None, then the best match node's id is
-        returned with 0). On a Mamba or SWA cache with ``req.last_node`` given, the
-        count is SGLang's: the Full device tokens from the best node up to it once
-        the load is in (a load of the best node's state or SWA window alone counts
-        the nodes it made usable); without one, the Full tokens loaded. Checked before any change:
+        ``params.host_hit_length > 0`` or (Mamba) ``params.req.mamba_host_hit_length > 0``
+        or (SWA) ``params.req.swa_host_hit_length > 0``. Returns ``(loaded_tokens, node)``:
+        the best match node when Full tokens were loaded, else ``(0, params.req.last_node)``
+        (the request's device match; ``params.req`` may be None, then the best match node's
+        id is returned with 0). On a Mamba or SWA cache with ``req.last_node`` given, the
+        count is SGLang's: the Full device tokens from the best node up to it once the load
+        is in (a load of the best node's state or SWA window alone counts the nodes it made
+        usable); without one, the Full tokens loaded. Checked before any change:
         ``req.last_node`` (``NodeAccessError`` when stale) and, on a Mamba cache,
-        ``req.kv.mamba_pool_idx`` (None, or a slot the request holds: handed out
-        by the state allocator and not held by the tree; ``ValueError`` /
-        ``TypeError`` otherwise)."""
+        ``req.kv.mamba_pool_idx`` (None, or a slot the request holds: handed out by the
+        state allocator and not held by the tree; ``ValueError`` / ``TypeError``
+        otherwise)."""
         self._check_host("init_load_back")
         if type(params) is not InitLoadBackParams and not (
                 hasattr(params, "best_match_node") and hasattr(params, "host_hit_length")):
@@ -1232,15 +1231,15 @@ class HiCacheMixin:
     # ------------------------------------------------------------------ host eviction
     def evict_host(self, num_tokens, component_type=None):
         """SGLang ``evict_host(num_tokens, component_type=FULL)``: free host data of
-        one component, returning what it freed of that component (may exceed the
-        request: whole nodes). Full: host leaves in policy order (tokens; under
-        write-back the duplicates' host copies first). ``ComponentType.MAMBA``
-        (a Mamba cache): ``num_tokens`` host *states* from the Mamba host LRU's
-        least recent end, skipping host-locked ones; a host leaf goes whole (its
-        Full host value too), another node loses its host state only.
-        ``ComponentType.SWA`` (an SWA cache): SWA host tokens from the SWA host
-        LRU the same way. The host slots go back to their pools. ``ValueError`` for another component or a
-        cache without a host tier; nothing changes then."""
+        one component, returning what it freed of that component (may exceed the request:
+        whole nodes). Full: host leaves in policy order (tokens; under write-back the
+        duplicates' host copies first). ``ComponentType.MAMBA`` (a Mamba cache):
+        ``num_tokens`` host *states* from the Mamba host LRU's least recent end, skipping
+        host-locked ones; a host leaf goes whole (its Full host value too), another node
+        loses its host state only. ``ComponentType.SWA`` (an SWA cache): SWA host tokens
+        from the SWA host LRU the same way. The host slots go back to their pools.
+        ``ValueError`` for another component or a cache without a host tier; nothing changes
+        then."""
         self._check_host("evict_host")
         ct = L.FULL
         if component_type is not None:

@@ -38,7 +38,7 @@ from ..components import mamba, swa
 from ._jit import helper, kernel
 from .actions import acts_begin, acts_room
 from .layout import (
-    C_MAMBA, C_SWA, E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_WALK_OPEN,
+    E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_WALK_OPEN,
     F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS,
     FULL, HOST_WRITE_BACK, M_HOST, HEAP_DEVICE, HEAP_POS, KEY_LEN,
     LRU_MAMBA, LRU_SWA, MAMBA,
@@ -80,9 +80,9 @@ def _short(nodes, acts, out, meta, s):
 @helper
 def swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
     """Evict SWA from ``x``: evict it whole when it is an evictable device leaf
-    (``evict_leaf``: demoted when it has a host copy), else tombstone it (a host
-    copy of its SWA data stays, in the SWA host LRU); the tombstone cascades to a Mamba state on ``x`` (a state
-    behind an SWA hole is useless: SWA's internal priority is above Mamba's).
+    (``evict_leaf``: demoted when it has a host copy), else tombstone it (a host copy of its
+    SWA data stays, in the SWA host LRU); the tombstone cascades to a Mamba state on ``x``
+    (a state behind an SWA hole is useless: SWA's internal priority is above Mamba's).
     Returns ``(full units, swa units, mamba states, deleted)``."""
     n = nodes[x, KEY_LEN]
     m = 1 if mamba.has_data(nodes, x) else 0

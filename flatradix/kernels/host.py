@@ -204,25 +204,22 @@ def node_device_values(nodes, ctab, pool, heap, meta, slot, out):
 def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, swa_nodes, swa_host,
                   ack_id, lock, out):
     """Commit the backup of the node in ``slot`` (one node of a ``backup_plan``
-    chain, committed ancestors first): it takes ``host_slots`` (int64, one host
-    slot per unit; empty when it has a Full host copy already) as its Full host
-    value, ``state_host`` (>= 0; -1: none) as its Mamba host state, and the
-    pending mark ``ack_id`` (> 0) until ``backup_ack``; with ``lock`` it is locked
-    on the device until then as ``inc_lock_ref`` locks it (the Full path, and the
-    node's Mamba lock on a Mamba cache, its SWA window lock on an SWA cache:
-    write-through holds the source). ``swa_nodes`` / ``swa_host`` (SWA on the
-    host tier): the node slots ``swa_backup_plan(slot)`` planned, root-first, and
-    their SWA host slots (empty: none); each of those nodes takes its part as its
-    SWA host value and the pending mark ``ack_id`` too. Its device indices are copied to ``out[:len]``
-    (the transfer's source; none for an aux-only backup). Returns ``(status,
-    units, swa_boundary)``: the SWA window lock's boundary stamp (0: none, or
-    it reached the root); ``E_HOST_STATE`` when the
-    node is not alive, has no device value, has a host value and no aux data to
-    back up, or ``state_host`` names a state it does not need backed up
-    (``mamba.needs_backup``); ``E_HOST_LEN`` when ``host_slots`` is not its
-    length (or not empty) or ``swa_host`` not the SWA nodes' units, and
-    ``E_HOST_STATE`` when one of those is dead or its SWA data is not on the
-    device only; nothing changes then."""
+    chain, committed ancestors first): it takes ``host_slots`` (int64, one host slot per
+    unit; empty when it has a Full host copy already) as its Full host value, ``state_host``
+    (>= 0; -1: none) as its Mamba host state, and the pending mark ``ack_id`` (> 0) until
+    ``backup_ack``; with ``lock`` it is locked on the device until then as ``inc_lock_ref``
+    locks it (the Full path, and the node's Mamba lock on a Mamba cache, its SWA window lock
+    on an SWA cache: write-through holds the source). ``swa_nodes`` / ``swa_host`` (SWA on
+    the host tier): the node slots ``swa_backup_plan(slot)`` planned, root-first, and their
+    SWA host slots (empty: none); each of those nodes takes its part as its SWA host value
+    and the pending mark ``ack_id`` too. Its device indices are copied to ``out[:len]`` (the
+    transfer's source; none for an aux-only backup). Returns ``(status, units,
+    swa_boundary)``: the SWA window lock's boundary stamp (0: none, or it reached the root);
+    ``E_HOST_STATE`` when the node is not alive, has no device value, has a host value and
+    no aux data to back up, or ``state_host`` names a state it does not need backed up
+    (``mamba.needs_backup``); ``E_HOST_LEN`` when ``host_slots`` is not its length (or not
+    empty) or ``swa_host`` not the SWA nodes' units, and ``E_HOST_STATE`` when one of those
+    is dead or its SWA data is not on the device only; nothing changes then."""
     if slot <= ROOT or slot >= meta[M_HWM] or not (nodes[slot, FLAGS] & F_ALIVE):
         return E_HOST_STATE, 0, 0
     f = nodes[slot, FLAGS]
