@@ -144,6 +144,23 @@ class HostEvict(_HostTree):
             eh(1)
 
 
+def _demoted_picks(c, insert, evict_params):
+    """The hybrid suites' tree: 2,000 sequences of the stream, each inserted with
+    ``insert(seq)`` and backed up (the acks after each batch), then all demoted
+    (``evict(evict_params)``); returns the match params of 100 of them, picked
+    alike in every suite."""
+    stream = W.SequenceStream(seed=0)
+    seqs = []
+    while len(seqs) < 2000:
+        for s in stream.batch():
+            insert(s)
+            seqs.append(s)
+        c.check_hicache_events()
+    c.evict(evict_params)  # all host-only
+    picks = np.random.default_rng(1).choice(len(seqs), size=100, replace=False)
+    return [fr.MatchPrefixParams(key=fr.RadixKey(seqs[i])) for i in picks]
+
+
 # ------------------------------------------------------------------ Full + Mamba
 MAMBA_STATES = 4096
 
@@ -170,21 +187,16 @@ class MambaLoadBack(_Timing):
             token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.pool)
         c.init_hicache(host_size=size, mamba_host_size=MAMBA_STATES,
                        hicache_write_policy="write_through", load_back_threshold=1)
-        stream = W.SequenceStream(seed=0)
-        seqs = []
-        while len(seqs) < 2000:
-            for s in stream.batch():
-                st = ma.alloc(1)
-                r = c.insert(fr.InsertParams(key=fr.RadixKey(s), value=self.alloc.alloc(
-                    s.shape[0]), mamba_value=st))
-                if r.mamba_exist:
-                    ma.free(st)
-                seqs.append(s)
-            c.check_hicache_events()
-        c.evict(fr.EvictParams(num_tokens=size, mamba_num=MAMBA_STATES))  # all host-only
-        rng = np.random.default_rng(1)
-        picks = rng.choice(len(seqs), size=100, replace=False)
-        self.params_ = [fr.MatchPrefixParams(key=fr.RadixKey(seqs[i])) for i in picks]
+
+        def insert(s):
+            st = ma.alloc(1)
+            r = c.insert(fr.InsertParams(key=fr.RadixKey(s), value=self.alloc.alloc(
+                s.shape[0]), mamba_value=st))
+            if r.mamba_exist:
+                ma.free(st)
+
+        self.params_ = _demoted_picks(c, insert, fr.EvictParams(num_tokens=size,
+                                                                 mamba_num=MAMBA_STATES))
 
     def time_mamba_load_back(self):
         c, ma = self.cache, self.pool.mamba_allocator
@@ -218,18 +230,9 @@ class SWALoadBack(_Timing):
             sliding_window_size=SWA_WINDOW, token_to_kv_pool_allocator=self.alloc)
         c.init_hicache(host_size=size, swa_host_size=size, hicache_write_policy="write_through",
                        load_back_threshold=1)
-        stream = W.SequenceStream(seed=0)
-        seqs = []
-        while len(seqs) < 2000:
-            for s in stream.batch():
-                c.insert(fr.InsertParams(key=fr.RadixKey(s), value=self.alloc.alloc(
-                    s.shape[0])))
-                seqs.append(s)
-            c.check_hicache_events()
-        c.evict(fr.EvictParams(num_tokens=size, swa_num_tokens=size))  # all host-only
-        rng = np.random.default_rng(1)
-        picks = rng.choice(len(seqs), size=100, replace=False)
-        self.params_ = [fr.MatchPrefixParams(key=fr.RadixKey(seqs[i])) for i in picks]
+        self.params_ = _demoted_picks(
+            c, lambda s: c.insert(fr.InsertParams(key=fr.RadixKey(s), value=self.alloc.alloc(
+                s.shape[0]))), fr.EvictParams(num_tokens=size, swa_num_tokens=size))
 
     def time_swa_load_back(self):
         c = self.cache
