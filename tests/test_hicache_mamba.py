@@ -661,3 +661,46 @@ class MambaHostTierMachine(AuxHostTierRules):
 MambaHostTierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
                                                   deadline=None)
 TestMambaHostTierMachine = MambaHostTierMachine.TestCase
+
+
+# ---------------------------------------------------------------------- storage prefetch
+def test_a_storage_refill_gives_its_staged_state_to_the_refilled_node():
+    # a refill of [1..8] from the root with a staged host state: the new host leaf takes
+    # it (a Mamba host hit at its end); a second refill ending on the same node finds a
+    # host state there: its staged state is freed (mamba_exist)
+    env = Env(states=4, pool=32, host=32, host_states=4)
+    c = env.cache
+    h, s = c.mem_pool_host.alloc(8), int(c.mamba_pool_host.alloc(1)[0])
+    r = c.insert_host(c.root_node_handle(), RadixKey(list(range(1, 9))), h,
+                      mamba_host_value=s)
+    assert (r.prefix_len, r.host_insert_dropped, r.mamba_exist) == (0, False, False)
+    assert env.host_states() == [s] and c.mamba_host_total_size() == 1
+    env.partition()
+    m = env.match(range(1, 9))
+    assert (m.device_prefix_len, m.host_hit_length, m.mamba_host_hit_length) == (0, 8, 1)
+    assert m.best_match_node == r.inserted_host_node
+    h2, s2 = c.mem_pool_host.alloc(8), c.mamba_pool_host.alloc(1)
+    r = c.insert_host(c.root_node_handle(), RadixKey(list(range(1, 9))), h2,
+                      mamba_host_value=s2)       # a 1-element tensor-like slot is accepted
+    assert (r.prefix_len, r.mamba_exist) == (8, True)
+    c.mem_pool_host.free(h2)
+    assert env.host_states() == [s] and c.mamba_pool_host.available_size() == 3
+    env.partition()
+
+
+def test_a_refill_with_a_bad_staged_state_is_refused_before_any_change():
+    env = Env(states=4, pool=32, host=32, host_states=4)
+    c = env.cache
+    h, root = c.mem_pool_host.alloc(4), c.root_node_handle()
+    before = c._snapshot()
+    for bad, err in ((3, ValueError),                 # not handed out
+                     (np.array([0, 1]), ValueError),  # two slots
+                     (99, ValueError),                # outside the pool
+                     (True, TypeError)):
+        with pytest.raises(err, match="mamba_host_value"):
+            c.insert_host(root, RadixKey([1, 2, 3, 4]), h, mamba_host_value=bad)
+        _same_state(before, c._snapshot())
+    with pytest.raises(ValueError, match="swa_host_value"):   # no SWA host pool
+        c.insert_host(root, RadixKey([1, 2, 3, 4]), h, swa_host_value=np.array([0]))
+    _same_state(before, c._snapshot())
+    assert c.mamba_pool_host.available_size() == 4

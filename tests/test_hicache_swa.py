@@ -322,7 +322,7 @@ def test_random_runs_keep_all_four_pools_partitioned(policy, page):
     bases = [list(rng.integers(1, 5, size=12 * page)) for _ in range(3)]
     locks, hlocks = [], []
     for _ in range(600):
-        op = int(rng.integers(0, 9))
+        op = int(rng.integers(0, 10))
         toks = bases[int(rng.integers(0, 3))][:int(rng.integers(1, 13)) * page]
         if op <= 1:
             n = len(toks)
@@ -355,6 +355,17 @@ def test_random_runs_keep_all_four_pools_partitioned(policy, page):
         elif op == 7 and hlocks:
             nid, rec = hlocks.pop()
             c.dec_host_lock_ref(nid, rec)
+        elif op == 8:  # a storage refill from the root with its SWA window staged
+            pages = len(toks) // page
+            k = min(pages, 4) if rng.random() < 0.7 else int(rng.integers(1, pages + 1))
+            h = c.mem_pool_host.alloc(len(toks))
+            sw = c.swa_pool_host.alloc(k * page)
+            if h is not None:
+                r = c.insert_host(c.root_node_handle(), RadixKey(list(toks)), h,
+                                  swa_host_value=sw)
+                c.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
+            elif sw is not None:
+                c.swa_pool_host.free(sw)
         else:
             ack_mix(c, rng)
         env.partition()
@@ -691,3 +702,117 @@ def test_a_write_back_backup_short_of_swa_host_slots_gives_its_host_state_back()
     assert c.mamba_pool_host.available_size() == c.mamba_pool_host.size == 4
     assert c.swa_pool_host.available_size() == 1
     c.sanity_check()
+
+
+# ---------------------------------------------------------------------- storage prefetch
+def _refill(env, anchor, toks, swa):
+    """``insert_host`` of ``toks`` below ``anchor`` with fresh host slots and ``swa``
+    staged SWA slots; the caller's share of the Full slots is freed as SGLang's
+    controller frees it. Returns (result, the staged SWA slots)."""
+    c = env.cache
+    h = c.mem_pool_host.alloc(len(toks))
+    sw = c.swa_pool_host.alloc(swa)
+    r = c.insert_host(anchor, RadixKey(list(toks)), h, swa_host_value=sw)
+    c.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
+    return r, sw.tolist()
+
+
+def test_a_storage_refill_from_the_root_takes_its_staged_window():
+    # W 4, page 1: a refill of 10 tokens from the root with 4 SWA slots staged (the key's
+    # last 4 units): the new host leaf is split at 6, [7..10] takes the 4 slots
+    env = Env(window=4, pool=32, host=32)
+    c = env.cache
+    r, sw = _refill(env, c.root_node_handle(), range(1, 11), 4)
+    assert (r.prefix_len, r.total_len, r.host_insert_dropped) == (0, 10, False)
+    assert c.swa_host_total_size() == 4 and c.host_total_size() == 10
+    assert c.swa_pool_host.available_size() == c.swa_pool_host.size - 4
+    env.partition()
+    m = env.match(range(1, 11))
+    # host validator: [1..6] has SWA data on neither tier (rejected), [7..10] holds one
+    # window on the host: the best node; Full host hit 10, SWA host hit 4
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length) == (0, 10, 4)
+    assert m.best_match_node == r.inserted_host_node
+    env.log.clear()
+    assert env.load(m) == (10, m.best_match_node)
+    assert (env.units("load"), env.units("load_swa")) == (10, 4)
+    # the staged slots are what the load reads, in key order
+    assert [h for k, _, hs in env.log if k == "load_swa" for h in hs] == sw
+    c.ready_to_load_host_cache()
+    c.loading_check()
+    env.partition()
+    assert env.match(range(1, 11)).device_prefix_len == 10
+
+
+def test_a_storage_refill_below_a_node_is_all_or_nothing_over_one_window():
+    # W 4, page 1. Anchor: [1..8], backed up on both tiers
+    env = Env(window=4, pool=32, host=32)
+    c = env.cache
+    backed(env, range(1, 9))
+    a = env.match(range(1, 9)).last_host_node
+    free0 = c.swa_pool_host.available_size()
+    # a staging of 2 (< one window) below a non-root anchor: all freed, the Full part stays
+    r, _ = _refill(env, a, range(11, 17), 2)
+    assert (r.prefix_len, r.host_insert_dropped) == (0, False)
+    assert c.swa_pool_host.available_size() == free0 and c.swa_host_total_size() == 8
+    env.partition()
+    # [11..16] again with [17, 18]: 8 units below the anchor, the last 4 staged: the new
+    # leaf [17, 18] takes 2, the host leaf [11..16] is split at 4 and [15, 16] takes 2
+    r, sw = _refill(env, a, range(11, 19), 4)
+    assert (r.prefix_len, r.total_len) == (6, 8)
+    assert c.swa_pool_host.available_size() == free0 - 4 and c.swa_host_total_size() == 12
+    m = env.match(list(range(1, 9)) + list(range(11, 19)))
+    # host validator: [1..8] (8 units, accepted), [11..14] (no SWA: a hole), [15, 16],
+    # [17, 18] (4 units past the hole: accepted); the window's host-only units: 4
+    assert (m.device_prefix_len, m.host_hit_length, m.swa_host_hit_length) == (8, 8, 4)
+    env.partition()
+    # [11..18] with [19, 20], 4 staged over [17..20]: [17, 18] holds SWA host data
+    # already (its 2 staged slots are freed), the new leaf [19, 20] takes 2
+    r, sw2 = _refill(env, a, range(11, 21), 4)
+    assert c.swa_pool_host.available_size() == free0 - 6 and c.swa_host_total_size() == 14
+    assert set(sw2[2:]) <= set(all_swa_host_values_flatten(c._engine).tolist())
+    assert not set(sw2[:2]) & set(all_swa_host_values_flatten(c._engine).tolist())
+    env.partition()
+
+
+def test_a_dropped_refill_frees_its_staging():
+    # write-through: a refill hanging below a device-only node is dropped; the cache
+    # frees the SWA staging it owns, the caller all of its Full slots
+    env = Env(window=4, pool=32, host=32, policy="write_through_selective")
+    c = env.cache
+    env.ins(range(1, 9))                      # selective: not backed up at the first hit
+    d = env.match(range(1, 9)).last_device_node
+    r, _ = _refill(env, d, range(20, 26), 4)
+    assert (r.inserted_host_node, r.host_insert_dropped) == (None, True)
+    assert c.swa_pool_host.available_size() == c.swa_pool_host.size
+    assert c.swa_host_total_size() == 0 and c.host_total_size() == 0
+    env.partition()
+
+
+def test_a_refill_with_bad_staging_is_refused_before_any_change():
+    env = Env(window=4, pool=32, host=32, page=2)
+    c = env.cache
+    root = c.root_node_handle()
+    h = c.mem_pool_host.alloc(8)
+    sw = c.swa_pool_host.alloc(4)
+    key = RadixKey(list(range(1, 9)))
+    before, avail = c._snapshot(), (c.mem_pool_host.available_size(),
+                                   c.swa_pool_host.available_size())
+    for bad, err in ((sw[:3], ValueError),                  # not whole pages
+                     (np.concatenate([sw, sw, sw[:2]]), ValueError),  # longer than the key
+                     (np.array([c.swa_pool_host.size - 1, 0]), ValueError),  # not handed out
+                     (np.array([sw[0], sw[0]]), ValueError),          # twice
+                     (sw.reshape(2, 2), ValueError),
+                     ("ab", TypeError)):
+        with pytest.raises(err, match="swa_host_value"):
+            c.insert_host(root, key, h, swa_host_value=bad)
+        _same_state(before, c._snapshot())
+    with pytest.raises(ValueError, match="mamba_host_value"):      # no Mamba host pool
+        c.insert_host(root, key, h, mamba_host_value=0)
+    _same_state(before, c._snapshot())
+    assert (c.mem_pool_host.available_size(), c.swa_pool_host.available_size()) == avail
+    plain = UnifiedRadixCache(page_size=1)
+    plain.init_hicache(host_size=8)
+    with pytest.raises(ValueError, match="swa_host_value"):
+        plain.insert_host(plain.root_node_handle(), RadixKey([1]),
+                          plain.mem_pool_host.alloc(1), swa_host_value=np.array([0]))
+    assert plain.host_total_size() == 0

@@ -24,8 +24,8 @@ Full device ledgers (load-back) and the host ledgers ``M_HOST_TOTAL`` /
 from ..components import full, mamba, swa
 from ._jit import helper, kernel
 from .actions import (
-    A_FREE_HOST, A_REMOVED, A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, acts_begin,
-    acts_room, emit, out_put_col,
+    A_FREE_HOST, A_REMOVED, A_STORED, MEDIUM_CPU, MEDIUM_GPU, SRC_IN, SRC_OUT, SRC_POOL,
+    acts_begin, acts_room, emit, out_put_col,
 )
 from .layout import (
     C_MAMBA, C_SWA, DUP_NEXT, E_CAPACITY, E_LOCK_UNDERFLOW, E_NO_BOUNDARY, E_STALE, FIRST_CHILD, FLAGS,
@@ -34,7 +34,8 @@ from .layout import (
     HOST_HEAP_POS, HOST_UUID, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING, LOCK_REF,
     M_DUP_HEAD, M_EVENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_WALK, M_HEAP_N, M_HOST,
     M_HOST_TOTAL, MAMBA, SWA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST,
-    M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, NCHILD, NEXT_SIB, NIL,
+    M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, M_SWA_WINDOW, NCHILD, NEXT_SIB,
+    NIL,
     N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
 )
 from .dups import dup_remove, dup_update
@@ -42,7 +43,7 @@ from .lru import lru_prev_unlocked, lru_tail_unlocked
 from .order import fix, refresh_leaf
 from .state import has_room, need, node_id, resolve, tick
 from .tree import (
-    add_host_leaf, delete_host_leaf, delete_leaf, demote, restore_device, walk_child,
+    add_host_leaf, delete_host_leaf, delete_leaf, demote, restore_device, split_node, walk_child,
 )
 
 #: Status: a plan / commit whose node is not in the state the step needs (a
@@ -1110,3 +1111,80 @@ def insert_host(nodes, ctab, pool, heap, meta, nid, key, host_value, n, ns, out,
     if events:
         emit(acts, meta, A_STORED, FULL, SRC_POOL, leaf, n - length, MEDIUM_CPU)
     return OK, prefix, node_id(nodes, leaf), 0
+
+
+@kernel
+def prefetch_commit(nodes, ctab, pool, heap, meta, anchor_nid, target_nid, total, staging,
+                    n_swa, mamba_at, out, acts):
+    """The aux components' part of a storage prefetch, after ``insert_host`` (SGLang's
+    ``commit_hicache_transfers`` phase ``PREFETCH``: SWA ``_commit_prefetch``, Mamba's
+    prefetch branch).
+
+    ``anchor_nid``: the refill's anchor; ``target_nid``: ``insert_host``'s
+    ``inserted_host_node`` (-1: none, or the refill was dropped); ``total``: the
+    refilled key's length (units below the anchor); ``staging`` (int64): the SWA
+    staging host slots at ``[0, n_swa)`` -- covering the key's last ``n_swa`` units,
+    ``n_swa`` page-aligned, 0 for none -- then the Mamba staging host state at
+    ``mamba_at`` (-1: none).
+
+    SWA, all or nothing over one window: with no target, or below a non-root anchor
+    with fewer than ``ceil(W / P)`` pages, every staging slot is freed. Else the walk
+    goes from the target up to the anchor while it is inside the staged span: a node
+    without an SWA host value takes its part of the span (split first when the span
+    starts inside it; it joins the SWA host LRU when its SWA data is not on the
+    device), a node with one has its part freed, and so is the part above the anchor.
+    Mamba: the target takes the staged state unless it has a host state (or there is
+    no target): the state is freed then (``mamba_exist``). Frees are ``A_FREE_HOST``
+    rows over ``staging`` (``SRC_IN``).
+
+    Returns ``(status, mamba_exist)``; ``E_STALE`` for a dead anchor or target,
+    ``E_CAPACITY`` (a node slot, action rows) with nothing changed. O(nodes walked).
+    """
+    acts_begin(meta, 0)
+    a = resolve(nodes, meta, anchor_nid)
+    if a < 0:
+        return E_STALE, 0
+    t = -1
+    if target_nid >= 0:
+        t = resolve(nodes, meta, target_nid)
+        if t < 0:
+            return E_STALE, 0
+    page = meta[M_PAGE]
+    need_acts = min(n_swa // page, meta[M_NLIVE]) + 3
+    if acts.shape[0] < need_acts:
+        need(meta, 0, 0, 0, need_acts)
+        return E_CAPACITY, 0
+    if not has_room(nodes, ctab, pool, meta, 1, 0):
+        return E_CAPACITY, 0
+    if n_swa > 0:
+        window_pages = (meta[M_SWA_WINDOW] + page - 1) // page
+        if t < 0 or (a != ROOT and n_swa // page < window_pages):
+            emit(acts, meta, A_FREE_HOST, SWA, SRC_IN, 0, n_swa, 0)
+        else:
+            start = total - n_swa  # staging[i] is unit start + i below the anchor
+            pos = total
+            cur = t
+            while cur != a and pos > start:
+                top = pos - nodes[cur, KEY_LEN]
+                fill = max(top, start)
+                if not swa.has_host(nodes, cur):
+                    if fill > top:  # the span starts inside: its part becomes the node
+                        split_node(nodes, ctab, pool, heap, meta, cur, fill - top)
+                    swa.attach_host(nodes, pool, meta, cur, staging, fill - start)
+                    swa.host_lru_join(nodes, cur)
+                    refresh_leaf(nodes, heap, meta, cur)
+                    refresh_leaf(nodes, heap, meta, nodes[cur, PARENT])
+                else:
+                    emit(acts, meta, A_FREE_HOST, SWA, SRC_IN, fill - start, pos - fill, 0)
+                pos = top
+                cur = nodes[cur, PARENT]
+            if pos > start:  # the span's head above the anchor
+                emit(acts, meta, A_FREE_HOST, SWA, SRC_IN, 0, pos - start, 0)
+    exist = 0
+    if mamba_at >= 0:
+        if t < 0 or mamba.has_host(nodes, t):
+            emit(acts, meta, A_FREE_HOST, MAMBA, SRC_IN, mamba_at, 1, 0)
+            exist = 1
+        else:
+            mamba.attach_host(nodes, meta, t, staging[mamba_at])
+    return OK, exist

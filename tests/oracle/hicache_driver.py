@@ -85,7 +85,9 @@ from the same ``hicache_ratio``): every insert donates a fresh state slot (the
 caller's goes back on ``mamba_exist``); ``evict`` asks for states too, ``evict_host``
 frees host states (``ComponentType.MAMBA``) or Full host tokens; a load sets the
 request's ``mamba_host_hit_length`` from its match and sometimes lets the request
-hold a state slot already; ``load_back`` also runs on a Mamba-only host hit.
+hold a state slot already; ``load_back`` also runs on a Mamba-only host hit; a
+storage refill mostly stages the state at its end (committed as SGLang's prefetch
+commit: the refill's node takes it unless it has a host state, ``mamba_exist``).
 Compared as well: two more slot bijections (device states, host states; frees in
 order and as multisets), the state transfers of each submitted backup / load as
 (host state, device state) pairs, ``mamba_exist``, the state the request holds
@@ -106,8 +108,9 @@ slots below it give their SWA peers back first, ``free_swa_segment``); ``evict``
 asks for SWA tokens too, ``evict_host`` frees SWA host tokens
 (``ComponentType.SWA``) or Full host tokens; a load sets the request's
 ``swa_host_hit_length`` from its match; ``load_back`` also runs on an SWA-only host
-hit. No ``insert_host`` (SGLang's refill brings the SWA window's staging too, which
-flatradix's ``insert_host`` does not take). Compared as well: two more slot
+hit; a storage refill (``insert_host``) stages the SWA data of its last pages (as
+SGLang's ``prepare_prefetch`` sizes it, or an odd size) and both sides commit it as
+SGLang's prefetch commit does (``op_insert_host``). Compared as well: two more slot
 bijections (SWA device slots, bound at each allocation from either allocator side,
 frees in order; SWA host slots, frees as multisets), the SWA transfers of each
 submitted backup / load as (SWA host slot, SWA device slot) pairs (a write-back
@@ -131,8 +134,9 @@ its host state along: SGLang's cascade to the lower-priority component, counted 
 ``swa_host_hit_length`` and ``mamba_host_hit_length`` and sometimes the request's
 own state slot. Every check of both: the six slot bijections, the KV / SWA / state
 transfer pairs, every ledger and pool's availability, both host totals (Python
-core), and per node in the tree checks its Mamba and SWA parts. No ``insert_host``
-(as Full + SWA). Above page 1 SGLang's Mamba extra buffer is on (as Full + Mamba).
+core), and per node in the tree checks its Mamba and SWA parts. A storage refill
+stages the SWA window (as Full + SWA) and, on every Mamba configuration, mostly a
+state too. Above page 1 SGLang's Mamba extra buffer is on (as Full + Mamba).
 
 The stream is cut into episodes of ``--episode`` ops on fresh caches. The first
 divergence stops a configuration: the op, both sides' values, then the episode
@@ -323,6 +327,11 @@ MUTANTS = {
     # SWA + Mamba: evict_host(n, SWA) of an internal node keeps its Mamba host state
     # (no cascade to the lower-priority component)
     "swa-host-evict-no-state-cascade": ("p1-swa4-mamba-wt-lru", dict(swa_no_state_cascade=True)),
+    # storage prefetch: a staged SWA window shorter than one window below a non-root
+    # anchor is kept (the commit's all-or-nothing rule read with a 1-token window)
+    "prefetch-swa-short-window-kept": ("p4-swa8-wt-lru", dict(prefetch_window_one=True)),
+    # storage prefetch: the staged Mamba state is freed instead of given to the node
+    "prefetch-state-dropped": ("p1-mamba-wt-lru", dict(prefetch_state_dropped=True)),
 }
 
 SELFTEST_OPS = 2000
@@ -491,6 +500,21 @@ class FlatSide:
                 finally:  # the kernel may have grown the arrays (rows keep their numbers)
                     c._engine.st.nodes[hidden, L.FLAGS] |= L.F_HAS_MAMBA_HOST
             c._evict_host_swa = no_cascade
+        if mut.get("prefetch_window_one") or mut.get("prefetch_state_dropped"):
+            refill = c.insert_host
+
+            def mutated(*a, **k):
+                meta = c._engine.st.meta
+                if mut.get("prefetch_state_dropped") and k.get("mamba_host_value") is not None:
+                    c.mamba_pool_host.free(np.array([k.pop("mamba_host_value")]))
+                old = meta[L.M_SWA_WINDOW]
+                if mut.get("prefetch_window_one"):
+                    meta[L.M_SWA_WINDOW] = 1
+                try:
+                    return refill(*a, **k)
+                finally:
+                    c._engine.st.meta[L.M_SWA_WINDOW] = old
+            c.insert_host = mutated
         if mut.get("host_hit_zero"):
             match = c.match_prefix
             c.match_prefix = lambda params: match(params)._replace(host_hit_length=0)
@@ -620,9 +644,20 @@ class FlatSide:
         if slots:
             self.cache.mem_pool_host.free(np.asarray(slots, dtype=np.int64))
 
-    def insert_host(self, anchor, toks, host_slots, path_toks):
-        return self.cache.insert_host(anchor, self.fr.RadixKey(np.asarray(toks, dtype=np.int64)),
-                                      np.asarray(host_slots, dtype=np.int64))
+    def insert_host(self, anchor, toks, host_slots, path_toks, swa_slots=None, state_slot=None):
+        return self.cache.insert_host(
+            anchor, self.fr.RadixKey(np.asarray(toks, dtype=np.int64)),
+            np.asarray(host_slots, dtype=np.int64),
+            swa_host_value=None if swa_slots is None else np.asarray(swa_slots, dtype=np.int64),
+            mamba_host_value=state_slot)
+
+    def swa_host_alloc(self, n):
+        out = self.cache.swa_pool_host.alloc(n)  # logged valloc
+        return None if out is None else out.tolist()
+
+    def state_host_alloc(self):
+        out = self.cache.mamba_pool_host.alloc(1)  # logged salloc
+        return None if out is None else int(out[0])
 
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
@@ -818,8 +853,16 @@ class SglSide:
     def host_free(self, slots):
         self.h.host_free(slots)
 
-    def insert_host(self, anchor, toks, host_slots, path_toks):
-        return self.h.insert_host(anchor, toks, host_slots, path_toks)
+    def insert_host(self, anchor, toks, host_slots, path_toks, swa_slots=None, state_slot=None):
+        return self.h.insert_host(anchor, toks, host_slots, path_toks, swa_slots, state_slot)
+
+    def swa_host_alloc(self, n):
+        out = self.h.swa_host_pool.alloc(n)  # logged valloc
+        return None if out is None else out.tolist()
+
+    def state_host_alloc(self):
+        out = self.h.state_host_pool.alloc(1)  # logged salloc
+        return None if out is None else int(out[0])
 
     def host_unlock(self, node, h):
         self.cache.dec_host_lock_ref(node, h.to_dec_params())
@@ -1269,13 +1312,15 @@ class Executor:
         """The tokens up to a match's ``last_host_node``: ``device_prefix_len +
         host_hit_length``, except under write-back with Mamba, where SGLang's host
         hit leaves out device-only nodes between the device match and the best
-        node (their depth read from the first side's tree; the refill's events
-        compare the rest)."""
-        if not (self.mamba and self.cfg["write_policy"] == "write_back"):
+        node, and with SWA, whose validators can reject the nodes the walk ended on
+        (an SWA tombstone: ``last_host_node`` lies deeper than both hits); their
+        depth is read from the first side's tree (the refill's events compare the
+        rest)."""
+        if not (self.swa or self.mamba and self.cfg["write_policy"] == "write_back"):
             return m.device_prefix_len + m.host_hit_length
         return self.a.node_depth(m.last_host_node)
 
-    def op_insert_host(self, toks, pages, back):
+    def op_insert_host(self, toks, pages, back, swa_pages=None, state=False):
         """A storage prefetch's refill (SGLang ``_handle_prefetch_result``): after a
         match, up to ``pages`` pages of ``toks`` past its device + host hit get
         fresh host slots and are inserted below ``last_host_node``
@@ -1284,7 +1329,15 @@ class Executor:
         skips the refill on both sides. ``back`` > 0: the prefetch started
         ``back`` pages earlier on the path (others inserted below its anchor
         meanwhile): the anchor is the ``last_host_node`` of a match that far up,
-        and the walk meets the nodes cached since (refills, splits)."""
+        and the walk meets the nodes cached since (refills, splits).
+
+        Hybrid (SGLang's prefetch commit): on an SWA cache the refill stages the SWA
+        data of its last pages (``swa_pages`` 0: as SGLang's ``prepare_prefetch``
+        sizes it -- one window of pages, or the whole key under the root when it is
+        shorter, none below a non-root anchor then; > 0: that many pages, capped
+        to the key, which SGLang's commit keeps or frees by its own rules), on a
+        Mamba cache (``state``) the state at its end; the caches free what they do
+        not keep."""
         ma, mb = self._match("insert_host.match", toks)
         P = self.P
         depth = self._anchor_depth(ma)
@@ -1301,9 +1354,10 @@ class Executor:
                 compare("insert_host.anchor_(device_prefix_len,host_hit_length)",
                         (ma.device_prefix_len, ma.host_hit_length),
                         (mb.device_prefix_len, mb.host_hit_length))
-                if self.mamba:
-                    # Mamba's validator may stop the anchor's match above ``cut`` (a
-                    # node without a state): the refill starts there
+                if self.mamba or self.swa:
+                    # Mamba's or SWA's validator may stop the anchor's match above
+                    # ``cut`` (a node without a state, an SWA hole): the refill starts
+                    # there
                     n += depth - got
                     depth = got
                 else:
@@ -1336,13 +1390,34 @@ class Executor:
         if xa is None:
             self.stats["insert_host_no_room"] += 1
             return
+        sa = sb = ta = tb = None
+        if self.swa and swa_pages is not None:
+            pp, wp = n // P, -(-self.cfg["swa_window"] // P)
+            k = min(swa_pages, pp) if swa_pages else (wp if pp >= wp else pp if not depth else 0)
+            if k:
+                sa, sb = self._both("insert_host.swa_staging", lambda: self.a.swa_host_alloc(k * P),
+                                    lambda: self.b.swa_host_alloc(k * P))
+                if (sa is None) != (sb is None):
+                    raise Divergence("insert_host.swa_staging_failed", f"first={sa} second={sb}")
+                self.stats["insert_host_swa_staged" if sa else "insert_host_swa_no_room"] += k * P
+        if self.mamba and state:
+            ta, tb = self._both("insert_host.state_staging", self.a.state_host_alloc,
+                                self.b.state_host_alloc)
+            if (ta is None) != (tb is None):
+                raise Divergence("insert_host.state_staging_failed", f"first={ta} second={tb}")
+            self.stats["insert_host_state_staged" if ta is not None else
+                       "insert_host_state_no_room"] += 1
         path, rest = toks[:depth + n], toks[depth:depth + n]
         ra, rb = self._both("insert_host", lambda: self.a.insert_host(
-            ma.last_host_node, rest, xa, path), lambda: self.b.insert_host(
-            mb.last_host_node, rest, xb, path))
+            ma.last_host_node, rest, xa, path, sa, ta), lambda: self.b.insert_host(
+            mb.last_host_node, rest, xb, path, sb, tb))
         compare("insert_host.(prefix_len,total_len,host_insert_dropped)",
                 (ra.prefix_len, ra.total_len, bool(ra.host_insert_dropped)),
                 (rb.prefix_len, rb.total_len, bool(rb.host_insert_dropped)))
+        if ta is not None and not ra.host_insert_dropped:
+            compare("insert_host.mamba_exist", bool(ra.mamba_exist), bool(rb.mamba_exist))
+            self.stats["insert_host_state_kept" if not ra.mamba_exist else
+                       "insert_host_state_freed"] += 1
         if ra.inserted_host_node is None or rb.inserted_host_node is None:
             compare("insert_host.inserted_host_node", ra.inserted_host_node,
                     rb.inserted_host_node)
@@ -1745,9 +1820,8 @@ class Generator:
         self.bases = [[rng.randrange(1, 6) for _ in range(self.max_pages * P)]
                       for _ in range(rng.choice((2, 3, 4)))]
         self.swa = cfg.get("swa_window") is not None
-        # SWA: no storage refills (SGLang's refill brings the SWA window's staging
-        # too, which flatradix's insert_host does not take)
-        self.kinds = [k for k in WEIGHTS if not (self.swa and k == "insert_host")]
+        self.mamba = bool(cfg.get("mamba"))
+        self.kinds = list(WEIGHTS)
         self.weights = [WEIGHTS[k] for k in self.kinds]
 
     def key(self, tail=False):
@@ -1771,7 +1845,12 @@ class Generator:
         if kind == "match":
             return ("match", self.key(tail=True))
         if kind == "insert_host":
-            return ("insert_host", self.key(), r.randint(1, 4), r.choice((0, 0, 1, 2, 4)))
+            op = ("insert_host", self.key(), r.randint(1, 4), r.choice((0, 0, 1, 2, 4)))
+            if self.swa or self.mamba:  # the components' staging (hybrid only: the Full
+                # configurations keep their streams)
+                op += (r.choice((0, 0, 0, 1, 2, 3)) if self.swa else None,
+                       self.mamba and r.random() < 0.8)
+            return op
         if kind == "lock":
             return ("lock", self.key(tail=True), r.randrange(2))
         if kind == "hlock":

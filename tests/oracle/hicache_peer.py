@@ -551,21 +551,77 @@ class SglHiCache:
         if slots:
             self.host_pool.free(self.torch.as_tensor(slots, dtype=self.torch.int64))
 
-    def insert_host(self, anchor, tokens, host_slots, path_tokens):
+    def insert_host(self, anchor, tokens, host_slots, path_tokens, swa_slots=None,
+                    state_slot=None):
         """The storage prefetch's refill as SGLang's ``_handle_prefetch_result`` runs
         it: the tree's ``insert_host`` with the pages' storage hashes (SGLang's own
         ``get_storage_hash_str`` over the whole path, so they are the hashes its
         tree would compute), then the walk's cache actions (a split of a pending
-        backup). The caller frees the host slots the result leaves to it."""
+        backup). The caller frees the Full host slots the result leaves to it.
+
+        Hybrid: ``swa_slots`` (SWA host slots staging the key's last units) and
+        ``state_slot`` (a host state slot) are the components' staging, every page
+        of it fetched: committed as SGLang commits a prefetch (the tree's
+        ``commit_hicache_transfers``, phase ``PREFETCH``, with a storage result
+        counting all of them; its frees run as cache actions), or, for a dropped
+        refill, freed to their host pools (the controller's release)."""
+        from sglang.srt.mem_cache.hicache_storage import (
+            PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult,
+        )
+        from sglang.srt.mem_cache.unified_cache.components import CacheTransferPhase
         from sglang.srt.mem_cache.utils import get_storage_hash_str
 
         P = self.page_size
+        T = self.torch
         hashes = get_storage_hash_str(self.key(path_tokens), None, page_size=P)
         hashes = hashes[(len(path_tokens) - len(tokens)) // P:]
         res = self.cache.tree_core.insert_host(
-            anchor, self.key(tokens), self.torch.as_tensor(host_slots, dtype=self.torch.int64),
-            hashes)
+            anchor, self.key(tokens), T.as_tensor(host_slots, dtype=T.int64), hashes)
         self.cache._apply_cache_actions(res.cache_actions)
+        if swa_slots is None and state_slot is None:
+            return res
+        swa = None if swa_slots is None else T.as_tensor(swa_slots, dtype=T.int64)
+        state = None if state_slot is None else T.as_tensor([state_slot], dtype=T.int64)
+        if res.host_insert_dropped:
+            if swa is not None:
+                self.swa_host_pool.free(swa)
+            if state is not None:
+                self.state_host_pool.free(state)
+            return res
+        CT = self.S.ComponentType
+        xfers, hits = {}, {}
+        if swa is not None:
+            xfers[CT.SWA] = [PoolTransfer(name=PoolName.SWA, host_indices=swa,
+                                          keys=["__placeholder__"] * (len(swa_slots) // P),
+                                          hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+            hits[PoolName.SWA] = len(swa_slots) // P
+        if state is not None:
+            xfers[CT.MAMBA] = [PoolTransfer(name=PoolName.MAMBA, host_indices=state,
+                                            keys=["__placeholder__"],
+                                            hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+            hits[PoolName.MAMBA] = 1
+        # the commit's frees go to the controller's release queues (which exist once
+        # its storage threads run: the oracle runs none), drained below
+        from queue import Queue
+
+        cc = self.cache.cache_controller
+        for name in hits:
+            cc.extra_host_mem_release_queues.setdefault(name, Queue())
+        actions = []
+        self.cache.tree_core.commit_hicache_transfers(
+            anchor, CacheTransferPhase.PREFETCH, xfers, cache_actions=actions,
+            insert_result=res, pool_storage_result=PoolTransferResult(len(tokens) // P, hits))
+        self.cache._apply_cache_actions(actions)
+        # SGLang's storage step drains those queues into the host pools on the
+        # scheduler's next step; drained here at once, as flatradix frees in the call
+        for name, pool in ((PoolName.SWA, self.swa_host_pool),
+                           (PoolName.MAMBA, self.state_host_pool)):
+            q = cc.extra_host_mem_release_queues.get(name)
+            pages = []
+            while q is not None and not q.empty():
+                pages.append(q.get_nowait())
+            if pages:
+                pool.free(T.cat(pages))
         return res
 
     # ------------------------------------------------------------ state views

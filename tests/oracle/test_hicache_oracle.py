@@ -44,7 +44,8 @@ MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-
            "host-hit-zero", "one-ack-per-backup", "wb-no-reclaim", "wb-always-drop",
            "insert-host-as-write-back", "mamba-no-state-backup", "mamba-host-hit-zero",
            "mamba-no-request-state", "swa-host-hit-zero", "swa-backup-no-window",
-           "swa-load-no-window", "swa-window-larger", "swa-host-evict-no-state-cascade")
+           "swa-load-no-window", "swa-window-larger", "swa-host-evict-no-state-cascade",
+           "prefetch-swa-short-window-kept", "prefetch-state-dropped")
 
 
 @pytest.fixture(scope="module")
