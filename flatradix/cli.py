@@ -174,6 +174,16 @@ def _host_capacities(text):
     return list(dict.fromkeys(out))
 
 
+def _capacity_int(text):
+    """``--swa-host-capacity`` / ``--mamba-host-states``: a count >= 1 (``2M``, ``500k``
+    taken), not ``inf``."""
+    v = _capacity(text)
+    if v is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 (e.g. 4096, 2M), got "
+                                         f"{text!r}")
+    return v
+
+
 def _swa_ratio(text):
     try:
         v = float(text)
@@ -323,8 +333,10 @@ def build_parser():
         "(init_load_back) instead of recomputing it; each scheduler step polls "
         "check_hicache_events. Reports device hits, host hits (tokens loaded back) and "
         "misses; hit ratio = (device + host hits) / prompt tokens. With --sweep: a device x "
-        "host grid (--plot draws it as a heatmap). Full attention only (not with "
-        "--swa-window or --mamba-states: the replay does not drive a hybrid host tier yet).")
+        "host grid (--plot draws it as a heatmap). With --swa-window / --mamba-states the "
+        "host tier keeps SWA KV and Mamba states too (one window and one state count): "
+        "their host pools are sized as SGLang's, from the ratio host / device "
+        "(--swa-host-capacity / --mamba-host-states set them).")
     g.add_argument("--host-capacity", type=_host_capacities, default=None,
                    metavar="TOKENS[,TOKENS...]",
                    help="host pool in tokens (0, 2M, 8M, inf); several run once each (with "
@@ -336,6 +348,14 @@ def build_parser():
     g.add_argument("--load-back-threshold", type=_nonnegative_int, default=None, metavar="N",
                    help="with --host-capacity: host hits of fewer tokens are recomputed, not "
                         "loaded back (default: 10, SGLang's)")
+    g.add_argument("--swa-host-capacity", type=_capacity_int, default=None, metavar="TOKENS",
+                   help="with --host-capacity and --swa-window: the SWA host pool in tokens "
+                        "(default: --swa-ratio x the host capacity, in whole pages: SGLang "
+                        "sizes both host pools with one ratio of their device pools)")
+    g.add_argument("--mamba-host-states", type=_capacity_int, default=None, metavar="N",
+                   help="with --host-capacity and --mamba-states: the host state pool "
+                        "(default: states x host capacity / device capacity, at least 1: "
+                        "SGLang sizes it with the host tier's ratio)")
 
     g = r.add_argument_group("scheduling")
     g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
@@ -416,14 +436,25 @@ def _check_options(args):
              f"(a running request holds 3 state slots and its checkpoint swaps a fresh one "
              f"in), got {small[0] if small else ''}")
     if args.host_capacity is not None:
-        for opt, v in (("--swa-window", args.swa_window), ("--mamba-states", args.mamba_states)):
-            need(not v, f"--host-capacity with {opt}: the replay drives the host tier "
-                        f"for Full attention only (the cache's host tier takes Full + Mamba "
-                        f"but not SWA yet, and the replay's Mamba mode does not drive it "
-                        f"yet); drop one of the two")
+        need(not args.mamba_extra_buffer,
+             "--host-capacity with --mamba-extra-buffer: the replay drives the host tier of "
+             "the Mamba mode without the extra buffer only (page 1); drop one of the two")
+        for opt, v, what in (("--swa-window", args.swa_window, "windows"),
+                             ("--mamba-states", args.mamba_states, "state counts")):
+            need(not v or len(v) == 1,
+                 f"--host-capacity with {opt} ({len(v or ())} {what}): a host tier replay "
+                 f"varies the host pool; give one value")
+        for opt, v, mode, mopt in (
+                ("--swa-host-capacity", args.swa_host_capacity, args.swa_window,
+                 "--swa-window (the SWA mode)"),
+                ("--mamba-host-states", args.mamba_host_states, args.mamba_states,
+                 "--mamba-states (the Mamba mode)")):
+            need(v is None or mode, f"{opt} needs {mopt}")
     else:
         for opt, v in (("--write-policy", args.write_policy),
-                       ("--load-back-threshold", args.load_back_threshold)):
+                       ("--load-back-threshold", args.load_back_threshold),
+                       ("--swa-host-capacity", args.swa_host_capacity),
+                       ("--mamba-host-states", args.mamba_host_states)):
             need(v is None, f"{opt} needs --host-capacity (the host tier)")
     if args.mamba_states and not args.mamba_extra_buffer:
         need(args.page_size in (None, 1),
@@ -683,7 +714,11 @@ def _replay(args):
         kw["mamba_extra_buffer"] = True
     if hosts:
         kw.update(write_policy=args.write_policy, load_back_threshold=args.load_back_threshold)
-    if windows and states:
+        if windows:
+            kw.update(swa_window=windows[0], swa_host_capacity=args.swa_host_capacity)
+        if states:
+            kw.update(mamba_states=states[0], mamba_host_states=args.mamba_host_states)
+    elif windows and states:
         fixed = "mamba_states" if series[0] == "swa_window" else "swa_window"
         kw[fixed] = (states if fixed == "mamba_states" else windows)[0]
     try:
@@ -748,7 +783,8 @@ def _replay(args):
     def kv(r):
         return rep.kv_lines(capacity, bpt, layout, swa_tokens,
                             [r.mamba_states] if states else None,
-                            host_tokens=r.host_capacity) if bpt else None
+                            host_tokens=r.host_capacity, host_swa_tokens=r.swa_host_pool_slots,
+                            host_states=r.mamba_host_pool_slots) if bpt else None
 
     _emit(args, dicts[0] if len(dicts) == 1 else dicts,
           lambda: "\n\n".join(rep.format_report(r, kv=kv(r)) for r in results))

@@ -199,11 +199,16 @@ OPTION_ERRORS = {
         ["--mamba-states", "8", "--model-config", str(EXAMPLES / "llama-3-8b-like.json")],
         ["--mamba-states", "no linear-attention / Mamba layer"]),
     # the host tier (issue 13)
-    "host_with_swa": (["--host-capacity", "1M", "--swa-window", "512"],
-                      ["--host-capacity with --swa-window: the replay drives the host tier "
-                       "for Full attention only"]),
-    "host_with_mamba": (["--host-capacity", "1M", "--mamba-states", "8"],
-                        ["--host-capacity with --mamba-states", "for Full attention only"]),
+    "host_with_swa_windows": (["--host-capacity", "1M", "--swa-window", "512,1024"],
+                              ["--host-capacity with --swa-window (2 windows): a host tier "
+                               "replay varies the host pool; give one value"]),
+    "host_with_mamba_extra_buffer": (["--host-capacity", "1M", "--mamba-states", "8",
+                                      "--mamba-extra-buffer"],
+                                     ["--host-capacity with --mamba-extra-buffer"]),
+    "swa_host_capacity_without_swa": (["--host-capacity", "1M", "--swa-host-capacity", "4k"],
+                                      ["--swa-host-capacity needs --swa-window"]),
+    "mamba_host_states_without_host": (["--mamba-states", "8", "--mamba-host-states", "4"],
+                                       ["--mamba-host-states needs --host-capacity"]),
     "write_policy_without_host": (["--write-policy", "write_through"],
                                   ["--write-policy needs --host-capacity (the host tier)"]),
     "load_back_threshold_without_host": (["--load-back-threshold", "5"],

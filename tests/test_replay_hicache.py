@@ -279,10 +279,8 @@ def test_warm_up_workload_loads_back_and_evicts_host_copies():
 
 # ---------------------------------------------------------------- bad options
 @pytest.mark.parametrize("kw,err,what", [
-    (dict(host_capacity=1000, swa_window=64), ValueError,
-     "host_capacity \\(the host tier\\) with swa_window"),
-    (dict(host_capacity=1000, mamba_states=4, page_size=1), ValueError,
-     "host_capacity \\(the host tier\\) with mamba_states"),
+    (dict(host_capacity=1000, mamba_states=4, mamba_extra_buffer=True), ValueError,
+     "host_capacity \\(the host tier\\) with mamba_extra_buffer"),
     (dict(host_capacity=1000, write_policy="write_sideways"), ValueError,
      "write_policy must be one of write_through, write_through_selective, write_back"),
     (dict(write_policy="write_through"), ValueError, "write_policy needs host_capacity"),
@@ -302,12 +300,12 @@ def test_host_replay_rejects_bad_options(kw, err, what):
         replay(_workload(*HAND), **{"capacity": 24, "page_size": 4, **kw})
 
 
-def test_sweep_refuses_host_pools_with_a_hybrid_mode():
+def test_sweep_refuses_host_pools_with_several_windows():
+    # one window and one state pool run with a host tier (tests/test_replay_hicache_hybrid.py)
     w = _workload(*HAND)
-    with pytest.raises(ValueError, match="host_capacities \\(the host tier\\) with swa_windows"):
-        sweep(w, [24], swa_windows=[64], host_capacities=[0, 32], page_size=4)
-    with pytest.raises(ValueError, match="with mamba_states"):
-        sweep(w, [24], mamba_states=[4], host_capacities=[0], page_size=1)
+    with pytest.raises(ValueError, match="host_capacities \\(the host tier\\) with 2 "
+                                         "swa_windows"):
+        sweep(w, [24], swa_windows=[64, 128], host_capacities=[0, 32], page_size=4)
 
 
 # ---------------------------------------------------------------- reports
@@ -455,11 +453,11 @@ def test_cli_host_sweep_csv_and_plot(tmp_path):
 
 
 @pytest.mark.parametrize("args,what", [
-    (["--host-capacity", "1M", "--swa-window", "512"],
-     "--host-capacity with --swa-window: the replay drives the host tier for Full attention only"),
-    (["--host-capacity", "1M", "--mamba-states", "8"],
-     "--host-capacity with --mamba-states: the replay drives the host tier for Full attention "
-     "only"),
+    (["--host-capacity", "1M", "--swa-window", "512,1024"],
+     "--host-capacity with --swa-window (2 windows): a host tier replay varies the host pool"),
+    (["--host-capacity", "1M", "--mamba-states", "8", "--mamba-extra-buffer"],
+     "--host-capacity with --mamba-extra-buffer: the replay drives the host tier of the "
+     "Mamba mode without the extra buffer only"),
     (["--write-policy", "write_through"], "--write-policy needs --host-capacity"),
     (["--load-back-threshold", "5"], "--load-back-threshold needs --host-capacity"),
     (["--host-capacity", "-1"], "argument --host-capacity: host capacity must be a whole"),

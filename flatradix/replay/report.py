@@ -60,7 +60,7 @@ def format_tokens(n):
 
 
 def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_states=None,
-             host_tokens=None):
+             host_tokens=None, host_swa_tokens=None, host_states=None):
     """Report lines for the KV sizing: the model's layout and what ``capacity``
     tokens cost at ``bytes_per_token`` (the full-attention pool); with
     ``swa_tokens`` (the SWA mode's SWA pool, tokens) also that pool, at the
@@ -70,7 +70,9 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_stat
     of the SWA pool in the SWA + Mamba mode); with ``host_tokens`` (the host
     tier mode's host pool, tokens, or ``"inf"``) what that pool costs in host
     memory at the same bytes per token (SGLang's host pool holds the same KV
-    layout)."""
+    layout); with ``host_swa_tokens`` / ``host_states`` (the SWA host pool in
+    tokens, the Mamba host pool in states) what those cost too, at the layout's
+    SWA bytes per token and state bytes."""
     lines = list(layout.describe(swa_replayed=swa_tokens is not None,
                                  mamba_replayed=bool(mamba_states))) if layout is not None \
         else [f"KV {bytes_per_token:,} bytes/token (--kv-bytes-per-token)"]
@@ -93,6 +95,14 @@ def kv_lines(capacity, bytes_per_token, layout=None, swa_tokens=None, mamba_stat
         hb = host_tokens * bytes_per_token
         lines.append(f"host pool {_n(host_tokens)} tokens = {format_bytes(hb)} ({_n(hb)} bytes) "
                      f"of host memory")
+    if host_swa_tokens and layout is not None and layout.swa_kv_bytes_per_token:
+        hb = host_swa_tokens * layout.swa_kv_bytes_per_token
+        lines.append(f"SWA host pool {_n(host_swa_tokens)} tokens = {format_bytes(hb)} "
+                     f"({_n(hb)} bytes) of host memory")
+    if host_states and state_bytes:
+        hb = host_states * state_bytes
+        lines.append(f"Mamba host pool {_count(host_states, 'state')} = {format_bytes(hb)} "
+                     f"({_n(hb)} bytes) of host memory")
     return lines
 
 
@@ -105,24 +115,64 @@ def _hybrid_lines(r):
     """The hybrid mode's report lines (lost hits, evictions per pool, peak tree
     size), or None for a Full-only run."""
     mode = hybrid_mode(r)
-    if mode is HOST_MODE:
+    if mode is not None and mode.host:
         def share(x):
             return f"{100 * x / r.prompt_tokens:.2f} %" if r.prompt_tokens else "0.00 %"
         declined = (f"; {_n(r.declined_host_tokens)} more on the host recomputed (below the "
                     f"threshold or no device room)" if r.declined_host_tokens else "")
         rejected = r.loaded_tokens - r.host_hit_tokens
         rejected = (f"; {_n(rejected)} loaded for requests then rejected" if rejected else "")
-        return [
+        restored = ""
+        if mode.base is not None:
+            parts = []
+            if r.swa_window is not None:
+                parts.append(f"{_count(r.swa_host_loaded_tokens, 'SWA token')}")
+            if r.mamba_states is not None:
+                parts.append(f"{_count(r.host_state_loads, 'state')}")
+            restored = f"; restored {' and '.join(parts)}"
+        lines = [
             f"  device hits     {_n(r.device_hit_tokens)} ({share(r.device_hit_tokens)})",
             f"  host hits       {_n(r.host_hit_tokens)} ({share(r.host_hit_tokens)}: loaded "
-            f"back, {_count(r.load_backs, 'load')}{rejected}{declined})",
+            f"back, {_count(r.load_backs, 'load')}{restored}{rejected}{declined})",
             f"  misses          {_n(r.miss_tokens)} ({share(r.miss_tokens)}: computed)",
-            f"  evicted tokens  {_n(r.evicted_tokens)} from the device "
-            f"({_n(r.evict_calls)} evict calls; {_n(r.load_evicted_tokens)} by load-backs), "
-            f"demoted when backed up",
-            f"  peak tree size  {_n(r.peak_tree_tokens)} device tokens, "
-            f"{_n(r.peak_host_tree_tokens)} host tokens",
         ]
+        if mode.base is None:
+            return lines + [
+                f"  evicted tokens  {_n(r.evicted_tokens)} from the device "
+                f"({_n(r.evict_calls)} evict calls; {_n(r.load_evicted_tokens)} by load-backs), "
+                f"demoted when backed up",
+                f"  peak tree size  {_n(r.peak_tree_tokens)} device tokens, "
+                f"{_n(r.peak_host_tree_tokens)} host tokens",
+                f"  host tier       {_count(r.backed_up_tokens, 'token')} backed up, "
+                f"{_count(r.host_evicted_tokens, 'token')} evicted from the host",
+            ]
+        # the model's own lines (lost hits, device evictions per pool...), then the host
+        # tier per component: Full tokens, SWA tokens, states
+        def per_component(full, swa, states, unit="token"):
+            parts = [f"Full {_count(full, unit)}"]
+            if r.swa_window is not None:
+                parts.append(f"SWA {_count(swa, unit)}")
+            if r.mamba_states is not None:
+                parts.append(f"Mamba {_count(states, 'state')}")
+            return ", ".join(parts)
+        by_load = per_component(r.load_evicted_tokens, r.load_swa_evicted_tokens,
+                                r.load_evicted_states)
+        backed = per_component(r.backed_up_tokens, r.swa_backed_up_tokens, r.backed_up_states)
+        gone = per_component(r.host_evicted_tokens, r.swa_host_evicted_tokens,
+                             r.host_evicted_states)
+        peak = per_component(r.peak_host_tree_tokens, r.peak_swa_host_tree_tokens,
+                             r.peak_host_tree_states)
+        return lines + _hybrid_lines_of(r, mode.base) + [
+            f"  by load-backs   {by_load} evicted from the device (in the evictions above)",
+            f"  backed up       {backed}",
+            f"  host evicted    {gone}",
+            f"  peak host tree  {peak}",
+        ]
+    return _hybrid_lines_of(r, mode)
+
+
+def _hybrid_lines_of(r, mode):
+    """The lines of a device-side hybrid mode (SWA, Mamba, SWA + Mamba), or None."""
     if mode is SWA_MAMBA_MODE:
         return [
             _lost_line("lost to window", r.window_lost_hit_tokens, r.prompt_tokens,
@@ -198,8 +248,13 @@ def format_report(r, kv=None):
     host = r.host_capacity is not None
     if host:
         hcap = "unbounded" if r.host_capacity == "inf" else f"{_n(r.host_capacity)} tokens"
-        lines.append(f"  host tier {hcap} (pool {_n(r.host_pool_slots)}) | {r.write_policy} | "
-                     f"load-back threshold {_n(r.load_back_threshold)}")
+        aux = ""
+        if swa:
+            aux += f" | SWA host pool {_n(r.swa_host_pool_slots)} tokens"
+        if mamba:
+            aux += f" | Mamba host pool {_count(r.mamba_host_pool_slots, 'state')}"
+        lines.append(f"  host tier {hcap} (pool {_n(r.host_pool_slots)}){aux} | "
+                     f"{r.write_policy} | load-back threshold {_n(r.load_back_threshold)}")
     lines += [f"  {s}" for s in (kv or [])]
     lines += [
         "",
@@ -250,7 +305,9 @@ def format_report(r, kv=None):
         "",
         f"  {'cache op':<{w}}{'calls':>10}{'p50 us':>10}{'p99 us':>10}",
     ]
-    for op in (SWA_OPS if swa else MAMBA_EXTRA_OPS if extra else HOST_OPS if host else OPS):
+    ops = (HOST_OPS + (("evict_sliding_windows",) if swa else ()) if host else SWA_OPS if swa
+           else MAMBA_EXTRA_OPS if extra else OPS)
+    for op in ops:
         s = r.latency_us.get(op, {})
         if not s or not s["count"]:
             lines.append(f"  {op:<{w}}{0:>10}{'-':>10}{'-':>10}")
@@ -316,7 +373,8 @@ def _curve_series(curve):
     curve."""
     if curve.get("host"):
         h = curve["host"]
-        return HOST_MODE, "host_capacity", h["capacities"], h["unbounded"]
+        return (hybrid_mode(h["unbounded"][0]) or HOST_MODE, "host_capacity", h["capacities"],
+                h["unbounded"])
     if curve.get("swa_mamba"):
         sm = curve["swa_mamba"]
         values = sm["windows"] if sm["series"] == "swa_window" else sm["states"]
@@ -335,11 +393,18 @@ def _series_runs(swa_windows, mamba_states, host_capacities=None):
     windows, states = list(swa_windows or ()), list(mamba_states or ())
     hosts = list(host_capacities or ())
     if hosts:
-        if windows or states:
-            raise ValueError(f"host_capacities (the host tier) with "
-                             f"{'swa_windows' if windows else 'mamba_states'}: the replay "
-                             f"drives the host tier for Full attention only")
-        return HOST_MODE, "host_capacity", [dict(host_capacity=h) for h in hosts]
+        for name, values in (("swa_windows", windows), ("mamba_states", states)):
+            if len(values) > 1:
+                raise ValueError(f"host_capacities (the host tier) with {len(values)} "
+                                 f"{name}: a host tier sweep varies the host pool (its grid "
+                                 f"is device x host); give one value")
+        fixed = {}
+        if windows:
+            fixed["swa_window"] = windows[0]
+        if states:
+            fixed["mamba_states"] = states[0]
+        mode = hybrid_mode(dict(host_capacity=0, **fixed))
+        return mode, "host_capacity", [dict(host_capacity=h, **fixed) for h in hosts]
     if windows and states:
         if len(windows) > 1 and len(states) > 1:
             raise ValueError(f"swa_windows ({len(windows)}) and mamba_states ({len(states)}) "
@@ -391,9 +456,10 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         hold a single value (``ValueError`` otherwise).
     host_capacities : list of int (or math.inf), optional
         The host tier mode: the host pools (tokens) to replay, each crossed with
-        every capacity: a device x host grid (``write_policy`` and
-        ``load_back_threshold`` go in ``kwargs``). Not with ``swa_windows`` or
-        ``mamba_states``.
+        every capacity: a device x host grid (``write_policy``,
+        ``load_back_threshold``, ``swa_host_capacity`` and ``mamba_host_states``
+        go in ``kwargs``). With ``swa_windows`` / ``mamba_states`` (one value
+        each: ``ValueError`` for several) the host tier over that hybrid model.
     kwargs : passed to :func:`~flatradix.replay.sim.replay`.
 
     Returns the curve as a JSON-ready dict: ``points`` (policy-major: every
@@ -425,7 +491,12 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     ``host`` holds ``capacities``, ``write_policy``, ``load_back_threshold`` and
     ``unbounded``: one point, the unbounded device pool with the first host
     pool (a device pool that never evicts never reaches the host, so every
-    host pool gives its hits).
+    host pool gives its hits; with Mamba the state pool stays ``mamba_states``
+    and evicts, so a host tier can beat that point). Over a hybrid model
+    (``swa_windows`` / ``mamba_states``, one value each) ``host`` also holds
+    ``swa_window``, ``swa_ratio``, ``swa_kv_bytes_per_token``, ``mamba_states``,
+    ``mamba_chunk``, ``swa_host_capacity`` and ``mamba_host_states`` (``None``
+    where not given), and the points the hybrid mode's fields too.
     """
     policies = list(policies)
     if not policies:
@@ -436,7 +507,7 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     # replay kwargs per series
     mode, axis, runs = _series_runs(swa_windows, mamba_states, host_capacities)
     # one unbounded run per series (the host tier mode: one in all, see above)
-    nu = 1 if mode is HOST_MODE else len(runs)
+    nu = 1 if mode is not None and mode.host else len(runs)
     tasks = ([(p, c, k) for k in range(len(runs)) for p in policies for c in capacities]
              + [(policies[0], None, k) for k in range(nu)])
     # a refresh per finished run (runs take seconds: no need to rate-limit)
@@ -476,7 +547,18 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         "unbounded_hit_ratio": unb.token_hit_ratio,
         "points": [_point(r, *bpt) for r in results[:len(results) - nu]],
     }
-    if mode is SWA_MAMBA_MODE:
+    if mode is not None and mode.host:
+        curve["host"] = {"capacities": [("inf" if h == math.inf else h)
+                                        for h in host_capacities],
+                         "write_policy": unb.write_policy,
+                         "load_back_threshold": unb.load_back_threshold,
+                         "swa_window": unb.swa_window, "swa_ratio": unb.swa_ratio,
+                         "swa_kv_bytes_per_token": swa_bytes_per_token,
+                         "mamba_states": unb.mamba_states, "mamba_chunk": unb.mamba_chunk,
+                         "swa_host_capacity": kwargs.get("swa_host_capacity"),
+                         "mamba_host_states": kwargs.get("mamba_host_states"),
+                         "unbounded": [_point(r, *bpt) for r in unbs]}
+    elif mode is SWA_MAMBA_MODE:
         curve["swa_mamba"] = {"series": axis, "windows": list(swa_windows),
                               "states": list(mamba_states), "ratio": unb.swa_ratio,
                               "chunk": unb.mamba_chunk,
@@ -486,12 +568,6 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
         curve["swa"] = {"windows": list(swa_windows), "ratio": unb.swa_ratio,
                         "swa_kv_bytes_per_token": swa_bytes_per_token,
                         "unbounded": [_point(r, *bpt) for r in unbs]}
-    elif mode is HOST_MODE:
-        curve["host"] = {"capacities": [("inf" if h == math.inf else h)
-                                        for h in host_capacities],
-                         "write_policy": unb.write_policy,
-                         "load_back_threshold": unb.load_back_threshold,
-                         "unbounded": [_point(r, *bpt) for r in unbs]}
     elif mode is MAMBA_MODE:
         curve["mamba"] = {"states": list(mamba_states), "chunk": unb.mamba_chunk,
                           "extra_buffer": unb.mamba_extra_buffer,
@@ -578,29 +654,58 @@ def _host_label(h):
     return "inf" if h in ("inf", math.inf) else format_tokens(h) if h else "0"
 
 
+def _host_model(h):
+    """`` over ...``: the hybrid model of a host tier sweep (``curve["host"]``), or ""."""
+    parts = []
+    if h.get("swa_window") is not None:
+        parts.append(f"sliding window {_n(h['swa_window'])} (SWA pool {h['swa_ratio']:g} x "
+                     f"capacity)")
+    if h.get("mamba_states") is not None:
+        parts.append(f"{_count(h['mamba_states'], 'Mamba state')} (page 1, chunk "
+                     f"{h['mamba_chunk']})")
+    if not parts:
+        return ""
+    pools = []
+    if h.get("swa_window") is not None:
+        pools.append("SWA host pool " + (f"{_n(h['swa_host_capacity'])} tokens"
+                                         if h.get("swa_host_capacity") else
+                                         f"{h['swa_ratio']:g} x host"))
+    if h.get("mamba_states") is not None:
+        pools.append("Mamba host pool " + (_count(h["mamba_host_states"], "state")
+                                           if h.get("mamba_host_states") else
+                                           "states x host / capacity"))
+    return f" over {' + '.join(parts)}; {', '.join(pools)}"
+
+
 def _format_host_sweep(curve):
     """The host tier sweep: one row per (host pool, policy, capacity) with the hit
     ratio split by tier, the unbounded row, then per policy the grid of total hit
     ratios (host pools down, device capacities across)."""
     mem = curve.get("kv_bytes_per_token")
     h = curve["host"]
-    lines = [f"host tier replay: {h['write_policy']}, load-back threshold "
+    mode = _curve_series(curve)[0]
+    lost = mode.lost    # the hybrid model's lost hits (empty for Full attention)
+    lines = [f"host tier replay{_host_model(h)}: {h['write_policy']}, load-back threshold "
              f"{h['load_back_threshold']}; hit ratio = (device + host hits) / prompt tokens",
              f"{'policy':>8}{'host':>15}{'capacity':>15}" + (f"{'KV memory':>12}" if mem else "")
-             + f"{'hit ratio':>11}{'device':>9}{'host':>9}{'evicted':>16}{'loaded':>14}"
-             f"{'rejected':>10}"]
+             + f"{'hit ratio':>11}{'device':>9}{'host':>9}"
+             + "".join(f"{_SWEEP_HEADINGS[k]:>13}" for k in lost)
+             + f"{'evicted':>16}{'loaded':>14}{'rejected':>10}"]
     unb = h["unbounded"]
     for p in curve["points"] + unb:
         is_unb = p["capacity"] == "inf"
         cap = "inf" if is_unb else _n(p["capacity"])
         hc = p["host_capacity"]
+        # with Mamba the unbounded KV pool's state pool still evicts: its host pool counts
+        any_host = is_unb and p.get("mamba_states") is None
         row = (f"{'any' if is_unb else p['policy']:>8}"
-               f"{('any' if is_unb else 'inf' if hc == 'inf' else _n(hc)):>15}{cap:>15}")
+               f"{('any' if any_host else 'inf' if hc == 'inf' else _n(hc)):>15}{cap:>15}")
         if mem:
             row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
         lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
                      f"{100 * p['device_hit_ratio']:>8.2f}%{100 * p['host_hit_ratio']:>8.2f}%"
-                     f"{_n(p['evicted_tokens']):>16}{_n(p['loaded_tokens']):>14}"
+                     + "".join(f"{_n(p[k]):>13}" for k in lost)
+                     + f"{_n(p['evicted_tokens']):>16}{_n(p['loaded_tokens']):>14}"
                      f"{_n(p['rejected_requests']):>10}")
     caps = sorted({p["capacity"] for p in curve["points"] if p["capacity"] != "inf"})
     hosts = sorted(h["capacities"], key=_host_key)
@@ -900,8 +1005,12 @@ def host_figure(curve, title=None):
     name = os.path.basename(curve["workload"])
     mode = "arrival times" if curve.get("mode") == "arrival" else "one pass"
     fig.suptitle(title or (
-        f"{name}: {curve['requests']:,} requests\npage {curve['page_size']}, max running "
-        f"{curve['max_running']:,}, {mode}, host tier {h['write_policy']}, load-back "
+        f"{name}: {curve['requests']:,} requests\n"
+        + (_host_model(h).strip().replace("; ", "\n") + "\n" if _host_model(h) else "")
+        + f"page {curve['page_size']}, "
+        f"max running {curve['max_running']:,}, {mode}, host tier {h['write_policy']}, load-back "
         f"threshold {h['load_back_threshold']}\ncells: total % (device + host); unbounded "
-        f"device pool {ceiling:.2f} %"), fontsize=9)
+        f"device pool" + (f" ({_count(h['mamba_states'], 'state')}, host pool "
+                          f"{_host_label(h['capacities'][0])})" if h.get("mamba_states")
+                          else "") + f" {ceiling:.2f} %"), fontsize=9)
     return fig

@@ -234,9 +234,59 @@ back); the rest of its prompt is its miss. ``hit_tokens`` and
 ``device_hit_tokens``, ``host_hit_tokens`` and ``miss_tokens``. The time a
 load takes is not modelled (in the arrival mode a request prefills its misses
 only). The host pool gets ``min(H, distinct prefix tokens)`` slots (the tree
-can never hold more: ``host_pool_slots``). Not with ``swa_window`` or
-``mamba_states`` (the cache's host tier is Full-attention only), nor the
-``"core"`` driver.
+can never hold more: ``host_pool_slots``). The report also counts the tokens
+backed up (``backed_up_tokens``, from the copies the tree asks for; no bytes
+move) and those that left the host (``host_evicted_tokens``: backed up minus
+what the host holds at the end). Not with the ``"core"`` driver, nor with the
+Mamba extra buffer.
+
+**Host tier over a hybrid model** (``host_capacity=H`` with ``swa_window``,
+``mamba_states`` or both): the SWA, Mamba or SWA + Mamba mode above, served with
+SGLang's HiCache for every component: a backup copies a node's Full KV, the SWA
+KV within one window of it and its state; a demotion keeps them on the host; a
+load-back restores them. Host pools, as SGLang sizes them from one
+``hicache_ratio`` of the device pools, with the ratio ``H / capacity``
+(:func:`host_aux_slots`): the SWA host pool ``swa_ratio x H`` tokens (whole
+pages), the Mamba host pool ``N x H / capacity`` states (at least one page /
+one state); ``swa_host_capacity`` / ``mamba_host_states`` set them instead.
+Per request, the hybrid mode's steps with these HiCache calls:
+
+1. The step's ``check_hicache_events``; the match (``prompt[:-1]`` with Mamba)
+   and ``cache.lock`` on its device node (SGLang's ``PrefillAdder`` holds that
+   lock around the load); with Mamba the request's own state slot (evicting,
+   waiting, giving its match up as the Mamba mode does). SGLang's load
+   allocates that slot when the request holds none; the replay takes it first,
+   so a load never finds the state pool empty (SGLang asserts there), and
+   matches again when taking it evicted a state or waited for a completion
+   (those may have evicted the match's host part).
+2. When any host hit is positive -- ``host_hit_length`` (Full tokens),
+   ``swa_host_hit_length`` (the window's SWA tokens on the host only),
+   ``mamba_host_hit_length`` (the state on the host only) -- the request, with
+   ``req.last_node`` the device match and those two lengths, calls
+   ``init_load_back``: the Full part, the window and the state are loaded
+   together (``load_back_threshold`` does not apply to a load that restores SWA
+   data or a state, as SGLang's), into slots it evicts for when short. Its
+   count, SGLang's, is the Full tokens from the loaded node up to the device
+   match: a state-only load counts the tokens it made usable. The request's lock
+   moves to the loaded node.
+3. The allocation of the rest (both pools' shortfalls evicted, as the SWA mode),
+   then ``ready_to_load_host_cache`` and ``loading_check``; decode and
+   ``cache_finished_req`` as the hybrid mode.
+
+The figures are both modes': device hits, host hits (the count above), misses,
+the hybrid mode's evictions per pool and lost hits. ``full_kv_hit_length``
+counts Full KV on either tier there, so the lost hits (window, checkpoint) are
+measured from the hit plus the host tokens a declined load left
+(``declined_host_tokens``, per request too): hit + declined + lost =
+``full_kv_hit_length``. Per component: the SWA tokens restored
+(``swa_host_loaded_tokens``) and the loads that restored a state
+(``host_state_loads``); what the loads evicted on the device
+(``load_evicted_tokens``, ``load_swa_evicted_tokens``, ``load_evicted_states``:
+each tree grew by what the load restored and shrank by the rest; also in the
+evictions); backed up, evicted from the host and the peak host tree per pool.
+With ``H = 0`` nothing is backed up (a backup needs Full host slots first): the
+run is the hybrid mode's run without a host tier, request by request (tested
+under every write policy).
 
 Rows of the ``ReqToTokenPool`` are reused: it has ``min(max_running,
 requests)`` rows, each as long as the longest request (prompt + output). The
@@ -279,6 +329,9 @@ DEFAULT_LOAD_BACK_THRESHOLD = 10
 #: Largest accepted threshold (the cache takes a signed 63-bit int; a threshold
 #: past any pool declines every load).
 MAX_LOAD_BACK_THRESHOLD = 1 << 40
+#: Largest accepted ``swa_host_capacity`` / ``mamba_host_states`` (the cache's
+#: host pools take at most 2**40 slots).
+MAX_HOST_AUX = 1 << 40
 
 #: ``swa_ratio`` when none is given: SGLang's ``swa_full_tokens_ratio`` default.
 DEFAULT_SWA_RATIO = 0.8
@@ -357,6 +410,61 @@ def swa_pool_slots(capacity, ratio, page_size, bound):
         raise ValueError(f"the SWA pool ({int(capacity):,} x swa_ratio {ratio:g} = {swa:,} "
                          f"tokens in whole pages) is less than one page of {page_size}")
     return min(swa, bound)
+
+
+def host_aux_slots(workload, host_capacity, capacity, pool_slots, page_size, swa_ratio=None,
+                   mamba_slots=None, swa_host_capacity=None, mamba_host_states=None,
+                   cache_outputs=False, notes=None):
+    """Host pool sizes of the SWA and Mamba components in the host tier mode:
+    ``(SWA host tokens or None, host states or None)``.
+
+    SGLang sizes every host pool from one ``hicache_ratio`` of its device pool
+    (the Full, SWA and Mamba host pools alike); the replay takes that ratio as
+    ``host_capacity / capacity`` (``capacity``: the Full device pool asked, in
+    tokens; ``None``, unbounded: ``pool_slots``, the pool allocated). So by
+    default the SWA host pool is ``int(host_capacity * swa_ratio)`` tokens in
+    whole pages (the ratio times the SWA device pool, ``swa_ratio`` x the Full
+    one) and the Mamba host pool ``int(mamba_slots * host_capacity /
+    capacity)`` states (``mamba_slots``: the device state pool); each at least
+    one page / one state (the cache's host pools need a slot; with no Full host
+    slot nothing is ever backed up, so it stays empty).
+    ``swa_host_capacity`` / ``mamba_host_states`` (ints >= 1) replace those.
+    ``host_capacity`` ``math.inf``: both as large as the workload can use.
+    Either is capped at what the workload can use: SWA tokens at the distinct
+    prefix tokens (the Full host pool's bound), states at one per request (each
+    request donates at most one state; ``notes``, a list: a line is appended for
+    each pool so capped). ``swa_ratio`` / ``mamba_slots`` ``None``: that component
+    is absent (``None`` returned for it)."""
+    tokens_bound = workload.distinct_prefix_blocks() * workload.block_size + (
+        workload.output_tokens if cache_outputs else 0)
+    states_bound = max(1, len(workload))
+    inf = host_capacity == math.inf
+    ratio = None if inf else int(host_capacity) / (capacity if capacity else max(1, pool_slots))
+    swa_h = states_h = None
+    if swa_ratio is not None:
+        if swa_host_capacity is not None:
+            swa_h = int(swa_host_capacity)
+        elif inf:
+            swa_h = tokens_bound
+        else:
+            swa_h = int(int(host_capacity) * float(swa_ratio))
+            swa_h = max(page_size, swa_h - swa_h % page_size)
+        if swa_h > tokens_bound and not inf and notes is not None:
+            notes.append(f"SWA host pool sized to {tokens_bound:,} tokens: this workload can "
+                         f"never use more, so {swa_h:,} tokens gives the same run")
+        swa_h = max(1, min(swa_h, tokens_bound))
+    if mamba_slots is not None:
+        if mamba_host_states is not None:
+            states_h = int(mamba_host_states)
+        elif inf:
+            states_h = states_bound
+        else:
+            states_h = max(1, int(mamba_slots * ratio))
+        if states_h > states_bound and not inf and notes is not None:
+            notes.append(f"Mamba host pool sized to {states_bound:,} states: this workload can "
+                         f"never use more (one a request), so {states_h:,} gives the same run")
+        states_h = max(1, min(states_h, states_bound))
+    return swa_h, states_h
 
 
 @dataclass(frozen=True)
@@ -439,6 +547,7 @@ class ReplayResult:
     swa_evicted_tokens: object = None     # SWA tokens evicted (EvictResult.swa_num_tokens_evicted)
     window_lost_hit_tokens: object = None  # sum of full_kv_hit_length (SWA + Mamba: the
                                            # deepest state on the path) - device_prefix_len
+                                           # (host tier: - the hit and declined host hit)
     swa_slid_tokens: object = None        # SWA slots freed by evict_sliding_windows
     peak_swa_tree_tokens: object = None   # SWA tokens the tree held at most (after completions)
     final_swa_tree_tokens: object = None
@@ -449,7 +558,8 @@ class ReplayResult:
     mamba_extra_buffer: object = None     # bool: served with the extra buffer (ping-pong)
     mamba_evicted_states: object = None   # EvictResult.mamba_num_evicted, summed
     checkpoint_lost_hit_tokens: object = None  # sum of full_kv_hit_length - device_prefix_len
-                                               # (SWA + Mamba: - the deepest state on the path)
+                                               # (SWA + Mamba: - the deepest state on the path;
+                                               # host tier: - the hit and declined host hit)
     mamba_waits: object = None            # completions waited for because no state slot was free
     peak_mamba_tree_states: object = None  # states the tree held at most (after completions;
                                            # extra buffer: and checkpoints)
@@ -473,6 +583,27 @@ class ReplayResult:
                                           # evicted_tokens too)
     peak_host_tree_tokens: object = None  # host tokens the tree held at most
     final_host_tree_tokens: object = None
+    backed_up_tokens: object = None       # Full tokens copied to the host (backups)
+    host_evicted_tokens: object = None    # Full host tokens freed (host evictions, and the
+                                          # host copies of nodes deleted with them)
+    # host tier with the SWA mode (None otherwise; left out of to_dict then)
+    swa_host_pool_slots: object = None    # SWA host pool (tokens) actually used
+    swa_backed_up_tokens: object = None   # SWA tokens copied to the host
+    swa_host_loaded_tokens: object = None  # SWA tokens loaded back (the windows restored)
+    swa_host_evicted_tokens: object = None  # SWA host tokens freed
+    load_swa_evicted_tokens: object = None  # SWA device tokens the loads evicted (in
+                                            # swa_evicted_tokens too)
+    peak_swa_host_tree_tokens: object = None  # SWA host tokens the tree held at most
+    final_swa_host_tree_tokens: object = None
+    # host tier with the Mamba mode (None otherwise; left out of to_dict then)
+    mamba_host_pool_slots: object = None  # host state pool (states) actually used
+    backed_up_states: object = None       # states copied to the host
+    host_state_loads: object = None       # loads that restored a state from the host
+    host_evicted_states: object = None    # host states freed
+    load_evicted_states: object = None    # device states the loads evicted (in
+                                          # mamba_evicted_states too)
+    peak_host_tree_states: object = None  # host states the tree held at most
+    final_host_tree_states: object = None
 
     def to_dict(self):
         d = asdict(self)
@@ -481,6 +612,10 @@ class ReplayResult:
         for mode in (SWA_MODE, MAMBA_MODE, HOST_MODE):
             if getattr(self, mode.param) is None:
                 for k in mode.fields:
+                    d.pop(k)
+        for fields, param in ((HOST_SWA_FIELDS, "swa_window"), (HOST_MAMBA_FIELDS, "mamba_states")):
+            if self.host_capacity is None or getattr(self, param) is None:
+                for k in fields:
                     d.pop(k)
         return d
 
@@ -498,7 +633,16 @@ MAMBA_FIELDS = ("mamba_states", "mamba_pool_slots", "mamba_chunk", "mamba_extra_
 HOST_FIELDS = ("host_capacity", "host_pool_slots", "write_policy", "load_back_threshold",
                "device_hit_tokens", "host_hit_tokens", "miss_tokens", "device_hit_ratio",
                "host_hit_ratio", "load_backs", "loaded_tokens", "declined_host_tokens",
-               "load_evicted_tokens", "peak_host_tree_tokens", "final_host_tree_tokens")
+               "load_evicted_tokens", "peak_host_tree_tokens", "final_host_tree_tokens",
+               "backed_up_tokens", "host_evicted_tokens")
+#: ``ReplayResult`` fields of the host tier with the SWA mode.
+HOST_SWA_FIELDS = ("swa_host_pool_slots", "swa_backed_up_tokens", "swa_host_loaded_tokens",
+                   "swa_host_evicted_tokens", "load_swa_evicted_tokens",
+                   "peak_swa_host_tree_tokens", "final_swa_host_tree_tokens")
+#: ``ReplayResult`` fields of the host tier with the Mamba mode.
+HOST_MAMBA_FIELDS = ("mamba_host_pool_slots", "backed_up_states", "host_state_loads",
+                     "host_evicted_states", "load_evicted_states", "peak_host_tree_states",
+                     "final_host_tree_states")
 
 
 @dataclass(frozen=True)
@@ -518,10 +662,17 @@ class HybridMode:
     evicted: tuple
     fields: tuple
     per_request: tuple
+    #: a host tier mode over a hybrid model: that model's mode (SWA, Mamba, SWA + Mamba)
+    base: object = None
 
     @property
     def param(self):
         return self.params[0]
+
+    @property
+    def host(self):
+        """Whether the mode drives the host tier (``host_capacity`` set)."""
+        return "host_capacity" in self.params
 
     @property
     def label(self):
@@ -547,14 +698,32 @@ SWA_MAMBA_MODE = HybridMode(
 #: (``lost`` and ``evicted`` empty: its own figures are the hits per tier).
 HOST_MODE = HybridMode("host", ("host_capacity",), ("host",), (), (), HOST_FIELDS,
                        ("device_hit_tokens", "host_hit_tokens", "miss_tokens",
-                        "host_match_tokens"))
-HYBRID_MODES = (SWA_MAMBA_MODE, SWA_MODE, MAMBA_MODE, HOST_MODE)
+                        "host_match_tokens", "declined_host_tokens"))
+
+
+def _host_over(base, host_fields):
+    """The host tier mode over the hybrid model ``base``: a series varies the host
+    pool (the window and state pool are fixed); both modes' figures."""
+    return HybridMode("host+" + base.name, ("host_capacity",) + base.params,
+                      ("host",) + base.labels, base.lost, base.evicted,
+                      HOST_FIELDS + base.fields + host_fields,
+                      HOST_MODE.per_request + base.per_request, base)
+
+
+HOST_SWA_MODE = _host_over(SWA_MODE, HOST_SWA_FIELDS)
+HOST_MAMBA_MODE = _host_over(MAMBA_MODE, HOST_MAMBA_FIELDS)
+HOST_SWA_MAMBA_MODE = _host_over(SWA_MAMBA_MODE, HOST_SWA_FIELDS + HOST_MAMBA_FIELDS)
+#: Most params first: a run matches the first mode whose params it all sets.
+HYBRID_MODES = (HOST_SWA_MAMBA_MODE, HOST_SWA_MODE, HOST_MAMBA_MODE, SWA_MAMBA_MODE, SWA_MODE,
+                MAMBA_MODE, HOST_MODE)
 
 
 def hybrid_mode(run):
     """The :class:`HybridMode` of a ``ReplayResult`` or of a sweep point (dict) (the
-    host tier mode's too: :data:`HOST_MODE`), or ``None`` for a Full-only run."""
-    for mode in HYBRID_MODES:   # the SWA + Mamba mode first: it sets both modes' params
+    host tier modes' too: :data:`HOST_MODE`, and over a hybrid model
+    :data:`HOST_SWA_MODE`, :data:`HOST_MAMBA_MODE`, :data:`HOST_SWA_MAMBA_MODE`),
+    or ``None`` for a Full-only run."""
+    for mode in HYBRID_MODES:   # the modes with most params first
         get = run.get if isinstance(run, dict) else lambda k: getattr(run, k)
         if all(get(p) is not None for p in mode.params):
             return mode
@@ -585,8 +754,10 @@ def warm_up(swa=False, notice=False, mamba=False, extra=False, host=False):
     cache and not the JIT. ``notice``: when it runs longer than
     ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
     compiles for ~10-25 s in silence otherwise). Returns seconds."""
-    kind = ("host" if host else "swa+mamba" if swa and mamba else "swa" if swa else
+    kind = ("swa+mamba" if swa and mamba else "swa" if swa else
             ("mamba+extra" if extra else "mamba") if mamba else "full")
+    if host:
+        kind = "host" if kind == "full" else "host+" + kind
     if kind in _warm:
         return 0.0
     from .trace import Workload
@@ -622,6 +793,20 @@ def _warm_up(kind, swa, Workload):
                        np.array([0, 1, 2, 3, 0, 1], dtype=np.int64))
         for h in (16, 12):
             replay(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1)
+    elif kind.startswith("host+"):
+        # the same over the hybrid model: loads restore the windows / states too
+        two = Workload("warm-up", 4, np.zeros(3), np.full(3, 8, dtype=np.int64),
+                       np.ones(3, dtype=np.int64), np.array([0, 2, 4, 6], dtype=np.int64),
+                       np.array([0, 1, 2, 3, 0, 1], dtype=np.int64))
+        kw = {}
+        if "swa" in kind:
+            kw.update(swa_window=2, swa_ratio=1.0, swa_eviction_interval=1)
+        if "mamba" in kind:
+            kw.update(mamba_states=2)
+        for h in (16, 12):
+            for policy in ("write_through", "write_back"):
+                replay(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1,
+                       write_policy=policy, **kw)
     elif kind == "swa+mamba":
         replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
                swa_eviction_interval=1, mamba_states=1)
@@ -755,7 +940,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
            record_hits=False, check=True, arrival=None, record_requests=False, swa_window=None,
            swa_ratio=None, swa_eviction_interval=SWA_EVICTION_INTERVAL, mamba_states=None,
            mamba_chunk=None, mamba_extra_buffer=False, host_capacity=None, write_policy=None,
-           load_back_threshold=None):
+           load_back_threshold=None, swa_host_capacity=None, mamba_host_states=None):
     """Replay ``workload`` through a cache; returns a :class:`ReplayResult`.
 
     Parameters
@@ -784,7 +969,8 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     check : bool
         After the run, verify KV conservation (allocator available + evictable +
         protected == pool, nothing protected; the same for the SWA pool and
-        for the Mamba state pool in those modes) and call ``sanity_check()``
+        for the Mamba state pool in those modes; in the host tier modes every
+        host pool: available + held by the tree == pool) and call ``sanity_check()``
         when the cache has one; ``AssertionError`` if it fails.
     arrival : ArrivalModel or None
         ``None``: the order mode; else the arrival mode (module docstring). Its
@@ -843,27 +1029,41 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         ``None``: no host tier; ``math.inf``: as large as the workload can
         use. The pool gets ``min(H, distinct prefix tokens)`` slots
         (``host_pool_slots``; with ``cache_outputs`` plus the output tokens).
-        Not with ``swa_window`` or ``mamba_states``.
+        With ``swa_window`` / ``mamba_states``: the host tier over that hybrid
+        model (not with ``mamba_extra_buffer``).
     write_policy : str or None
         Host tier mode: ``"write_through"`` (the default),
         ``"write_through_selective"`` or ``"write_back"``.
     load_back_threshold : int >= 0 or None
         Host tier mode: host hits of fewer tokens are recomputed, not loaded
         (``None``: :data:`DEFAULT_LOAD_BACK_THRESHOLD`, SGLang's 10).
+    swa_host_capacity : int >= 1 or None
+        Host tier over the SWA mode: the SWA host pool in tokens; ``None``: SGLang's
+        sizing, ``swa_ratio x host_capacity`` in whole pages (:func:`host_aux_slots`;
+        at most what the workload can use: ``swa_host_pool_slots``).
+    mamba_host_states : int >= 1 or None
+        Host tier over the Mamba mode: the host state pool; ``None``: SGLang's
+        sizing, ``mamba_states x host_capacity / capacity`` states, at least 1
+        (at most one a request: ``mamba_host_pool_slots``).
 
     With ``record_requests`` the host tier mode adds ``device_hit_tokens``,
     ``host_hit_tokens`` (loaded back; ``hit_tokens`` is their sum),
     ``miss_tokens`` (prompt - hit; the whole prompt when rejected) and
-    ``host_match_tokens`` (its match's ``host_hit_length``: loaded, or declined).
+    ``host_match_tokens`` (its match's ``host_hit_length``: loaded, or declined)
+    and ``declined_host_tokens`` (those of a declined load); over a hybrid model
+    the hybrid mode's arrays too, its lost hits measured from the hit plus the
+    declined tokens.
 
     Raises ``ValueError`` for an invalid option (also: SWA options without
     ``swa_window``, Mamba options without ``mamba_states``, host tier options
     without ``host_capacity``, the ``"core"`` driver in a hybrid or host tier
     mode, a Mamba page size other than 1 without the extra buffer, the extra
     buffer with ``swa_window`` or fewer than 4 states, an SWA pool below one
-    page, ``host_capacity`` with ``swa_window`` or ``mamba_states``),
-    ``TypeError`` for a non-int window, state
-    count, host capacity or threshold or a non-bool ``mamba_extra_buffer``, and
+    page, ``host_capacity`` with ``mamba_extra_buffer``, ``swa_host_capacity`` /
+    ``mamba_host_states`` without ``host_capacity`` or without their mode, or
+    below 1), ``TypeError`` for a non-int window, state
+    count, host capacity, threshold, SWA host capacity or host state count or a
+    non-bool ``mamba_extra_buffer``, and
     ``MemoryError`` when the pools cannot be allocated.
     """
     if driver not in ("request", "core"):
@@ -930,12 +1130,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         raise ValueError("mamba_chunk needs mamba_states (the Mamba mode)")
     host = host_capacity is not None
     if host:
-        for given, what in ((swa, "swa_window"), (mamba, "mamba_states")):
-            if given:
-                raise ValueError(f"host_capacity (the host tier) with {what}: the replay "
-                                 f"drives the host tier for Full attention only (its SWA and "
-                                 f"Mamba modes do not drive the cache's host tier yet); drop "
-                                 f"one of the two")
+        if extra:
+            raise ValueError("host_capacity (the host tier) with mamba_extra_buffer: the replay "
+                             "drives the host tier of the Mamba mode without the extra buffer "
+                             "only (page 1); drop one of the two")
         if isinstance(host_capacity, bool) or not isinstance(
                 host_capacity, (int, np.integer, float)) or (
                 isinstance(host_capacity, float) and host_capacity != math.inf):
@@ -960,9 +1158,24 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if driver != "request":
             raise ValueError("the host tier mode (host_capacity) needs driver='request' (the "
                              "core driver's caches have no host tier)")
+        for given, what, mode_on, mode in (
+                (swa_host_capacity, "swa_host_capacity", swa, "swa_window (the SWA mode)"),
+                (mamba_host_states, "mamba_host_states", mamba,
+                 "mamba_states (the Mamba mode)")):
+            if given is None:
+                continue
+            if not mode_on:
+                raise ValueError(f"{what} needs {mode}")
+            if isinstance(given, bool) or not isinstance(given, (int, np.integer)):
+                raise TypeError(f"{what} must be an int, got {type(given).__name__}")
+            if not 1 <= int(given) <= MAX_HOST_AUX:
+                raise ValueError(f"{what} must be in [1, {MAX_HOST_AUX}] (the cache's host "
+                                 f"pool needs a slot), got {int(given)}")
     else:
         for given, what in ((write_policy, "write_policy"),
-                            (load_back_threshold, "load_back_threshold")):
+                            (load_back_threshold, "load_back_threshold"),
+                            (swa_host_capacity, "swa_host_capacity"),
+                            (mamba_host_states, "mamba_host_states")):
             if given is not None:
                 raise ValueError(f"{what} needs host_capacity (the host tier mode)")
     hybrid = swa or mamba
@@ -1021,6 +1234,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if host_capacity != math.inf and h_slots < int(host_capacity):
             notes.append(f"host pool sized to {h_slots:,} tokens: this workload can never use "
                          f"more, so {int(host_capacity):,} tokens gives the same run")
+    swa_h_slots = mh_slots = None
+    if host and (swa or mamba):
+        swa_h_slots, mh_slots = host_aux_slots(
+            workload, host_capacity, None if unbounded else int(capacity), slots, page_size,
+            swa_ratio if swa else None, mamba_states if mamba else None, swa_host_capacity,
+            mamba_host_states, cache_outputs, notes)
     warmup_s = warm_up(notice=bool(progress))
     if hybrid or host:
         warmup_s += warm_up(swa=swa, mamba=mamba, extra=extra, host=host,
@@ -1054,8 +1273,21 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         if not hasattr(cache, "init_hicache"):
             raise ValueError("the host tier mode needs a cache with init_hicache "
                              "(flatradix.UnifiedRadixCache)")
+        # every copy the tree asks for, counted per kind (no bytes move): the units
+        # backed up and loaded of each component
+        moved = collections.Counter()
+
+        def count_copies(kind, device_indices, host_indices):
+            moved[kind] += len(host_indices)
+
+        hkw = {}
+        if swa:
+            hkw["swa_host_size"] = swa_h_slots
+        if mamba:
+            hkw["mamba_host_size"] = mh_slots
         cache.init_hicache(host_size=h_slots, hicache_write_policy=write_policy,
-                           load_back_threshold=load_back_threshold)
+                           load_back_threshold=load_back_threshold, transfer=count_copies,
+                           **hkw)
         host_pool = cache.mem_pool_host
     table = req_pool.req_to_token
     use_req = driver == "request"
@@ -1095,11 +1327,18 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     loading_check = cache.loading_check if host else None
     path_indices = cache.path_device_indices if host else None
     host_total = cache.host_total_size if host else None
+    swa_host_total = cache.swa_host_total_size if host and swa else None
+    m_host_total = cache.mamba_host_total_size if host and mamba else None
     lat_load, lat_loading, lat_events = [], [], []
     dev_hits = host_hits = load_backs = loaded = declined = load_evicted = peak_host = 0
+    # the hybrid host tier modes: SWA tokens loaded back, loads that restored a state, SWA
+    # tokens and states the loads evicted, peak SWA host tokens and host states
+    swa_loaded = state_loads = load_swa_evicted = load_m_evicted = 0
+    peak_swa_host = peak_m_host = 0
     r_dev_hit = np.zeros(n_req, dtype=np.int64) if host else None
     r_host_hit = np.zeros(n_req, dtype=np.int64) if host else None
     r_host_match = np.zeros(n_req, dtype=np.int64) if host else None
+    r_declined = np.zeros(n_req, dtype=np.int64) if host else None
     W, interval = swa_window, swa_eviction_interval
     # the hybrid modes' own figures: SWA tokens and Mamba states evicted, hit tokens
     # lost to the window and to checkpoint granularity, peak SWA tokens / states in the
@@ -1114,6 +1353,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     # the hit Mamba alone would give on the tree at admission: the deepest state on the
     # matched path (SWA mode: the full hit; Mamba mode: the hit)
     r_state_hit = np.zeros(n_req, dtype=np.int64) if hybrid else None
+    r_base = np.zeros(n_req, dtype=np.int64) if hybrid else None   # hit + declined host hit
     r_swa_evicted = np.zeros(n_req, dtype=np.int64) if swa else None
     r_m_evicted = np.zeros(n_req, dtype=np.int64) if mamba else None
     # per request: hit (-1 rejected), evicted to admit it, completions waited for
@@ -1157,7 +1397,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
 
     def note_sizes():
         # the peak tree sizes (after each completion; extra buffer: each checkpoint too)
-        nonlocal peak, peak_aux, peak_m, peak_host
+        nonlocal peak, peak_aux, peak_m, peak_host, peak_swa_host, peak_m_host
         size, aux_size = total_size()
         if size > peak:
             peak = size
@@ -1165,6 +1405,14 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             h = host_total()
             if h > peak_host:
                 peak_host = h
+            if swa:
+                h = swa_host_total()
+                if h > peak_swa_host:
+                    peak_swa_host = h
+            if mamba:
+                h = m_host_total()
+                if h > peak_m_host:
+                    peak_m_host = h
         if triple:
             aux_size = swa_ev_size() + swa_prot_size()
             m_size = m_ev_size() + m_prot_size()
@@ -1238,6 +1486,68 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         lat_lock.append(pc() - t1)
         return m, node, hit, prefix, got
 
+    def aux_sizes():
+        # the tree's Full tokens, SWA tokens and states (device), for what a load evicted
+        size, aux_size = total_size()
+        if triple:
+            return size, swa_ev_size() + swa_prot_size(), m_ev_size() + m_prot_size()
+        return size, aux_size if swa else 0, aux_size if mamba else 0
+
+    def hybrid_load(m, node, tree_lock, req):
+        # the hybrid host tier modes: the request holds its lock on the device match
+        # (SGLang's PrefillAdder holds it around the load) and, with Mamba, its own state
+        # slot; a host hit of any component (Full, the SWA window, the state) is loaded
+        # back (init_load_back with req.last_node the device match and the match's
+        # swa_host_hit_length / mamba_host_hit_length on req), then the request's lock
+        # moves to the loaded node. Returns (node, tree lock, hit, prefix indices, Full
+        # tokens the hit gained)
+        nonlocal load_backs, loaded, declined, load_evicted, evicted, swa_evicted, m_evicted
+        nonlocal swa_loaded, state_loads, load_swa_evicted, load_m_evicted
+        hit = m.device_prefix_len
+        prefix = m.device_indices
+        s_hh = m.swa_host_hit_length if swa else 0
+        m_hh = m.mamba_host_hit_length if mamba else 0
+        if not (m.host_hit_length or s_hh or m_hh):
+            return node, tree_lock, hit, prefix, 0
+        req.last_node = node
+        if swa:
+            req.swa_host_hit_length = s_hh
+        if mamba:
+            req.mamba_host_hit_length = m_hh
+        before = aux_sizes()
+        full0, swa0 = moved["load"], moved["load_swa"]
+        t = pc()
+        got, lnode = init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+                                                       req=req))
+        lat_load.append(pc() - t)
+        after = aux_sizes()
+        # what its allocations evicted: each tree grew by what the load restored and
+        # shrank by that (a Full eviction takes the leaves' SWA KV and states along)
+        got_full, got_swa = moved["load"] - full0, moved["load_swa"] - swa0
+        got_state = int(bool(got) and m_hh > 0)
+        ev = before[0] + got_full - after[0]
+        load_evicted += ev
+        evicted += ev
+        ev = before[1] + got_swa - after[1]
+        load_swa_evicted += ev
+        swa_evicted += ev
+        ev = before[2] + got_state - after[2]
+        load_m_evicted += ev
+        m_evicted += ev
+        if not got:
+            declined += m.host_hit_length
+            return node, tree_lock, hit, prefix, 0
+        load_backs += 1
+        loaded += got
+        swa_loaded += got_swa
+        state_loads += got_state
+        t = pc()
+        new_lock = lock(lnode)
+        unlock(tree_lock)
+        lat_lock.append(pc() - t)
+        prefix = path_indices(lnode)
+        return lnode, new_lock, hit + got, prefix, got
+
     def state_hit(m):
         # the SWA + Mamba mode: the end of the deepest node holding a state on the matched
         # path (read now: the unlocked nodes below the hit may be evicted before admission);
@@ -1297,10 +1607,11 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         # the Mamba mode matches prompt[:-1], as SGLang's scheduler (at least one
         # token is computed); the Full-only and SWA modes the whole prompt
         key = toks[:n - 1] if mamba and n else toks[:n]
-        ev0, sev0, mev0 = evicted, swa_evicted, m_evicted
+        ev0, sev0, mev0, dec0 = evicted, swa_evicted, m_evicted, declined
         if host:
             poll()
             hreq = Req(origin_input_ids=toks[:n], fill_ids=toks)
+        if host and not hybrid:
             m, node, hit, prefix, got = match_load_lock(key, hreq)
             tree_lock = None
         else:
@@ -1332,12 +1643,15 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             # a state slot of its own: evict a state when none is free, then wait for
             # running requests (as when short of KV)
             mslot = m_alloc(1)
+            touched = mslot is None     # the tree changed since the match
             while mslot is None:
                 evict_state()
                 mslot = m_alloc(1)
                 if mslot is None:
                     if running_l:
                         complete_next()
+                        if host:
+                            poll()
                         m_waits += 1
                         waited += 1
                     else:
@@ -1352,9 +1666,27 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                             raise AssertionError("no Mamba state slot free or evictable with "
                                                  "nothing running: a state leaked")
             mslot = int(mslot[0])
-        if not host:
+        if host and hybrid:
+            # the request holds its state slot before the load (the load copies the
+            # restored state into it; SGLang's load allocates it when the request holds
+            # none: taken first, a load never finds the state pool empty)
+            if mamba:
+                hreq.mamba_pool_idx = mslot
+                if touched:
+                    # the slot cost an eviction or a completion (its backups, host
+                    # evictions): the match's host part may be gone; match again (the
+                    # device match was locked: it is still there)
+                    unlock(tree_lock)
+                    m, node, tree_lock = match_and_lock(key)
+                    s_hit = state_hit(m) if triple else None
+            node, tree_lock, hit, prefix, got = hybrid_load(m, node, tree_lock, hreq)
+        elif not host:
             hit = m.device_prefix_len
             prefix = m.device_indices
+        # what both tiers could serve: the hit and the host tokens a declined load left
+        base = hit + (declined - dec0 if host else 0)
+        if triple and base > s_hit:
+            s_hit = base    # a restored state, or one a declined load left on the host
         need = n - hit + o
         slots_i = a_alloc(need)
         while slots_i is None:
@@ -1381,12 +1713,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 waits += 1
                 waited += 1
                 slots_i = a_alloc(need)
-        if host and got:
+        if host and (got or hybrid):
             # the load is submitted with the batch and, synchronous, complete at once
             t = pc()
-            ready_to_load()
-            loading_check()
-            lat_loading.append(pc() - t)
+            if ready_to_load() == 0:
+                loading_check()
+                lat_loading.append(pc() - t)
         r_evicted[i] = evicted - ev0
         if swa:
             r_swa_evicted[i] = swa_evicted - sev0
@@ -1396,6 +1728,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         r_decide[i] = clock
         if host:
             r_host_match[i] = m.host_hit_length
+            r_declined[i] = declined - dec0
         if slots_i is None:
             unlock(tree_lock if hybrid else node)
             if mslot is not None:
@@ -1433,9 +1766,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 r_full_hit[i] = full_hit
                 # the deepest state: Mamba alone on this tree would hit it (SWA: no state
                 # to lack; Mamba: the hit)
-                s_hit = s_hit if triple else full_hit if swa else hit
+                s_hit = s_hit if triple else full_hit if swa else base
                 r_state_hit[i] = s_hit
-                lost_w += s_hit - hit
+                r_base[i] = base
+                lost_w += s_hit - base
                 lost_c += full_hit - s_hit
             if extra:
                 # its 3 state slots (reserved above: the KV step only frees states)
@@ -1510,6 +1844,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
     if host:
         # host slots: free, or holding a node's host copy (nothing is in flight now)
         aux.append(("host", host_pool.available_size(), host_total(), 0, h_slots))
+        if swa:
+            aux.append(("SWA host", cache.swa_pool_host.available_size(), swa_host_total(), 0,
+                        swa_h_slots))
+        if mamba:
+            aux.append(("Mamba host states", cache.mamba_pool_host.available_size(),
+                        m_host_total(), 0, mh_slots))
     for name, x_avail, x_ev, x_prot, x_pool in aux:
         if not (x_avail + x_ev + x_prot == x_pool and x_prot == 0):
             conserved = False
@@ -1572,7 +1912,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             # the mode's HybridMode.per_request arrays
             arrays = {"swa_evicted_tokens": r_swa_evicted, "mamba_evicted_states": r_m_evicted,
                       "full_kv_hit_tokens": np.where(served, r_full_hit, 0),
-                      "window_lost_hit_tokens": np.where(served, r_state_hit - r_hit, 0),
+                      "window_lost_hit_tokens": np.where(served, r_state_hit - r_base, 0),
                       "checkpoint_lost_hit_tokens": np.where(served, r_full_hit - r_state_hit,
                                                              0)}
             mode = SWA_MAMBA_MODE if triple else SWA_MODE if swa else MAMBA_MODE
@@ -1582,7 +1922,7 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
                 device_hit_tokens=np.where(served, r_dev_hit, 0),
                 host_hit_tokens=np.where(served, r_host_hit, 0),
                 miss_tokens=workload.input_lengths - np.where(served, r_hit, 0),
-                host_match_tokens=r_host_match)
+                host_match_tokens=r_host_match, declined_host_tokens=r_declined)
     prompt_tokens = workload.prompt_tokens
     latency = {"match_prefix": _latency(lat_match), "inc_lock_ref": _latency(lat_lock),
                "evict": _latency(lat_evict), "cache_finished_req": _latency(lat_finish)}
@@ -1601,7 +1941,24 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             host_hit_ratio=host_hits / workload.prompt_tokens if workload.prompt_tokens else 0.0,
             load_backs=int(load_backs), loaded_tokens=int(loaded),
             declined_host_tokens=int(declined), load_evicted_tokens=int(load_evicted),
-            peak_host_tree_tokens=int(peak_host), final_host_tree_tokens=int(host_total()))
+            peak_host_tree_tokens=int(peak_host), final_host_tree_tokens=int(host_total()),
+            backed_up_tokens=int(moved["backup"]),
+            host_evicted_tokens=int(moved["backup"] - host_total()))
+        if swa:
+            swa_kw.update(
+                swa_host_pool_slots=swa_h_slots, swa_backed_up_tokens=int(moved["backup_swa"]),
+                swa_host_loaded_tokens=int(swa_loaded),
+                swa_host_evicted_tokens=int(moved["backup_swa"] - swa_host_total()),
+                load_swa_evicted_tokens=int(load_swa_evicted),
+                peak_swa_host_tree_tokens=int(peak_swa_host),
+                final_swa_host_tree_tokens=int(swa_host_total()))
+        if mamba:
+            swa_kw.update(
+                mamba_host_pool_slots=mh_slots, backed_up_states=int(moved["backup_state"]),
+                host_state_loads=int(state_loads),
+                host_evicted_states=int(moved["backup_state"] - m_host_total()),
+                load_evicted_states=int(load_m_evicted), peak_host_tree_states=int(peak_m_host),
+                final_host_tree_states=int(m_host_total()))
     if swa:
         latency["evict_sliding_windows"] = _latency(lat_slide)
         if not unbounded and swa_slots < int(int(capacity) * swa_ratio) - page_size:
