@@ -817,9 +817,11 @@ class AuxHostTierRules(RuleBasedStateMachine):
     """The rules the auxiliary components' host-tier machines share (Mamba's in
     ``test_hicache_mamba.py``, SWA's in ``test_hicache_swa.py``): a subclass builds
     ``self.env`` (with ``cache`` and ``partition()``) and ``self.locks`` /
-    ``self.hlocks`` (``(node, receipt)`` pairs) in its own ``build`` rule; these
-    release a held lock of either tier, make ack calls at arbitrary points, and
-    check ``env.partition()`` after every step."""
+    ``self.hlocks`` (``(node, receipt)`` pairs) in its own ``build`` rule and gives
+    a storage refill's staging (``_staging(n, pages)``: ``insert_host`` keywords);
+    these release a held lock of either tier, make ack calls at arbitrary points,
+    refill the host tier from storage, and check ``env.partition()`` after every
+    step."""
 
     def __init__(self):
         super().__init__()
@@ -844,6 +846,26 @@ class AuxHostTierRules(RuleBasedStateMachine):
     @precondition(lambda self: self.env is not None)
     def acks(self, what, k):
         ack(self.env.cache, what, k)
+
+    @rule(b=st.integers(0, 3), cut=st.integers(1, 8), at=st.integers(0, 8),
+          pages=st.integers(1, 4))
+    @precondition(lambda self: self.env is not None)
+    def refill(self, b, cut, at, pages):
+        """A storage refill of ``toks`` below the host match of its first ``at``
+        tokens, with the component's staging (``_staging``: ``pages`` pages)."""
+        c = self.env.cache
+        toks = self._toks(b, cut)
+        anchor = c.match_prefix(MatchPrefixParams(key=RadixKey(list(toks[:at])))).last_host_node \
+            if at and len(toks) >= at else c.root_node_handle()
+        depth = c._path_units(anchor, None)
+        if depth >= len(toks):
+            return
+        h = c.mem_pool_host.alloc(len(toks) - depth)
+        if h is None:
+            return
+        r = c.insert_host(anchor, RadixKey(list(toks[depth:])), h,
+                          **self._staging(len(toks) - depth, pages))
+        c.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
 
     @invariant()
     def partitioned(self):

@@ -657,6 +657,11 @@ class MambaHostTierMachine(AuxHostTierRules):
     def evict_host(self, n, states):
         self.env.cache.evict_host(n, MAMBA if states else FULL)
 
+    def _staging(self, n, pages):
+        """A refill's staged state (one in four refills has none; None: pool short)."""
+        h = self.env.cache.mamba_pool_host.alloc(1) if pages > 1 else None
+        return dict(mamba_host_value=None if h is None else int(h[0]))
+
 
 MambaHostTierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
                                                   deadline=None)

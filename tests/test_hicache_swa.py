@@ -473,6 +473,11 @@ class SWAHostTierMachine(AuxHostTierRules):
     def evict_host(self, n, swa):
         self.env.cache.evict_host(n, SWA if swa else FULL)
 
+    def _staging(self, n, pages):
+        """A refill's SWA staging: ``pages`` pages of the key's end (None: pool short)."""
+        return dict(swa_host_value=self.env.cache.swa_pool_host.alloc(
+            min(pages * self.env.cache.page_size, n)))
+
 
 SWAHostTierMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40,
                                                 deadline=None)
