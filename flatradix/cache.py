@@ -717,7 +717,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         key or value (wrong type, dtype, shape or length, negative or
         out-of-range KV index; with flatradix's allocator attached, a slot it has
         not handed out: free, slot 0, or given twice; with its SWA allocator, a
-        slot at or past the SWA cursor without an SWA peer), a negative or
+        slot at or past the SWA cursor without an SWA peer, or one below it and
+        past ``prev_prefix_len`` with an SWA peer still), a negative or
         unaligned SWA cursor or SWA parameters on a cache without SWA, before
         anything changes.
         """
@@ -771,7 +772,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             # given twice), which implies the kernel's bound check: skip that pass
             limit = L.VALUES_UNCHECKED
         if self._swa:
-            self._vals.check_swa_peers(value[:n], max(prev, cursor), name)
+            self._vals.check_swa_peers(value[:n], prev, cursor, name)
         branch_inserted = branching is not None and nlog >= branching
         track = bool(params.track_adopted_ranges)
         plen, target, dup, _, adopted, exist = self._insert_units(

@@ -711,3 +711,8 @@ class SWATokenToKVPoolAllocator:
         """Index of the first Full slot of ``idx`` (int64) with no SWA peer, or -1."""
         bad = self.full_to_swa_index_mapping[idx] <= 0
         return int(np.argmax(bad)) if bad.any() else -1
+
+    def _swa_mapped(self, idx):
+        """Index of the first Full slot of ``idx`` (int64) that has an SWA peer, or -1."""
+        bad = self.full_to_swa_index_mapping[idx] > 0
+        return int(np.argmax(bad)) if bad.any() else -1

@@ -110,18 +110,30 @@ class ValueBridge:
             raise ValueError(f"{name}: KV slot {int(value[i])} at {int(i)} appears twice")
         return True
 
-    def check_swa_peers(self, value, start, name):
+    def check_swa_peers(self, value, prev, cursor, name):
         """With flatradix's SWA allocator: ``ValueError`` naming ``name`` unless every
-        slot of ``value[start:]`` has an SWA peer (the insert may adopt or free them
-        with their peers). No check with other allocators."""
+        slot of ``value[max(prev, cursor):]`` has an SWA peer (the insert may adopt or
+        free them with their peers) and no slot of ``value[prev:cursor]`` has one
+        (below the request's SWA cursor the insert keeps or frees Full slots only:
+        the request gave those SWA peers back as its window slid). No check with
+        other allocators."""
         fn = getattr(self.allocator, "_swa_unmapped", None)
-        if fn is None or start >= value.shape[0]:
+        if fn is None:
             return
-        i = fn(value[start:])
-        if i >= 0:
-            raise ValueError(f"{name}: KV slot {int(value[start + i])} at {start + i} has no "
-                             "SWA slot in the allocator's mapping (positions at or past the "
-                             "request's SWA cursor need one)")
+        start = max(prev, cursor)
+        if start < value.shape[0]:
+            i = fn(value[start:])
+            if i >= 0:
+                raise ValueError(f"{name}: KV slot {int(value[start + i])} at {start + i} has "
+                                 "no SWA slot in the allocator's mapping (positions at or past "
+                                 "the request's SWA cursor need one)")
+        if prev < cursor:
+            i = self.allocator._swa_mapped(value[prev:cursor])
+            if i >= 0:
+                raise ValueError(f"{name}: KV slot {int(value[prev + i])} at {prev + i} still "
+                                 "has an SWA slot in the allocator's mapping, below the "
+                                 f"request's SWA cursor {cursor} (free the SWA side of the "
+                                 "slots below the cursor first: free_swa)")
 
     # ------------------------------------------------------------------ frees
     def _arg(self, idx):

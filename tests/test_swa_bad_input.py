@@ -163,6 +163,24 @@ def test_insert_slot_without_swa_peer_at_or_past_the_cursor(env):
     env.check()
 
 
+def test_insert_slot_with_swa_peer_below_the_cursor(env):
+    """Cursor 6, positions 0..5 tombstone positions: a slot there that still has its
+    SWA peer (position 3) is refused, naming params.value (accepted, the tree would
+    keep or free its Full side only: the peer would leak and a later eviction of the
+    node raise partway); below prev_prefix_len the slots are the tree's, not
+    checked; with the peer given back the insert goes through."""
+    v = env.fresh(8)
+    env.alloc.free_swa(np.r_[v[:3], v[4:6]])
+    refused(env, lambda: env.cache.insert(_ip([5, 6, 7, 8, 1, 2, 3, 4], v, 6)),
+            ValueError, r"params.value: KV slot \d+ at 3 still has an SWA slot", check=False)
+    env.alloc.free_swa(v[3:4])
+    r = env.cache.insert(_ip([5, 6, 7, 8, 1, 2, 3, 4], v, 6))
+    assert r.prefix_len == 0
+    env.check()
+    env.cache.evict(EvictParams(num_tokens=100, swa_num_tokens=100))
+    env.check()
+
+
 def test_insert_swa_params_on_a_full_only_cache():
     a = TokenToKVPoolAllocator(16)
     c = UnifiedRadixCache(token_to_kv_pool_allocator=a)
