@@ -33,18 +33,8 @@ from flatradix.replay.sim import HOST_FIELDS, HOST_MAMBA_FIELDS, HOST_SWA_FIELDS
 
 from .test_replay import TRACE, needs_trace, swa_pool_partition
 from .test_replay_hicache import HAND
-from .test_replay_mamba import _cli, _workload
+from .test_replay_mamba import _capturing_factory, _cli, _workload
 from .test_replay_triple import extending_workload
-
-
-def _capturing_factory(box):
-    from flatradix.replay import default_cache_factory
-
-    def factory(*args, **kw):
-        box["cache"] = default_cache_factory(*args, **kw)
-        box["alloc"], box["pool"] = args[2], args[3]
-        return box["cache"]
-    return factory
 
 
 def _assert_six_pools_partitioned(box, swa, mamba):
@@ -204,7 +194,7 @@ def test_host_aux_pools_follow_the_host_to_device_ratio():
     assert notes == [f"SWA host pool sized to {tokens:,} tokens: this workload can never use "
                      f"more, so 1,000,000,000 tokens gives the same run",
                      "Mamba host pool sized to 300 states: this workload can never use more "
-                     "(one a request), so 1,000,000,000 gives the same run"]
+                     "(one a request), so 1,000,000,000 states gives the same run"]
     r = replay(w, capacity=300, page_size=1, host_capacity=600, swa_window=8, swa_ratio=0.5,
                mamba_states=8, swa_host_capacity=100, mamba_host_states=5)
     assert (r.swa_host_pool_slots, r.mamba_host_pool_slots) == (100, 5)

@@ -440,30 +440,24 @@ def host_aux_slots(workload, host_capacity, capacity, pool_slots, page_size, swa
     states_bound = max(1, len(workload))
     inf = host_capacity == math.inf
     ratio = None if inf else int(host_capacity) / (capacity if capacity else max(1, pool_slots))
-    swa_h = states_h = None
-    if swa_ratio is not None:
-        if swa_host_capacity is not None:
-            swa_h = int(swa_host_capacity)
-        elif inf:
-            swa_h = tokens_bound
-        else:
-            swa_h = int(int(host_capacity) * float(swa_ratio))
-            swa_h = max(page_size, swa_h - swa_h % page_size)
-        if swa_h > tokens_bound and not inf and notes is not None:
-            notes.append(f"SWA host pool sized to {tokens_bound:,} tokens: this workload can "
-                         f"never use more, so {swa_h:,} tokens gives the same run")
-        swa_h = max(1, min(swa_h, tokens_bound))
-    if mamba_slots is not None:
-        if mamba_host_states is not None:
-            states_h = int(mamba_host_states)
-        elif inf:
-            states_h = states_bound
-        else:
-            states_h = max(1, int(mamba_slots * ratio))
-        if states_h > states_bound and not inf and notes is not None:
-            notes.append(f"Mamba host pool sized to {states_bound:,} states: this workload can "
-                         f"never use more (one a request), so {states_h:,} gives the same run")
-        states_h = max(1, min(states_h, states_bound))
+
+    def sized(given, bound, default, what):
+        # the pool asked for (or the default), capped at what the workload can use
+        h = int(given) if given is not None else bound if inf else default()
+        if h > bound and not inf and notes is not None:
+            notes.append(f"{what[0]} host pool sized to {bound:,} {what[1]}: this workload "
+                         f"can never use more{what[2]}, so {h:,} {what[1]} gives the same run")
+        return max(1, min(h, bound))
+
+    def swa_default():
+        h = int(int(host_capacity) * float(swa_ratio))
+        return max(page_size, h - h % page_size)
+
+    swa_h = None if swa_ratio is None else sized(
+        swa_host_capacity, tokens_bound, swa_default, ("SWA", "tokens", ""))
+    states_h = None if mamba_slots is None else sized(
+        mamba_host_states, states_bound, lambda: max(1, int(mamba_slots * ratio)),
+        ("Mamba", "states", " (one a request)"))
     return swa_h, states_h
 
 
