@@ -1330,19 +1330,20 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         swa = self._swa
         mamba = self._mamba
         mamba_host = self._host_mamba is not None
-        swa_host = self._host_swa is not None
+        shosts = None
+        if self._host_swa is not None:  # SWA host hits, all under one lock
+            with self._mutex:
+                st = eng.st
+                shosts = [_k_swa_host_hit(*st, h) for h in res[:, 5].tolist()]
         results = []
-        for (plen, best, vis, full_hit, host_hit, hbest), p0 in zip(res.tolist(),
-                                                                    pos[:-1].tolist()):
+        for i, ((plen, best, vis, full_hit, host_hit, hbest), p0) in enumerate(
+                zip(res.tolist(), pos[:-1].tolist())):
             if full_hit == 0 and plen == 0 and vis < 0:
                 results.append(_tuple_new(MatchResult, (
                     idx[p0:p0], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
                 continue
             branch = full_hit if swa and full_hit > plen + host_hit else None
-            shost = 0
-            if swa_host:
-                with self._mutex:
-                    shost = _k_swa_host_hit(*eng.st, hbest)
+            shost = 0 if shosts is None else shosts[i]
             # the Mamba fields as match_prefix computes them (the host-only test reads
             # the node now: a later key of the batch may have changed it, as SGLang's
             # finaliser runs at each match -- only a split can, which keeps the state)

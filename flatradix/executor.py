@@ -124,7 +124,7 @@ def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba
         else:
             raise AssertionError(f"unhandled action kind {kind}")
     for pool, parts in host_frees.values():
-        pool.free(np.concatenate(parts) if len(parts) > 1 else parts[0].copy())
+        pool.free(np.concatenate(parts) if len(parts) > 1 else parts[0])  # (copies them)
     freed_full = _cat(full)
     if vals is not None:
         vals.free_split(freed_full, _cat(swa) if swa else _EMPTY)

@@ -821,3 +821,28 @@ def test_a_refill_with_bad_staging_is_refused_before_any_change():
         plain.insert_host(plain.root_node_handle(), RadixKey([1]),
                           plain.mem_pool_host.alloc(1), swa_host_value=np.array([0]))
     assert plain.host_total_size() == 0
+
+
+def test_match_prefix_batch_reports_swa_host_hits_as_single_calls():
+    # two caches built alike: A and B backed up and demoted (host-only SWA windows), a
+    # device-only key beside them; the batch's results equal the single calls', field by
+    # field (swa_host_hit_length included: computed for the whole batch under one lock)
+    def build():
+        env = Env(window=4, pool=48, host=48)
+        backed(env, A, B)
+        env.cache.evict(EvictParams(num_tokens=24))
+        env.ins(list(range(30, 36)))
+        return env
+    one, many = build(), build()
+    keys = [A, B, A[:10], list(range(30, 36)) + [1], [99]]
+    want = [one.match(k) for k in keys]
+    got = many.cache.match_prefix_batch([MatchPrefixParams(key=RadixKey(list(k)))
+                                         for k in keys])
+    fields = ("device_prefix_len", "host_hit_length", "swa_host_hit_length",
+              "swa_branching_seqlen", "last_device_node", "best_match_node", "last_host_node",
+              "full_kv_hit_length")
+    for w, g in zip(want, got):
+        assert [getattr(g, f) for f in fields] == [getattr(w, f) for f in fields]
+        assert np.asarray(g.device_indices).tolist() == np.asarray(w.device_indices).tolist()
+    assert sum(w.swa_host_hit_length for w in want) > 0
+    many.partition()
