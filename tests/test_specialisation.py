@@ -6,7 +6,7 @@ second specialisation -- which would cost cold-start time on first use and
 disk in the cache. A fresh process runs every public operation (Full-only and
 SWA caches, page sizes 1 and 16, EAGLE, KV events, numpy / torch / list /
 ``array('q')`` values, the request path, step-wise eviction, reset, the host
-tier, Full-only and with Mamba) and then
+tier, Full-only and with SWA and Mamba, storage refills with staging) and then
 reads each kernel's compiled signatures.
 """
 
@@ -151,6 +151,11 @@ WORKLOAD = textwrap.dedent("""
         c.evict(F.EvictParams(num_tokens=1 << 20, mamba_num=1 << 20))
         c.evict_host(1, CT.MAMBA)
         c.evict_host(1 << 20)
+        # a storage refill with a staged state (the cache keeps or frees it)
+        h = c.mem_pool_host.alloc(len(toks))
+        r = c.insert_host(c.root_node_handle(), F.RadixKey(toks), h,
+                          mamba_host_value=int(c.mamba_pool_host.alloc(1)[0]))
+        c.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
         c.sanity_check()
     # HiCache with SWA: window backups (and an incremental one), demote, SWA tombstones
     # with host copies, Full and SWA-only load-backs, SWA host eviction, host locks
@@ -186,6 +191,11 @@ WORKLOAD = textwrap.dedent("""
         c.evict_host(1 << 20, CT.SWA)
         c.evict(F.EvictParams(num_tokens=1 << 20, swa_num_tokens=1 << 20))
         c.evict_host(1 << 20)
+        # a storage refill with a staged window (the cache keeps or frees it)
+        h = c.mem_pool_host.alloc(len(toks))
+        r = c.insert_host(c.root_node_handle(), F.RadixKey(toks), h,
+                          swa_host_value=c.swa_pool_host.alloc(2 * page))
+        c.mem_pool_host.free(h if r.host_insert_dropped else h[:r.prefix_len])
         c.sanity_check()
     # write-back with SWA: an internal node's SWA data backed up before its tombstone
     # (the whole evict and the step-wise round), a leaf victim with its window
