@@ -1320,6 +1320,13 @@ class Executor:
             return m.device_prefix_len + m.host_hit_length
         return self.a.node_depth(m.last_host_node)
 
+    def _walk_meets_node(self, toks, depth):
+        """Whether a node hangs below depth ``depth`` of ``toks``'s path on the refill's
+        first page (a walk from an anchor there would enter it), from the first
+        side's tree."""
+        head = tuple(toks[:depth + self.P])
+        return any(len(k) > depth and k[:len(head)] == head for k in self.a.tree())
+
     def op_insert_host(self, toks, pages, back, swa_pages=None, state=False):
         """A storage prefetch's refill (SGLang ``_handle_prefetch_result``): after a
         match, up to ``pages`` pages of ``toks`` past its device + host hit get
@@ -1381,6 +1388,16 @@ class Executor:
             # Mamba's validator can end the match above nodes that are cached on the
             # device only, so the refill would walk them below a device-only anchor:
             # SGLang's invariant-breaking case above, skipped the same way
+            self.stats["insert_host_unbacked_anchor_skipped"] += 1
+            return
+        elif self.swa and depth and self.cfg["write_policy"] != "write_back" and \
+                not self.a.cache.is_backuped(ma.last_host_node) and \
+                self._walk_meets_node(toks, depth):
+            # SWA's validators can end the match above a node the refill's walk then
+            # meets (an SWA tombstone, a node split by the match): the same
+            # device-only-anchor case, skipped the same way (seed 501 of
+            # p1-swa8-wts-lfu: SGLang gave a split node a host copy below the
+            # un-backed anchor, flatradix dropped the refill)
             self.stats["insert_host_unbacked_anchor_skipped"] += 1
             return
         xa, xb = self._both("insert_host.host_alloc", lambda: self.a.host_alloc(n),
