@@ -709,6 +709,38 @@ def test_a_write_back_backup_short_of_swa_host_slots_gives_its_host_state_back()
     c.sanity_check()
 
 
+def test_a_write_back_subtree_drop_deletes_each_nodes_oldest_child_first():
+    # write-back, an SWA host pool of 1 token: the backup of device leaf P = [1..4]
+    # finds no SWA host room, so P is dropped with its host-only subtree (refills
+    # below it: C1 = +[10, 11], then C2 = +[20, 21], then G = C1 + [12, 13]). The CPU
+    # removals come in SGLang's order (its Python core; the oracle found the other
+    # order): a post-order walk taking each node's oldest child first: G, C1, C2
+    alloc = SWATokenToKVPoolAllocator(32, 32)
+    c = UnifiedRadixCache(tree_components=(FULL, SWA), sliding_window_size=4,
+                          token_to_kv_pool_allocator=alloc, enable_kv_cache_events=True)
+    c.init_hicache(host_size=32, swa_host_size=1, hicache_write_policy="write_back")
+    p = list(range(1, 5))
+    c.insert(InsertParams(key=RadixKey(p), value=alloc.alloc(4)))
+    node = c.match_prefix(MatchPrefixParams(key=RadixKey(p))).last_device_node
+    c.take_events()
+    stored, nodes = {}, {"P": node}
+    for name, anchor, toks in (("C1", "P", [10, 11]), ("C2", "P", [20, 21]),
+                               ("G", "C1", [12, 13])):
+        r = c.insert_host(nodes[anchor], RadixKey(toks), c.mem_pool_host.alloc(2))
+        assert (r.prefix_len, r.host_insert_dropped) == (0, False)
+        nodes[name] = r.inserted_host_node
+        stored[name] = [e for ev in c.take_events() for e in ev.block_hashes]
+    assert c.host_total_size() == 6 and node == c.match_prefix(
+        MatchPrefixParams(key=RadixKey(p))).last_device_node
+    r = c.evict(EvictParams(num_tokens=4))
+    assert r.num_tokens_evicted == 4                     # dropped, not demoted
+    cpu = [h for ev in c.take_events() if type(ev).__name__ == "BlockRemoved"
+           and ev.medium == "CPU_PINNED" for h in ev.block_hashes]
+    assert cpu == stored["G"] + stored["C1"] + stored["C2"]
+    assert c.host_total_size() == 0 and c.mem_pool_host.available_size() == 32
+    c.sanity_check()
+
+
 # ---------------------------------------------------------------------- storage prefetch
 def _refill(env, anchor, toks, swa):
     """``insert_host`` of ``toks`` below ``anchor`` with fresh host slots and ``swa``

@@ -852,7 +852,8 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
 def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Write-back fallback when the backup of device leaf ``nid`` found no host
     memory (SGLang ``drop_subtree_no_host``): delete its host-only descendants
-    (deepest first) and the node itself, unless any of them is locked on either
+    (deepest first, each node's oldest child first: SGLang's Python core's order)
+    and the node itself, unless any of them is locked on either
     tier or has a transfer in flight (then nothing changes: ``(OK, 0, 0)``).
     Counts the node's units toward an open Full eviction round. Returns
     ``(status, device units, host units)``."""
@@ -884,12 +885,15 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
     if not acts_room(acts, out, meta, 4 * k + 6, 2 * units + k + 2 * n + 2):
         need(meta, 0, 0, 2 * units + k + 2 * n + 2, 4 * k + 6)
         return E_CAPACITY, 0, 0
-    # delete host leaves below s until none is left (each deletion may expose its parent)
+    # delete host leaves below s until none is left (each deletion may expose its
+    # parent): a post-order walk that takes each node's oldest child first (the tail
+    # of the child list), SGLang's order (its Python core deletes its stack walk's
+    # visits in reverse; the Rust core's order follows its child hash map)
     freed_host = 0
     while nodes[s, NCHILD] > 0:
-        x = nodes[s, FIRST_CHILD]
+        x = _last_child(nodes, s)
         while nodes[x, NCHILD] > 0:
-            x = nodes[x, FIRST_CHILD]
+            x = _last_child(nodes, x)
         freed_host += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
     state = mamba.has_data(nodes, s)
     window = swa.has_data(nodes, s)
@@ -901,6 +905,16 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
     if state and meta[M_EVICT_WALK + MAMBA]:
         meta[M_EVICT_DONE + MAMBA] += 1
     return OK, freed, freed_host
+
+
+@helper
+def _last_child(nodes, x):
+    """``x``'s oldest child: the tail of its child list (new children go to the
+    head, a split's upper part takes its child's place). O(children)."""
+    c = nodes[x, FIRST_CHILD]
+    while nodes[c, NEXT_SIB] != NIL:
+        c = nodes[c, NEXT_SIB]
+    return c
 
 
 @helper
