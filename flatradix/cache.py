@@ -62,6 +62,37 @@ MAX_PAGE_SIZE = 1 << 20
 MAX_NODE_CAPACITY = 1 << 31
 #: Largest accepted initial pool_capacity (rows of 16 bytes or more each).
 MAX_POOL_CAPACITY = 1 << 40
+#: Default pool_capacity without an allocator (rows; grown by doubling on demand).
+POOL_CAPACITY_DEFAULT = 1 << 16
+#: Pool rows reserved per Full KV slot of the allocator when pool_capacity is not
+#: given: an in-place compaction then comes at most once per KV pool's worth of
+#: tokens appended.
+POOL_ROWS_PER_SLOT = 2
+#: Largest pool_capacity taken from an allocator's size (rows): a 4M-token KV pool's;
+#: larger trees grow past it by doubling.
+POOL_CAPACITY_AUTO_MAX = 1 << 23
+
+
+def _auto_pool_capacity(allocator):
+    """The pool rows a cache reserves when ``pool_capacity`` is not given:
+    ``POOL_ROWS_PER_SLOT`` x the allocator's Full KV slots (``size_full``, else
+    ``size``), within ``[POOL_CAPACITY_DEFAULT, POOL_CAPACITY_AUTO_MAX]``; the
+    default without one. At most ``size`` device tokens are cached, so the pool
+    then never grows for them (a growth copies every live row into fresh memory
+    in one call: a latency spike) and in-place compactions (each moving the live
+    rows, O(size)) are at least ``size`` appended rows apart (4 x gave a third
+    of them, but twice the fresh memory to fault in: slower on a 3,000-request
+    replay). The array is zero-filled lazily by the OS: its pages become resident
+    as rows are appended (16 bytes a row for a Full-only cache without events)."""
+    size = getattr(allocator, "size_full", None) if allocator is not None else None
+    if size is None and allocator is not None:
+        size = getattr(allocator, "size", None)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
+        return POOL_CAPACITY_DEFAULT
+    return int(min(max(POOL_ROWS_PER_SLOT * int(size), POOL_CAPACITY_DEFAULT),
+                   POOL_CAPACITY_AUTO_MAX))
+
+
 #: Eviction counts above this are clamped to it (it exceeds any tree; kernels take int64).
 _COUNT_CLAMP = 1 << 62
 
@@ -206,6 +237,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         Hold nothing: match returns empty, insert returns prefix_len 0.
     node_capacity, pool_capacity : int
         Initial sizes (grown by doubling on demand); at most 2**31 / 2**40.
+        ``pool_capacity`` (rows, one per cached token) defaults to twice the
+        allocator's Full slots, at most 2**23 (``POOL_CAPACITY_AUTO_MAX``), or
+        2**16 without an allocator: a cache sized for its KV pool never grows
+        its pool for device tokens (a growth copies every live row at once)
+        and compacts it in place at most once per its slots inserted.
 
     Bad input raises ``TypeError`` / ``ValueError`` naming the argument before
     anything changes (``docs/architecture.md``, "Bad input").
@@ -235,7 +271,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def __init__(self, page_size=1, components=_FULL_ONLY, eviction_policy="lru",
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
-                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=1 << 16,
+                 enable_kv_cache_events=False, node_capacity=1024, pool_capacity=None,
                  kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None,
                  mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False,
                  mamba_max_states_per_path=-1, enable_mamba_extra_buffer_lazy=False):
@@ -348,7 +384,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         ncap = as_count(node_capacity, "node_capacity")
         if ncap > MAX_NODE_CAPACITY:
             raise ValueError(f"node_capacity must be <= {MAX_NODE_CAPACITY}, got {ncap}")
-        pcap = as_count(pool_capacity, "pool_capacity")
+        pcap = (_auto_pool_capacity(token_to_kv_pool_allocator) if pool_capacity is None
+                else as_count(pool_capacity, "pool_capacity"))
         if pcap > MAX_POOL_CAPACITY:
             raise ValueError(f"pool_capacity must be <= {MAX_POOL_CAPACITY}, got {pcap}")
         if kv_event_lora_names is not None:

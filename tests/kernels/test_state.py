@@ -59,3 +59,40 @@ def test_reset_makes_every_id_stale_and_keeps_capacity():
         raise AssertionError("stale id accepted after reset")
     assert c._engine.st.nodes.shape[0] == cap
     c.sanity_check()
+
+
+def test_the_pool_is_sized_from_the_allocator_and_never_grows_for_its_tokens():
+    # pool_capacity left out: twice the allocator's Full slots (SWA: size_full), within
+    # [2**16, 2**23]; caching the whole KV pool over and over (churn through eviction)
+    # only compacts in place, the array is never replaced
+    from flatradix import ComponentType, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from flatradix.cache import POOL_CAPACITY_AUTO_MAX, POOL_CAPACITY_DEFAULT
+
+    assert UnifiedRadixCache()._engine.st.pool.shape[0] == POOL_CAPACITY_DEFAULT
+    assert UnifiedRadixCache(token_to_kv_pool_allocator=TokenToKVPoolAllocator(
+        100))._engine.st.pool.shape[0] == POOL_CAPACITY_DEFAULT
+    swa = SWATokenToKVPoolAllocator(50_000, 1_000)
+    assert UnifiedRadixCache(
+        token_to_kv_pool_allocator=swa,
+        tree_components=(ComponentType.FULL, ComponentType.SWA),
+        sliding_window_size=8)._engine.st.pool.shape[0] == 100_000
+    big = TokenToKVPoolAllocator(1 << 24)
+    assert UnifiedRadixCache(token_to_kv_pool_allocator=big)._engine.st.pool.shape[0] == \
+        POOL_CAPACITY_AUTO_MAX
+    assert UnifiedRadixCache(token_to_kv_pool_allocator=big, pool_capacity=64
+                             )._engine.st.pool.shape[0] == 64
+    alloc = TokenToKVPoolAllocator(40_000)
+    c = UnifiedRadixCache(token_to_kv_pool_allocator=alloc)
+    pool = c._engine.st.pool
+    assert pool.shape[0] == 80_000
+    rng = np.random.default_rng(3)
+    for step in range(400):
+        k = rng.integers(0, 1 << 20, size=int(rng.integers(500, 3000)))
+        v = alloc.alloc(k.size)
+        if v is None:
+            c.evict(EvictParams(num_tokens=k.size - alloc.available_size()))
+            v = alloc.alloc(k.size)
+        c.insert(InsertParams(key=RadixKey(k), value=v))
+    assert c._engine.st.pool is pool               # compacted in place, never replaced
+    assert int(c._engine.st.meta[L.M_POOL_TOP]) < 80_000
+    c.sanity_check()
