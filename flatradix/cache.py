@@ -84,9 +84,14 @@ def _auto_pool_capacity(allocator):
     of them, but twice the fresh memory to fault in: slower on a 3,000-request
     replay). The array is zero-filled lazily by the OS: its pages become resident
     as rows are appended (16 bytes a row for a Full-only cache without events)."""
-    size = getattr(allocator, "size_full", None) if allocator is not None else None
-    if size is None and allocator is not None:
-        size = getattr(allocator, "size", None)
+    size = None
+    for name in ("size_full", "size"):
+        try:
+            size = getattr(allocator, name, None) if allocator is not None else None
+        except Exception:  # a property that fails: the allocator's business, not ours
+            size = None
+        if size is not None:
+            break
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
         return POOL_CAPACITY_DEFAULT
     return int(min(max(POOL_ROWS_PER_SLOT * int(size), POOL_CAPACITY_DEFAULT),

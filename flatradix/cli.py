@@ -161,6 +161,11 @@ def _host_capacities(text):
         except ValueError:
             zero = False
         if zero:
+            if t.strip().isdigit() and len(t.strip()) == 3:
+                # "1,000,000" split into 1, 0, 0: commas separate capacities here
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: commas separate host capacities here (0,2M,8M); write one "
+                    f"capacity without commas (1000000, 1M)")
             out.append(0)
             continue
         try:
@@ -174,14 +179,27 @@ def _host_capacities(text):
     return list(dict.fromkeys(out))
 
 
-def _capacity_int(text):
-    """``--swa-host-capacity`` / ``--mamba-host-states``: a count >= 1 (``2M``, ``500k``
-    taken), not ``inf``."""
-    v = _capacity(text)
-    if v is None:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 (e.g. 4096, 2M), got "
-                                         f"{text!r}")
-    return v
+def _count_of(unit):
+    """An argparse type for ``--swa-host-capacity`` (tokens) / ``--mamba-host-states``
+    (states): one whole count >= 1 (``4096``, ``2M``, ``500k``, ``2,000,000``), not
+    ``inf``; errors name ``unit``."""
+    from .replay.report import MAX_CAPACITY, parse_capacity
+
+    def parse(text):
+        try:
+            v = parse_capacity(text)
+        except ValueError as e:
+            if "largest pool" in str(e):
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} is more than the largest pool ({MAX_CAPACITY:,} {unit})") from None
+            v = None
+        if v is None:
+            raise argparse.ArgumentTypeError(
+                f"expected one whole number of {unit} >= 1 (e.g. 4096, 2M, 500k), got {text!r}")
+        return v
+
+    parse.__name__ = f"count of {unit}"  # argparse names the type in some messages
+    return parse
 
 
 def _swa_ratio(text):
@@ -348,11 +366,11 @@ def build_parser():
     g.add_argument("--load-back-threshold", type=_nonnegative_int, default=None, metavar="N",
                    help="with --host-capacity: host hits of fewer tokens are recomputed, not "
                         "loaded back (default: 10, SGLang's)")
-    g.add_argument("--swa-host-capacity", type=_capacity_int, default=None, metavar="TOKENS",
+    g.add_argument("--swa-host-capacity", type=_count_of("tokens"), default=None, metavar="TOKENS",
                    help="with --host-capacity and --swa-window: the SWA host pool in tokens "
                         "(default: --swa-ratio x the host capacity, in whole pages: SGLang "
                         "sizes both host pools with one ratio of their device pools)")
-    g.add_argument("--mamba-host-states", type=_capacity_int, default=None, metavar="N",
+    g.add_argument("--mamba-host-states", type=_count_of("states"), default=None, metavar="N",
                    help="with --host-capacity and --mamba-states: the host state pool "
                         "(default: states x host capacity / device capacity, at least 1: "
                         "SGLang sizes it with the host tier's ratio)")

@@ -186,7 +186,9 @@ class Engine:
         if st.meta[L.M_HOST] == L.HOST_OFF:
             extra = 2 if st.meta[L.M_COMPONENTS] & L.C_SWA else 1
             pool = np.zeros((st.pool.shape[0], self.pool_ncol + extra), dtype=np.int64)
-            pool[:, :self.pool_ncol] = st.pool
+            # only the rows in use: the rest stay untouched (not resident) in both
+            top = int(st.meta[L.M_POOL_TOP])
+            pool[:top, :self.pool_ncol] = st.pool[:top]
             self.pool_ncol += extra
             self.st = st = TreeArrays(st.nodes, st.ctab, pool, st.heap, st.meta)
         st.meta[L.M_HOST] = policy

@@ -717,7 +717,8 @@ class HiCacheMixin:
         Returns an ``InsertResult``: ``prefix_len`` (write-back: the matched length;
         write-through: the length of matched nodes that already had a host copy),
         ``total_len`` (the key's length), ``inserted_host_node`` (the new node,
-        else the node the key ended on when it holds a host copy, else None),
+        else the node the key ended on when it holds a host copy, else None; an
+        empty key: None, as SGLang's),
         ``host_insert_dropped`` and, with ``mamba_host_value``, ``mamba_exist``
         (the staged state was freed: the node had a host state, or there was no
         node). Mutation: the tree and the host ledgers; of the Full slots nothing
@@ -817,9 +818,13 @@ class HiCacheMixin:
             if isinstance(mamba_host_value, bool):
                 raise TypeError("mamba_host_value must be a host state slot (int), got bool")
             try:  # an int, or a 0-d integer array / tensor (SGLang's slot tensors)
-                state = np.array([operator.index(mamba_host_value)], dtype=np.int64)
+                slot = operator.index(mamba_host_value)
             except TypeError:
                 state = as_int64(mamba_host_value, "mamba_host_value").reshape(-1)
+            else:
+                if not -(1 << 63) <= slot < (1 << 63):
+                    raise ValueError(f"mamba_host_value: {slot} is out of int64 range")
+                state = np.array([slot], dtype=np.int64)
             if state.shape[0] != 1 or not self._host_mamba.all_held(state):
                 raise ValueError(f"mamba_host_value must be one host state slot in "
                                  f"0..{self._host_mamba.size - 1} handed out by "

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from flatradix import (
-    InsertParams, MatchPrefixParams, RadixKey, TokenToKVPoolAllocator, UnifiedRadixCache,
+    EvictParams, InsertParams, MatchPrefixParams, RadixKey, TokenToKVPoolAllocator,
+    UnifiedRadixCache,
 )
 from flatradix.hicache import HostKVPool
+from flatradix.kernels import layout as L
 
 pytest.importorskip("msgspec")
 
@@ -1349,3 +1351,33 @@ def test_write_back_load_whose_eviction_fails_a_backup_copy_gives_its_pins_back(
     assert cache.evict(10 ** 6).num_tokens_evicted == 12   # a, loaded back, evictable
     assert cache.evictable_size() == 0 and cache.protected_size() == 0
     cache.sanity_check()
+
+
+def test_init_hicache_on_a_populated_cache_keeps_every_node():
+    # the host column is added by copying the pool's rows in use only (the rows past
+    # the top stay untouched: a pool sized from a large allocator is mostly unused);
+    # after churn and an in-place compaction, every cached key still matches its slots
+    alloc = TokenToKVPoolAllocator(600)
+    cache = UnifiedRadixCache(token_to_kv_pool_allocator=alloc, enable_kv_cache_events=True,
+                              pool_capacity=256)
+    kept = {}
+    for i in range(40):
+        k = list(range(i * 100, i * 100 + 30))
+        v = alloc.alloc(30)
+        if v is None:
+            cache.evict(EvictParams(num_tokens=30))
+            v = alloc.alloc(30)
+        cache.insert(InsertParams(key=RadixKey(k), value=v))
+        kept[i] = v.tolist()
+    top = int(cache._engine.st.meta[L.M_POOL_TOP])
+    assert top < cache._engine.st.pool.shape[0]
+    cache.init_hicache(host_size=1000)
+    cache.sanity_check()
+    live = 0
+    for i, v in kept.items():
+        key = RadixKey(list(range(i * 100, i * 100 + 30)))
+        m = cache.match_prefix(MatchPrefixParams(key=key))
+        if m.device_prefix_len:
+            assert np.asarray(m.device_indices).tolist() == v
+            live += 1
+    assert live == cache.total_size()[0] // 30 > 0

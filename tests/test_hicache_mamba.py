@@ -701,6 +701,8 @@ def test_a_refill_with_a_bad_staged_state_is_refused_before_any_change():
     for bad, err in ((3, ValueError),                 # not handed out
                      (np.array([0, 1]), ValueError),  # two slots
                      (99, ValueError),                # outside the pool
+                     (2 ** 70, ValueError),           # beyond int64 (was OverflowError)
+                     (-2 ** 70, ValueError),
                      (True, TypeError)):
         with pytest.raises(err, match="mamba_host_value"):
             c.insert_host(root, RadixKey([1, 2, 3, 4]), h, mamba_host_value=bad)

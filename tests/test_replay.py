@@ -325,12 +325,13 @@ def test_plot_needs_sweep(capsys):
 @pytest.mark.parametrize("text, value", [
     ("inf", None), ("2000000", 2_000_000), ("2M", 2_000_000), ("500k", 500_000),
     ("1.5G", 1_500_000_000), ("2e6", 2_000_000), ("2_000_000", 2_000_000),
+    ("2,000,000", 2_000_000), ("1,500k", 1_500_000),
 ])
 def test_parse_capacity(text, value):
     assert parse_capacity(text) == value
 
 
-@pytest.mark.parametrize("text", ["0", "-3", "1.5", "lots", "", "nan"])
+@pytest.mark.parametrize("text", ["0", "-3", "1.5", "lots", "", "nan", "5,6", "1,0000", "2,00"])
 def test_parse_capacity_rejects(text):
     with pytest.raises(ValueError):
         parse_capacity(text)

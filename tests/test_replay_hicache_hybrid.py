@@ -502,7 +502,18 @@ def test_cli_hybrid_host_sweep_and_kv_bytes(tmp_path):
     (["--host-capacity", "1M", "--swa-window", "512", "--swa-host-capacity", "0"],
      "argument --swa-host-capacity"),
     (["--host-capacity", "1M", "--mamba-states", "8", "--mamba-host-states", "inf"],
-     "argument --mamba-host-states: expected a whole number >= 1"),
+     "argument --mamba-host-states: expected one whole number of states >= 1"),
+    # a list typed into a one-value option is refused, never read as 56 (fresh-user run)
+    (["--host-capacity", "1M", "--mamba-states", "8", "--mamba-host-states", "5,6"],
+     "argument --mamba-host-states: expected one whole number of states >= 1 (e.g. 4096, "
+     "2M, 500k), got '5,6'"),
+    (["--host-capacity", "1M", "--swa-window", "512", "--swa-host-capacity", "5,6"],
+     "argument --swa-host-capacity: expected one whole number of tokens >= 1"),
+    (["--host-capacity", "1M", "--mamba-states", "8", "--mamba-host-states", "2" + "0" * 20],
+     "is more than the largest pool (1,099,511,627,776 states)"),
+    (["--host-capacity", "1,000,000"], "commas separate host capacities here"),
+    (["--capacity", "5,6"], "argument --capacity: capacity takes one value (a comma only "
+     "groups thousands, as in 2,000,000), got '5,6'"),
 ])
 def test_cli_hybrid_host_errors_are_one_line(args, what):
     rc, out, err = _cli(*args)

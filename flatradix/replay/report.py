@@ -4,6 +4,7 @@ files and the sweep plot."""
 import csv
 import math
 import os
+import re
 
 from ._progress import progress_bar
 from .model import format_bytes
@@ -17,12 +18,21 @@ MAX_CAPACITY = 1 << 40
 
 
 def parse_capacity(text):
-    """``"inf"`` -> ``None``; ``"2000000"``, ``"2M"``, ``"500k"``, ``"1.5G"``, ``"2e6"`` -> int tokens.
+    """``"inf"`` -> ``None``; ``"2000000"``, ``"2,000,000"``, ``"2M"``, ``"500k"``, ``"1.5G"``,
+    ``"2e6"`` -> int tokens.
 
-    Raises ``ValueError`` for anything else, a capacity below 1, or one above
+    Raises ``ValueError`` for anything else (a comma that does not group
+    thousands, ``"5,6"``, included), a capacity below 1, or one above
     :data:`MAX_CAPACITY` (2**40 tokens; ``inf`` is the way to say unbounded).
     """
-    s = str(text).strip().lower().replace("_", "").replace(",", "")
+    s = str(text).strip().lower().replace("_", "")
+    if "," in s:
+        # a comma only groups thousands (2,000,000); anything else is a list typed
+        # into a one-value option ("5,6" is not 56)
+        if not re.fullmatch(r"[1-9]\d{0,2}(,\d{3})+(\.\d*)?[kmgt]?", s):
+            raise ValueError(f"capacity takes one value (a comma only groups thousands, "
+                             f"as in 2,000,000), got {text!r}")
+        s = s.replace(",", "")
     if s in ("inf", "infinity", "unbounded", "none"):
         return None
     mult = 1

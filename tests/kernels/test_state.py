@@ -81,6 +81,14 @@ def test_the_pool_is_sized_from_the_allocator_and_never_grows_for_its_tokens():
         POOL_CAPACITY_AUTO_MAX
     assert UnifiedRadixCache(token_to_kv_pool_allocator=big, pool_capacity=64
                              )._engine.st.pool.shape[0] == 64
+
+    class Failing(TokenToKVPoolAllocator):   # a size the cache cannot read: the default
+        @property
+        def size_full(self):
+            raise RuntimeError("not ready")
+
+    assert UnifiedRadixCache(token_to_kv_pool_allocator=Failing(1 << 20)
+                             )._engine.st.pool.shape[0] == 2 << 20
     alloc = TokenToKVPoolAllocator(40_000)
     c = UnifiedRadixCache(token_to_kv_pool_allocator=alloc)
     pool = c._engine.st.pool
