@@ -213,6 +213,9 @@ OPTION_ERRORS = {
                                   ["--write-policy needs --host-capacity (the host tier)"]),
     "load_back_threshold_without_host": (["--load-back-threshold", "5"],
                                          ["--load-back-threshold needs --host-capacity"]),
+    "capacity_list": (["--capacity", "5,6"],
+                      ["argument --capacity: capacity takes one value (a comma only groups "
+                       "thousands, as in 2,000,000), got '5,6'"]),
     "host_capacity_negative": (["--host-capacity", "-1"],
                                ["argument --host-capacity: host capacity must be a whole "
                                 "number of tokens >= 0 or 'inf'", "'-1'"]),
