@@ -22,8 +22,9 @@ Engines (``--engines``; default ``flatradix-req sglang-rust``):
   written against SGLang's API takes with flatradix plugged in. One run per
   prompt container (``--prompt``: Python ``list``, ``array('q')`` -- what
   SGLang's ``Req`` holds --, ``numpy``, ``torch``); SGLang always gets
-  ``array('q')``. Building the container (the tokenizer's side) is timed
-  apart and left out of every engine's wall.
+  ``array('q')``. Building each prompt (the trace's hash blocks expanded
+  into token ids, then the container: the tokenizer's side) is timed apart
+  and left out of every engine's wall.
 * ``flatradix``: ``flatradix.replay.replay`` itself (the scheduler emulation of
   ``flatradix/replay/sim.py``: JIT warm-up untimed, the loop timed).
 * ``sglang-rust`` / ``sglang-python``: SGLang 0.5.23's ``UnifiedRadixCache``
@@ -254,8 +255,8 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
     t_start, c_start = time.perf_counter(), time.process_time()
     for i in range(n_req):
         n, o = nin[i], nout[i]
+        tb = clock()  # the trace's token ids, then the container: the tokenizer's side
         toks = (hash_ids[ptr[i]:ptr[i + 1], None] * B + block_offsets).reshape(-1)[:n]
-        tb = clock()
         ids = array("q", toks.tobytes())
         build_ns += clock() - tb
         while len(running) >= max_running:
@@ -309,7 +310,7 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
         running.append((req, row, ids, lk, hit, n, o, i))
     while running:
         complete(running.popleft())
-    # the prompt container's construction (the tokenizer's side) is not the engine's
+    # the prompts' construction (the tokenizer's side) is not the engine's
     wall = time.perf_counter() - t_start - build_ns / 1e9
     cpu = time.process_time() - c_start - build_ns / 1e9
 
@@ -418,8 +419,8 @@ def replay_flatradix_request(workload, capacity, page_size, max_running, policy,
     t_start, c_start = time.perf_counter(), time.process_time()
     for i in range(n_req):
         n, o = nin[i], nout[i]
+        tb = clock()  # the trace's token ids, then the container: the tokenizer's side
         toks = (hash_ids[ptr[i]:ptr[i + 1], None] * B + block_offsets).reshape(-1)[:n]
-        tb = clock()
         ids = make(toks)
         build_ns += clock() - tb
         while len(running) >= max_running:
@@ -468,7 +469,7 @@ def replay_flatradix_request(workload, capacity, page_size, max_running, policy,
         running.append((req, row, ids, lk, hit, n, o, i))
     while running:
         complete(running.popleft())
-    # the prompt container's construction (the tokenizer's side) is not the engine's
+    # the prompts' construction (the tokenizer's side) is not the engine's
     wall = time.perf_counter() - t_start - build_ns / 1e9
     cpu = time.process_time() - c_start - build_ns / 1e9
     ev, prot = cache.evictable_size(), cache.protected_size()
@@ -637,7 +638,7 @@ def main(argv=None):
                   f"{res['cpu_s']:9.2f} s  {len(w) / res['wall_s']:>10,.0f} req/s  hit "
                   f"{res['hit_tokens']:,}  evicted {res['evicted_tokens']:,}  rejected "
                   f"{res['rejected_requests']}"
-                  + (f"  (+ prompt container build {res['build_s']:.2f} s)"
+                  + (f"  (+ prompt build {res['build_s']:.2f} s)"
                      if res.get("build_s") is not None else "")
                   + (f"  (allocator free {res['free_s']:.2f} s)" if res.get("free_s") is not None
                      else ""), flush=True)
