@@ -24,7 +24,8 @@ Engines (``--engines``; default ``flatradix-req sglang-rust``):
   SGLang's ``Req`` holds --, ``numpy``, ``torch``); SGLang always gets
   ``array('q')``. Building each prompt (the trace's hash blocks expanded
   into token ids, then the container: the tokenizer's side) is timed apart
-  and left out of every engine's wall.
+  and left out of this engine's and SGLang's wall (the ``flatradix`` engine
+  below times its loop whole, expansion included).
 * ``flatradix``: ``flatradix.replay.replay`` itself (the scheduler emulation of
   ``flatradix/replay/sim.py``: JIT warm-up untimed, the loop timed).
 * ``sglang-rust`` / ``sglang-python``: SGLang 0.5.23's ``UnifiedRadixCache``

@@ -160,12 +160,13 @@ def _host_capacities(text):
             zero = float(core) == 0
         except ValueError:
             zero = False
+        if ("," in text and len(out) and t.strip().isdigit() and len(t.strip()) == 3
+                and t.strip()[0] == "0"):
+            # "1,000,000" or "1,024" split into 1, 0, 0 / 1, 24: thousands groups, not a list
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: commas separate host capacities here (0,2M,8M); write one "
+                f"capacity without commas (1000000, 1M)")
         if zero:
-            if t.strip().isdigit() and len(t.strip()) == 3:
-                # "1,000,000" split into 1, 0, 0: commas separate capacities here
-                raise argparse.ArgumentTypeError(
-                    f"{text!r}: commas separate host capacities here (0,2M,8M); write one "
-                    f"capacity without commas (1000000, 1M)")
             out.append(0)
             continue
         try:

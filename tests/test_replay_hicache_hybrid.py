@@ -512,6 +512,7 @@ def test_cli_hybrid_host_sweep_and_kv_bytes(tmp_path):
     (["--host-capacity", "1M", "--mamba-states", "8", "--mamba-host-states", "2" + "0" * 20],
      "is more than the largest pool (1,099,511,627,776 states)"),
     (["--host-capacity", "1,000,000"], "commas separate host capacities here"),
+    (["--host-capacity", "1,024"], "'1,024': commas separate host capacities here"),
     (["--capacity", "5,6"], "argument --capacity: capacity takes one value (a comma only "
      "groups thousands, as in 2,000,000), got '5,6'"),
 ])
