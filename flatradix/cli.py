@@ -88,12 +88,26 @@ def _memory(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _list_items(text, nouns, example):
+    """``text.split(",")``, refusing a list whose item after a comma is a group of three
+    digits with a leading zero (``1,024``, ``1,000,000``): thousands grouping, which
+    would otherwise be read as several values (1 and 24)."""
+    items = text.split(",")
+    for t in items[1:]:
+        t = t.strip()
+        if len(t) == 3 and t.isdigit() and t[0] == "0":
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: commas separate {nouns} here ({example}); write a number "
+                f"without its thousands commas (4096, not 4,096)")
+    return items
+
+
 def _sweep_items(text):
     """``2M,64GiB,inf`` -> [("tokens", 2000000), ("bytes", 68719476736), ("tokens", None)]."""
     from .replay.model import is_memory_size
 
     items = []
-    for t in text.split(","):
+    for t in _list_items(text, "capacities", "1M,2M,64GiB"):
         if not t.strip():
             continue
         items.append(("bytes", _memory(t)) if is_memory_size(t) else ("tokens", _capacity(t)))
@@ -106,7 +120,7 @@ def _int_list(text, noun, what, example, largest, alternative=""):
     """``512,1024`` -> [512, 1024]: integers in [1, largest], duplicates dropped;
     ``noun`` / ``what`` name one in the errors ("window", "a window in tokens")."""
     out = []
-    for t in text.split(","):
+    for t in _list_items(text, noun + "s", example):
         if not t.strip():
             continue
         try:
@@ -151,7 +165,7 @@ def _host_capacities(text):
     from .replay.report import parse_capacity
 
     out = []
-    for t in text.split(","):
+    for t in _list_items(text, "host capacities", "0,2M,8M"):
         if not t.strip():
             continue
         core = t.strip().lower().replace("_", "")
@@ -160,12 +174,6 @@ def _host_capacities(text):
             zero = float(core) == 0
         except ValueError:
             zero = False
-        if ("," in text and len(out) and t.strip().isdigit() and len(t.strip()) == 3
-                and t.strip()[0] == "0"):
-            # "1,000,000" or "1,024" split into 1, 0, 0 / 1, 24: thousands groups, not a list
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: commas separate host capacities here (0,2M,8M); write one "
-                f"capacity without commas (1000000, 1M)")
         if zero:
             out.append(0)
             continue

@@ -213,6 +213,9 @@ OPTION_ERRORS = {
                                   ["--write-policy needs --host-capacity (the host tier)"]),
     "load_back_threshold_without_host": (["--load-back-threshold", "5"],
                                          ["--load-back-threshold needs --host-capacity"]),
+    "window_thousands": (["--swa-window", "4,096"],
+                         ["'4,096': commas separate windows here (512,1024,4096); write a "
+                          "number without its thousands commas (4096, not 4,096)"]),
     "capacity_list": (["--capacity", "5,6"],
                       ["argument --capacity: capacity takes one value (a comma only groups "
                        "thousands, as in 2,000,000), got '5,6'"]),

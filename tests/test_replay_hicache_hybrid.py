@@ -513,6 +513,10 @@ def test_cli_hybrid_host_sweep_and_kv_bytes(tmp_path):
      "is more than the largest pool (1,099,511,627,776 states)"),
     (["--host-capacity", "1,000,000"], "commas separate host capacities here"),
     (["--host-capacity", "1,024"], "'1,024': commas separate host capacities here"),
+    (["--swa-window", "4,096"], "'4,096': commas separate windows here (512,1024,4096); "
+     "write a number without its thousands commas (4096, not 4,096)"),
+    (["--mamba-states", "1,000"], "'1,000': commas separate state counts here"),
+    (["--sweep", "1,024"], "'1,024': commas separate capacities here"),
     (["--capacity", "5,6"], "argument --capacity: capacity takes one value (a comma only "
      "groups thousands, as in 2,000,000), got '5,6'"),
 ])
