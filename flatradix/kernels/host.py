@@ -36,7 +36,7 @@ from .layout import (
     M_HOST_TOTAL, MAMBA, SWA, LRU_SWA_HOST, F_HAS_SWA_DEV, F_HAS_SWA_HOST,
     M_HOST_UUID_NEXT, M_HWM, M_NACTS, M_NLIVE, M_NOUT, M_PAGE, M_SWA_WINDOW, NCHILD, NEXT_SIB,
     NIL,
-    N_COMPONENTS, N_TIERS, OK, PARENT, PRIORITY, ROOT, WT_PENDING,
+    N_COMPONENTS, N_TIERS, OK, PARENT, PREV_SIB, PRIORITY, ROOT, WT_PENDING,
 )
 from .dups import dup_remove, dup_update
 from .lru import lru_prev_unlocked, lru_tail_unlocked
@@ -888,13 +888,15 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
     # delete host leaves below s until none is left (each deletion may expose its
     # parent): a post-order walk that takes each node's oldest child first (the tail
     # of the child list), SGLang's order (its Python core deletes its stack walk's
-    # visits in reverse; the Rust core's order follows its child hash map)
+    # visits in reverse; the Rust core's order follows its child hash map). Each
+    # child list's tail is found once: O(subtree), as the walk above
     freed_host = 0
-    while nodes[s, NCHILD] > 0:
-        x = _last_child(nodes, s)
-        while nodes[x, NCHILD] > 0:
-            x = _last_child(nodes, x)
+    x = _oldest_leaf(nodes, s)
+    while x != s:
+        p = nodes[x, PARENT]
+        prv = nodes[x, PREV_SIB]  # the next newer sibling's subtree goes next, then p
         freed_host += delete_host_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        x = p if prv == NIL else _oldest_leaf(nodes, prv)
     state = mamba.has_data(nodes, s)
     window = swa.has_data(nodes, s)
     freed = delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
@@ -908,13 +910,17 @@ def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
 
 
 @helper
-def _last_child(nodes, x):
-    """``x``'s oldest child: the tail of its child list (new children go to the
-    head, a split's upper part takes its child's place). O(children)."""
-    c = nodes[x, FIRST_CHILD]
-    while nodes[c, NEXT_SIB] != NIL:
-        c = nodes[c, NEXT_SIB]
-    return c
+def _oldest_leaf(nodes, x):
+    """The first node of a post-order walk of ``x``'s subtree that takes each node's
+    oldest child first: down through the tails of the child lists (new children go
+    to the head, a split's upper part takes its child's place) to a node without
+    children (``x`` itself when it has none). O(the lists walked)."""
+    while nodes[x, NCHILD] > 0:
+        c = nodes[x, FIRST_CHILD]
+        while nodes[c, NEXT_SIB] != NIL:
+            c = nodes[c, NEXT_SIB]
+        x = c
+    return x
 
 
 @helper
