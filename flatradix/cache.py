@@ -84,10 +84,11 @@ def _auto_pool_capacity(allocator):
     of them, but twice the fresh memory to fault in: slower on a 3,000-request
     replay). The array is zero-filled lazily by the OS: its pages become resident
     as rows are appended (16 bytes a row for a Full-only cache without events)."""
-    size = None
+    if allocator is None:
+        return POOL_CAPACITY_DEFAULT
     for name in ("size_full", "size"):
         try:
-            size = getattr(allocator, name, None) if allocator is not None else None
+            size = getattr(allocator, name, None)
         except Exception:  # a property that fails: the allocator's business, not ours
             size = None
         if size is not None:

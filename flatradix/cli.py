@@ -192,15 +192,15 @@ def _count_of(unit):
     """An argparse type for ``--swa-host-capacity`` (tokens) / ``--mamba-host-states``
     (states): one whole count >= 1 (``4096``, ``2M``, ``500k``, ``2,000,000``), not
     ``inf``; errors name ``unit``."""
-    from .replay.report import MAX_CAPACITY, parse_capacity
+    from .replay.report import MAX_CAPACITY, CapacityTooLarge, parse_capacity
 
     def parse(text):
         try:
             v = parse_capacity(text)
-        except ValueError as e:
-            if "largest pool" in str(e):
-                raise argparse.ArgumentTypeError(
-                    f"{text!r} is more than the largest pool ({MAX_CAPACITY:,} {unit})") from None
+        except CapacityTooLarge:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is more than the largest pool ({MAX_CAPACITY:,} {unit})") from None
+        except ValueError:
             v = None
         if v is None:
             raise argparse.ArgumentTypeError(

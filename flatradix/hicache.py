@@ -822,9 +822,7 @@ class HiCacheMixin:
             except TypeError:
                 state = as_int64(mamba_host_value, "mamba_host_value").reshape(-1)
             else:
-                if not -(1 << 63) <= slot < (1 << 63):
-                    raise ValueError(f"mamba_host_value: {slot} is out of int64 range")
-                state = np.array([slot], dtype=np.int64)
+                state = np.array([as_int(slot, "mamba_host_value")], dtype=np.int64)
             if state.shape[0] != 1 or not self._host_mamba.all_held(state):
                 raise ValueError(f"mamba_host_value must be one host state slot in "
                                  f"0..{self._host_mamba.size - 1} handed out by "

@@ -17,13 +17,19 @@ _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 MAX_CAPACITY = 1 << 40
 
 
+class CapacityTooLarge(ValueError):
+    """A capacity above :data:`MAX_CAPACITY` (the ``ValueError`` ``parse_capacity``
+    raises for it, so a caller can word it for its own unit)."""
+
+
 def parse_capacity(text):
     """``"inf"`` -> ``None``; ``"2000000"``, ``"2,000,000"``, ``"2M"``, ``"500k"``, ``"1.5G"``,
     ``"2e6"`` -> int tokens.
 
     Raises ``ValueError`` for anything else (a comma that does not group
     thousands, ``"5,6"``, included), a capacity below 1, or one above
-    :data:`MAX_CAPACITY` (2**40 tokens; ``inf`` is the way to say unbounded).
+    :data:`MAX_CAPACITY` (2**40 tokens; ``inf`` is the way to say unbounded;
+    :class:`CapacityTooLarge`, a ``ValueError``).
     """
     s = str(text).strip().lower().replace("_", "")
     if "," in s:
@@ -47,7 +53,7 @@ def parse_capacity(text):
     if not math.isfinite(v) or v != int(v) or v < 1:
         raise ValueError(f"capacity must be a whole number of tokens >= 1 or 'inf', got {text!r}")
     if v > MAX_CAPACITY:
-        raise ValueError(f"capacity {text!r} is more than the largest pool "
+        raise CapacityTooLarge(f"capacity {text!r} is more than the largest pool "
                          f"({MAX_CAPACITY:,} tokens); 'inf' is unbounded")
     return int(v)
 
