@@ -100,16 +100,18 @@ class Req:
     _np_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        _to_numpy(self.origin_input_ids, "origin_input_ids")
-        _to_numpy(self.output_ids, "output_ids")
+        self._validate_tokens("origin_input_ids")
+        self._validate_tokens("output_ids")
         if self.fill_ids is None:
             # the prompt's own container, not a copy: the cache reads array('q'),
             # numpy and torch prompts without converting them (a list once per
             # request, see _req_tokens); the scheduler replaces fill_ids, never
             # extends it in place
             self.fill_ids = self.origin_input_ids
+            if "origin_input_ids" in self._np_cache:
+                self._np_cache["fill_ids"] = self._np_cache["origin_input_ids"]
         else:
-            _to_numpy(self.fill_ids, "fill_ids")
+            self._validate_tokens("fill_ids")
         if self.prefix_indices is None:
             self.prefix_indices = _EMPTY.copy()
         else:
@@ -141,6 +143,15 @@ class Req:
                 raise ValueError("mamba_pool_idx must be a state slot >= 1 (slot 0 is the "
                                  "reserved dummy)")
         as_flag(self.mamba_needs_clear, "mamba_needs_clear")
+
+    def _validate_tokens(self, attr):
+        """Validate a token container; a Python list's int64 copy is kept for the
+        cache (``_req_tokens``), so validating it is its one conversion."""
+        x = getattr(self, attr)
+        if type(x) is list:
+            self._np_cache[attr] = (x, len(x), as_int64(x, attr))
+        else:
+            _to_numpy(x, attr)
 
 
 Req.kv = property(lambda self: self, doc="The request itself: SGLang reads the KV fields "

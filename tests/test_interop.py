@@ -107,9 +107,10 @@ def test_request_tokens_are_converted_at_most_once():
 
 
 def test_match_with_req_converts_its_list_prompt_once(monkeypatch):
-    """``match_prefix(MatchPrefixParams(key=RadixKey(req.origin_input_ids), req=req))``
-    converts the list through the request's memo, which ``release_kv_cache`` then
-    reuses: one conversion per request (counted), same result as a plain match."""
+    """``Req`` converts a list prompt once, when it validates it, and keeps the copy;
+    ``match_prefix(MatchPrefixParams(key=RadixKey(req.origin_input_ids), req=req))``
+    and ``release_kv_cache`` read that memo: one conversion per request (counted at
+    both names the code calls), same result as a plain match."""
     import flatradix._cast as cast
     from flatradix import (InsertParams, MatchPrefixParams, RadixKey, ReqToTokenPool,
                            TokenToKVPoolAllocator, UnifiedRadixCache)
@@ -123,12 +124,15 @@ def test_match_with_req_converts_its_list_prompt_once(monkeypatch):
     real = cast._to_numpy
 
     def counting(x, name):
-        if type(x) is list:
+        if type(x) is list and x:
             calls.append(len(x))
         return real(x, name)
 
     monkeypatch.setattr(cast, "_to_numpy", counting)
+    import flatradix.requests as requests_mod
+    monkeypatch.setattr(requests_mod, "_to_numpy", counting)
     req = Req(origin_input_ids=prompt)
+    assert calls == [12]  # validating the list is its conversion, kept in the memo
     m = c.match_prefix(MatchPrefixParams(key=RadixKey(prompt), req=req))
     assert m.device_prefix_len == 8 and calls == [12]
     plain = c.match_prefix(MatchPrefixParams(key=RadixKey(list(prompt))))
