@@ -19,12 +19,15 @@ from .kernels import layout as L
 from .kernels.actions import ACT_NCOL
 from .kernels.children import rebuild_children as _k_rebuild_children
 from .kernels.state import compact_pool as _k_compact
+from .kernels.state import pool_gaps as _k_pool_gaps
 from .kernels.state import reset_tree as _k_reset
 
 #: most entries per row the batch-match scratch keeps between calls (2 rows: 32 MiB)
 BATCH_KEEP = 1 << 21
 #: initial length of the ``out`` scratch and rows of ``acts`` (both grown on demand)
 OUT_MIN = 1024
+#: a gap pass starts only when the gaps it can use hold this share of the pool
+GAP_PASS_MIN = 0.25
 ACTS_MIN = 64
 
 
@@ -172,6 +175,8 @@ class Engine:
         self.acts = np.zeros((ACTS_MIN, ACT_NCOL), dtype=np.int64)
         self.batch = np.zeros((2, 0), dtype=np.int64)  # match_prefix_batch: keys, indices
         self.root = int(_k_reset(nodes, ctab, meta))
+        self._gaps, self._gap_i = None, 0  # the gap pass under way (``_next_gap``)
+        self.gap_passes = self.compactions = 0
 
     @property
     def meta(self):
@@ -198,6 +203,7 @@ class Engine:
         """Drop the tree (every id goes stale); returns the new root's NodeId."""
         st = self.st
         self.root = int(_k_reset(st.nodes, st.ctab, st.meta))
+        self._gaps = None
         return self.root
 
     # ------------------------------------------------------------------ calls
@@ -261,19 +267,73 @@ class Engine:
             ctab[:, L.CT_CHILD] = L.CT_EMPTY
             _k_rebuild_children(nodes, ctab, pool, meta)
         pcap = pool.shape[0]
-        top = int(meta[L.M_POOL_TOP])
-        if top + units > pcap:
-            live = top - int(meta[L.M_POOL_DEAD])
+        if units and not self._pool_room(units) and not self._next_gap(units):
+            live = int(meta[L.M_POOL_TOP]) - int(meta[L.M_POOL_DEAD])
             new_cap = pcap
             while live + units > new_cap // 2 and live + units > new_cap - new_cap // 4:
                 new_cap *= 2
-            if new_cap == pcap:  # enough dead rows: compact in place (no allocation)
-                _k_compact(nodes, pool, pool, meta)
-            else:
+            if new_cap != pcap:
                 new_pool = np.zeros((new_cap, self.pool_ncol), dtype=np.int64)
                 _k_compact(nodes, pool, new_pool, meta)
                 pool = new_pool
+            elif not self._start_gap_pass(nodes, pcap, units):
+                _k_compact(nodes, pool, pool, meta)  # in place (no allocation)
+                self.compactions += 1
         self.st = TreeArrays(nodes, ctab, pool, heap, meta)
+
+    # ------------------------------------------------------------------ gap passes
+    # Appending at the top and compacting when the pool is full copies every live
+    # span each time the top comes round, all in one call (3-5 ms on a 2M-row
+    # pool). An eviction-heavy workload (LRU: the oldest spans die first) leaves
+    # most dead rows in long runs, so instead the cursor walks through the dead
+    # gaps a scan found (``pool_gaps``), placing each new span in the next gap
+    # that holds it (next fit; a gap too short for the span waits for the next
+    # pass or compaction). Only when the gaps are too few to be worth a pass
+    # does the pool compact.
+
+    def _pool_room(self, units):
+        meta = self.st.meta
+        lim = int(meta[L.M_POOL_LIM]) or self.st.pool.shape[0]
+        return int(meta[L.M_POOL_CUR]) + units <= lim
+
+    def _next_gap(self, units):
+        """Move the cursor to the next scanned gap of at least ``units`` rows;
+        False (the pass over) when none is left."""
+        gaps = self._gaps
+        if gaps is None:
+            return False
+        i = self._gap_i
+        while i < gaps.shape[0]:
+            start, end = int(gaps[i, 0]), int(gaps[i, 1])
+            i += 1
+            if end - start >= units:
+                self._gap_i = i
+                meta = self.st.meta
+                meta[L.M_POOL_CUR] = start
+                meta[L.M_POOL_LIM] = end
+                return True
+        self._end_gap_pass()
+        return False
+
+    def _end_gap_pass(self):
+        self._gaps = None
+        meta = self.st.meta
+        meta[L.M_POOL_CUR] = meta[L.M_POOL_TOP]
+        meta[L.M_POOL_LIM] = 0
+
+    def _start_gap_pass(self, nodes, pcap, units):
+        """Scan the dead gaps and start a pass when those holding ``units`` rows
+        or more add up to at least ``GAP_PASS_MIN`` of the pool; False (the caller
+        compacts) otherwise."""
+        meta = self.st.meta
+        gaps = np.empty(2 * (int(meta[L.M_NLIVE]) + 1), dtype=np.int64)
+        k, _ = _k_pool_gaps(nodes, meta, pcap, units, gaps)
+        gaps = gaps[:2 * k].reshape(k, 2)
+        if int((gaps[:, 1] - gaps[:, 0]).sum()) < pcap * GAP_PASS_MIN:
+            return False
+        self._gaps, self._gap_i = gaps, 0
+        self.gap_passes += 1
+        return self._next_gap(units)
 
     def batch_buffers(self, n):
         """Two int64 scratch rows of ``n`` entries for ``match_prefix_batch`` (the

@@ -51,6 +51,15 @@ WORKLOAD = textwrap.dedent("""
         c.evict(F.EvictParams(num_tokens=1 << 20))
         c.sanity_check()
         c.reset()
+    # a gap pass (state.pool_gaps): a full 64-row pool whose two oldest spans were
+    # evicted takes the next span in their rows
+    c = F.UnifiedRadixCache(page_size=1, pool_capacity=64)
+    for i in range(5):
+        if i == 4:
+            c.evict(F.EvictParams(num_tokens=32))
+        c.insert(F.InsertParams(key=F.RadixKey(list(range(100 * i, 100 * i + 16))),
+                                value=np.arange(1, 17, dtype=np.int64)))
+    assert c._engine.gap_passes == 1, c._engine.gap_passes
     # SWA
     for page in (1, 16):
         alloc = F.SWATokenToKVPoolAllocator(4096, 4096, page_size=page)

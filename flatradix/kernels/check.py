@@ -46,11 +46,15 @@ Returns ``(code, slot)``; code 0 when everything holds. Codes:
      without SWA and a host tier, a negative SWA host lock_ref (or one without
      SWA), the SWA host LRU holding a node whose SWA data is not host-only or
      missing an unlocked host-only one, broken links, or ``M_SWA_HOST_TOTAL`` off
+126  pool spans: two live spans overlap, or the allocation cursor is off
+     (outside a gap pass ``M_POOL_CUR != M_POOL_TOP``; inside one, the gap
+     ``[M_POOL_CUR, M_POOL_LIM)`` past the pool or holding a live row)
 ===  =====================================================================
 """
 
 from ._jit import helper, kernel
 from .children import find_child
+from .state import live_spans
 from .layout import (
     C_MAMBA, C_SWA, CHILD_LOCK, F_HAS, LRU_MAMBA, MAMBA, MAMBA_SLOT, F_ALIVE, F_HAS_FULL_DEV, F_HAS_SWA_DEV, FIRST_CHILD, FIRST_SLOT, FLAGS,
     FULL, FULL_LOCK, LRU_NEXT, LRU_PREV, LRU_SWA, M_COMPONENTS, SWA, SWA_LOCK,
@@ -60,7 +64,7 @@ from .layout import (
     M_MAMBA_HOST_TOTAL, HOST_WRITE_BACK, F_HAS_SWA_HOST, LRU_SWA_HOST, M_SWA_HOST_TOTAL,
     SWA_HOST_LOCK,
     GEN, GEN_LIMIT, KEY_LEN, KEY_OFF, M_CT_LIVE, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N, M_HWM,
-    M_NFREE, M_NLIVE, M_PAGE, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
+    M_NFREE, M_NLIVE, M_PAGE, M_POOL_CUR, M_POOL_DEAD, M_POOL_LIM, M_POOL_TOP, M_PROTECTED, M_RETIRED, M_TOTAL,
     N_COMPONENTS, N_TIERS, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS, PARENT, ROOT,
     LOCK_REF, TOK,
 )
@@ -350,6 +354,9 @@ def sanity_check(nodes, ctab, pool, heap, meta):
         return 114, NIL
     if used + meta[M_POOL_DEAD] != meta[M_POOL_TOP]:
         return 115, NIL
+    x = _check_spans(nodes, pool, meta)
+    if x != -2:
+        return 126, x
     # each aux list: sentinel to sentinel, every entry a live node with data; ledgers
     x = _check_aux(nodes, meta, hwm, LRU_SWA, SWA, F_HAS_SWA_DEV, swa_nodes, swa_evictable,
                    swa_protected)
@@ -370,6 +377,30 @@ def sanity_check(nodes, ctab, pool, heap, meta):
     if x != -2:
         return 125, x
     return 0, NIL
+
+
+@helper
+def _check_spans(nodes, pool, meta):
+    """Live spans pairwise disjoint, and the cursor's gap free of them: -2 when it
+    holds, else the offending slot (NIL: the cursor itself)."""
+    cur = meta[M_POOL_CUR]
+    lim = meta[M_POOL_LIM]
+    if lim == 0:
+        if cur != meta[M_POOL_TOP]:
+            return NIL
+    elif cur > lim or lim > pool.shape[0] or cur < 0:
+        return NIL
+    slots, offs, order = live_spans(nodes, meta)
+    end = 0
+    for j in range(order.shape[0]):
+        s = slots[order[j]]
+        off = offs[order[j]]
+        if off < end:
+            return s
+        end = off + nodes[s, KEY_LEN]
+        if lim != 0 and off < lim and end > cur:
+            return s
+    return -2
 
 
 @helper

@@ -26,7 +26,9 @@ array argument, so there are few):
     value (``flatradix.values``), so a node holds SWA data iff its
     ``F_HAS(SWA)`` bit is set. Space of removed nodes is counted in
     ``meta[M_POOL_DEAD]`` and reclaimed by compaction (``kernels/state.py:
-    compact_pool``).
+    compact_pool``) or, without copying, by a gap pass: new spans go to
+    ``meta[M_POOL_CUR]`` inside a dead gap ``[M_POOL_CUR, M_POOL_LIM)`` that the
+    engine took from ``kernels/state.py: pool_gaps`` (``flatradix/engine.py``).
 ``heap``   Heaps = int64 ``(HEAP_ROWS, node_capacity)``
     Binary min-heaps of node slots, one per heap id (``HEAP_DEVICE``: every
     *evictable device leaf*; ``HEAP_HOST``: every *evictable host leaf*, host
@@ -302,6 +304,8 @@ META_FIELDS = (
     ("NLIVE", 1),         # live nodes, root included
     ("POOL_TOP", 1),      # pool rows in use (live + dead)
     ("POOL_DEAD", 1),     # pool rows of removed nodes, reclaimable by compaction
+    ("POOL_CUR", 1),      # the row a new leaf's span starts at (== POOL_TOP outside a gap pass)
+    ("POOL_LIM", 1),      # end of the dead gap the cursor fills (0: no gap pass, the pool's end)
     ("CT_LIVE", 1),       # live child-table entries
     ("CT_TOMB", 1),       # tombstoned child-table entries
     ("HEAP_N", N_HEAPS),  # + h: size of heap h
@@ -349,6 +353,8 @@ M_NFREE = _META["NFREE"]
 M_NLIVE = _META["NLIVE"]
 M_POOL_TOP = _META["POOL_TOP"]
 M_POOL_DEAD = _META["POOL_DEAD"]
+M_POOL_CUR = _META["POOL_CUR"]
+M_POOL_LIM = _META["POOL_LIM"]
 M_CT_LIVE = _META["CT_LIVE"]
 M_CT_TOMB = _META["CT_TOMB"]
 M_HEAP_N = _META["HEAP_N"]

@@ -15,7 +15,8 @@ from .layout import (
     LOCK_REF, LRU_NEXT, LRU_PREV, M_CLOCK, M_CT_LIVE, M_CT_TOMB, M_EVICT_CURSOR,
     M_WALK_N, M_WALK_PARENT,
     M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_EVICTABLE, M_FREE_HEAD, M_HEAP_N,
-    M_HWM, M_NEED_ACTS, M_NEED_OUT, M_NEED_SLOTS, M_NEED_UNITS, M_NFREE, M_NLIVE, M_POOL_DEAD, M_RETIRED, M_POOL_TOP, M_PROTECTED, M_TOTAL,
+    M_HWM, M_NEED_ACTS, M_NEED_OUT, M_NEED_SLOTS, M_NEED_UNITS, M_NFREE, M_NLIVE, M_POOL_CUR, M_POOL_DEAD, M_POOL_LIM, M_RETIRED, M_POOL_TOP,
+    M_PROTECTED, M_TOTAL,
     M_HOST_EVICTABLE, M_HOST_TOTAL, M_MAMBA_HOST_TOTAL, M_SWA_HOST_TOTAL, M_HOST_UUID_NEXT,
     MAMBA_SLOT, MAMBA_HOST_SLOT, DUP_NEXT, DUP_PREV, M_DUP_HEAD,
     M_DUP_TAIL, N_COMPONENTS, N_HEAPS, N_LRU_LISTS, N_TIERS, NEXT_SIB, NIL,
@@ -71,8 +72,11 @@ def has_room(nodes, ctab, pool, meta, slots, units):
     """Room for ``slots`` new nodes (and as many child-table entries) and ``units``
     pool rows. Checked by mutating kernels before they change anything; when
     short, the needs are left in ``meta[M_NEED_*]``."""
+    lim = meta[M_POOL_LIM]
+    if lim == 0:  # no gap pass: new spans go up to the pool's end
+        lim = pool.shape[0]
     ok = (meta[M_NFREE] + nodes.shape[0] - meta[M_HWM] >= slots
-          and meta[M_POOL_TOP] + units <= pool.shape[0]
+          and meta[M_POOL_CUR] + units <= lim
           and (meta[M_CT_LIVE] + meta[M_CT_TOMB] + slots) * CT_LOAD_DEN
           <= ctab.shape[0] * CT_LOAD_NUM)
     if not ok:
@@ -195,6 +199,8 @@ def reset_tree(nodes, ctab, meta):
     meta[M_RETIRED] = 0
     meta[M_POOL_TOP] = 0
     meta[M_POOL_DEAD] = 0
+    meta[M_POOL_CUR] = 0
+    meta[M_POOL_LIM] = 0
     for h in range(N_HEAPS):
         meta[M_HEAP_N + h] = 0
     meta[M_CT_LIVE] = 0
@@ -248,20 +254,8 @@ def compact_pool(nodes, pool, new_pool, meta):
     (``meta[M_POOL_DEAD]``). O(live units + live nodes log live nodes).
     Returns the new pool top.
     """
-    hwm = meta[M_HWM]
-    nlive = 0
-    for s in range(hwm):
-        if nodes[s, FLAGS] & F_ALIVE and nodes[s, KEY_LEN] > 0:
-            nlive += 1
-    slots = np.empty(nlive, dtype=np.int64)
-    offs = np.empty(nlive, dtype=np.int64)
-    j = 0
-    for s in range(hwm):
-        if nodes[s, FLAGS] & F_ALIVE and nodes[s, KEY_LEN] > 0:
-            slots[j] = s
-            offs[j] = nodes[s, KEY_OFF]
-            j += 1
-    order = np.argsort(offs, kind="mergesort")
+    slots, offs, order = live_spans(nodes, meta)
+    nlive = slots.shape[0]
     top = 0
     ncol = pool.shape[1]
     for j in range(nlive):
@@ -278,4 +272,58 @@ def compact_pool(nodes, pool, new_pool, meta):
         top += n
     meta[M_POOL_TOP] = top
     meta[M_POOL_DEAD] = 0
+    meta[M_POOL_CUR] = top  # any gap pass ends: new spans go on top again
+    meta[M_POOL_LIM] = 0
     return top
+
+
+@helper
+def live_spans(nodes, meta):
+    """Slots and offsets of every live node holding pool rows, and the order that
+    sorts them by offset (``compact_pool``, ``pool_gaps``)."""
+    hwm = meta[M_HWM]
+    nlive = 0
+    for s in range(hwm):
+        if nodes[s, FLAGS] & F_ALIVE and nodes[s, KEY_LEN] > 0:
+            nlive += 1
+    slots = np.empty(nlive, dtype=np.int64)
+    offs = np.empty(nlive, dtype=np.int64)
+    j = 0
+    for s in range(hwm):
+        if nodes[s, FLAGS] & F_ALIVE and nodes[s, KEY_LEN] > 0:
+            slots[j] = s
+            offs[j] = nodes[s, KEY_OFF]
+            j += 1
+    return slots, offs, np.argsort(offs, kind="mergesort")
+
+
+@kernel
+def pool_gaps(nodes, meta, cap, min_len, gaps):
+    """The pool's dead row ranges a gap pass can fill, in increasing order: the
+    complement of the live spans in ``[0, cap)``, each at least ``min_len`` rows,
+    written as ``gaps[2 i]`` (start), ``gaps[2 i + 1]`` (end). ``gaps`` holds
+    ``2 * (meta[M_NLIVE] + 1)`` entries or more (one gap before each live span,
+    one after the last). Reads only; the engine moves ``M_POOL_CUR`` /
+    ``M_POOL_LIM`` through the gaps (``flatradix/engine.py``), so rows freed after
+    the scan are reused only after the next scan or compaction, never by the call
+    that freed them. O(live nodes log live nodes). Returns ``(count, rows)``."""
+    slots, offs, order = live_spans(nodes, meta)
+    end = 0
+    k = 0
+    rows = 0
+    for j in range(order.shape[0]):
+        off = offs[order[j]]
+        if off - end >= min_len:
+            gaps[2 * k] = end
+            gaps[2 * k + 1] = off
+            k += 1
+            rows += off - end
+        e = off + nodes[slots[order[j]], KEY_LEN]
+        if e > end:
+            end = e
+    if cap - end >= min_len:
+        gaps[2 * k] = end
+        gaps[2 * k + 1] = cap
+        k += 1
+        rows += cap - end
+    return k, rows

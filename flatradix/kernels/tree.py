@@ -17,7 +17,7 @@ from .layout import (
     F_HAS_FULL_DEV, F_HAS_FULL_HOST, F_HAS_SWA_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS,
     HIT_COUNT, HOST, HOST_HEAP_POS, HOST_UUID, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING,
     M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, M_POLICY,
-    M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
+    M_POOL_CUR, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
     PARENT, POLICY_TLRU, PREV_SIB, PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
     WT_PENDING,
 )
@@ -155,7 +155,7 @@ def add_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, value, start, n, pr
     """Create a leaf under ``parent`` holding ``key[start:n]`` -> ``value[start:n]``."""
     s = node_alloc(nodes, meta)
     length = n - start
-    top = meta[M_POOL_TOP]
+    top = meta[M_POOL_CUR]
     ptok = pool[top:top + length, TOK]  # 1-D views: no 2-D index arithmetic per unit
     pval = pool[top:top + length, FULL_DEV]
     k = key[start:n]
@@ -181,7 +181,7 @@ def add_host_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, host_value, st
     the leaf heaps. The pool's device column of its rows is 0 (unused)."""
     s = node_alloc(nodes, meta)
     length = n - start
-    top = meta[M_POOL_TOP]
+    top = meta[M_POOL_CUR]
     ptok = pool[top:top + length, TOK]
     pdev = pool[top:top + length, FULL_DEV]
     phost = pool[top:top + length, pool.shape[1] - 1]
@@ -202,10 +202,18 @@ def add_host_leaf(nodes, ctab, pool, heap, meta, parent, ns, key, host_value, st
 @helper
 def _link_leaf(nodes, ctab, pool, heap, meta, parent, s, ns, length, priority, flags):
     """The part of a new leaf both kinds share, after its ``length`` pool rows were
-    written at ``M_POOL_TOP``: the rows taken, the node's fields, the sibling
-    list, the child table, and (TLRU) the cached depth and the path's history."""
-    top = meta[M_POOL_TOP]
-    meta[M_POOL_TOP] = top + length
+    written at ``M_POOL_CUR``: the rows taken, the node's fields, the sibling
+    list, the child table, and (TLRU) the cached depth and the path's history.
+    Rows below ``M_POOL_TOP`` (a gap pass) were dead rows and are live again;
+    rows above it raise the top."""
+    top = meta[M_POOL_CUR]
+    end = top + length
+    meta[M_POOL_CUR] = end
+    if end > meta[M_POOL_TOP]:
+        meta[M_POOL_DEAD] -= meta[M_POOL_TOP] - top if meta[M_POOL_TOP] > top else 0
+        meta[M_POOL_TOP] = end
+    else:
+        meta[M_POOL_DEAD] -= length
     nodes[s, KEY_OFF] = top
     nodes[s, KEY_LEN] = length
     nodes[s, NS] = ns
