@@ -589,8 +589,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         skip, boundary = self._receipt(nid, receipt, f"{name}.receipt")
         if swa_released:
             skip |= self._early_mask
-        st_ = self._engine.st
-        st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
+        with self._mutex:  # the arrays are read under the lock: a growth replaces them
+            st_ = self._engine.st
+            st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
         if st == L.E_LOCK_UNDERFLOW:
             self._raise_underflow(int(slot), nid)
         return nid
@@ -1096,8 +1097,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             return IncLockRefResult(0, nid, skip)
         skip_mask = ((L.C_SWA if ComponentType.SWA in skip else 0)
                      | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
-        st_ = self._engine.st
-        with self._mutex:
+        with self._mutex:  # the arrays are read under the lock: a growth replaces them
+            st_ = self._engine.st
             st, delta, boundary = _k_inc(st_.nodes, st_.heap, st_.meta, nid, skip_mask)
         if st == L.E_STALE:
             raise self._stale(nid)
@@ -1196,8 +1197,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def _dec(self, nid, skip_mask, boundary):
         """One ``dec_lock_ref`` kernel call on a checked release; its refusal raised
         (``_dec_error``), nothing changed then."""
-        st_ = self._engine.st
-        with self._mutex:
+        with self._mutex:  # the arrays are read under the lock: a growth replaces them
+            st_ = self._engine.st
             st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
             if st != L.OK:
                 self._dec_error(st, x, nid)
@@ -1240,8 +1241,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 and not skip_lock_components):
             # Full-only: the receipt holds nothing but the node (what inc_lock_ref's
             # to_dec_params() would give), so skip building the IncLockRefResult
-            st_ = self._engine.st
-            with self._mutex:
+            with self._mutex:  # the arrays are read under the lock: a growth replaces them
+                st_ = self._engine.st
                 st, _, _ = _k_inc(st_.nodes, st_.heap, st_.meta, nid, 0)
             if st == L.E_STALE:
                 raise self._stale(nid)
@@ -1411,8 +1412,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         skip_mask = ((L.C_SWA if ComponentType.SWA in skip else 0)
                      | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
         out = np.empty((nids.shape[0], 2), dtype=np.int64)
-        st_ = self._engine.st
-        with self._mutex:
+        with self._mutex:  # the arrays are read under the lock: a growth replaces them
+            st_ = self._engine.st
             st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, skip_mask, out)
         if st == L.E_STALE:
             raise self._stale(int(nids[bad]), f"nodes[{bad}]")
@@ -1454,8 +1455,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
     def _dec_batch(self, nids, skips, bounds):
         """One ``dec_lock_ref_batch`` kernel call on checked arguments (int64 arrays);
         its refusals raised as ``dec_lock_ref_batch`` documents, nothing changed."""
-        st_ = self._engine.st
-        with self._mutex:
+        with self._mutex:  # the arrays are read under the lock: a growth replaces them
+            st_ = self._engine.st
             st, i, x, comp = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
             if st == L.E_NOT_ANCHORED:
                 raise LockRefError(f"nodes[{i}]: no lock is anchored at node {int(nids[i])} "
@@ -1473,8 +1474,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 and not skip_lock_components):
             # Full-only: each receipt holds nothing but its node (see ``lock``)
             out = np.empty((nids.shape[0], 2), dtype=np.int64)
-            st_ = self._engine.st
-            with self._mutex:
+            with self._mutex:  # the arrays are read under the lock: a growth replaces them
+                st_ = self._engine.st
                 st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, 0, out)
             if st == L.E_STALE:
                 raise self._stale(int(nids[bad]), f"nodes[{bad}]")

@@ -445,3 +445,76 @@ def test_allocator_from_many_threads(fast_switching):
     assert alloc.available_size() + len(out) == 4000
     alloc.free(out)
     assert alloc.available_size() == 4000 and alloc.is_free(np.arange(1, 4001)).all()
+
+
+class _GrowsOnFirstAcquire:
+    """The cache's mutex; the first time a call takes it, "another thread" (played
+    here, deterministically, inside the lock, which is re-entrant) inserts enough
+    nodes to double the node table, which replaces the tree's arrays."""
+
+    def __init__(self, cache):
+        self.cache, self.lock, self.fired = cache, cache._mutex, False
+
+    def __enter__(self):
+        self.lock.acquire()
+        if not self.fired:
+            self.fired = True
+            c = self.cache
+            for i in range(c._engine.st.nodes.shape[0] + 4):
+                c.insert(InsertParams(key=RadixKey([100 + i, 7]),
+                                      value=np.array([1000 + 2 * i, 1001 + 2 * i])))
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+    def acquire(self, *a, **k):
+        return self.lock.acquire(*a, **k)
+
+    def release(self):
+        return self.lock.release()
+
+
+@pytest.mark.parametrize("how", ["inc_lock_ref", "lock", "inc_lock_ref_batch", "lock_batch",
+                                 "dec_lock_ref", "unlock", "dec_lock_ref_batch",
+                                 "unlock_batch"])
+def test_lock_calls_read_the_arrays_a_concurrent_growth_left(how):
+    """A lock or unlock whose arrays are replaced by another thread's growth just
+    before it takes the cache lock still changes the live tree (it read the
+    arrays before taking the lock once, so the change went to the dropped ones:
+    the lock was lost, then sanity_check failed and the release raised)."""
+    c = UnifiedRadixCache(page_size=1, node_capacity=4)
+    c.insert(InsertParams(key=RadixKey([1, 2, 3]), value=np.array([10, 11, 12])))
+    node = c.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3]))).last_device_node
+    cap = c._engine.st.nodes.shape[0]
+    real = c._mutex
+    if how.startswith(("inc", "lock")):
+        c._mutex = _GrowsOnFirstAcquire(c)
+    if how in ("inc_lock_ref", "dec_lock_ref"):
+        r = c.inc_lock_ref(node)
+    elif how in ("lock", "unlock"):
+        r = c.lock(node)
+    elif how in ("inc_lock_ref_batch", "dec_lock_ref_batch"):
+        r = c.inc_lock_ref_batch([node])
+    else:
+        r = c.lock_batch([node])
+    c._mutex = real
+    assert c.protected_size() == 3
+    c.sanity_check()
+    if how.startswith(("dec", "unlock")):
+        c._mutex = _GrowsOnFirstAcquire(c)
+        if how == "dec_lock_ref":
+            c.dec_lock_ref(node, r)
+        elif how == "unlock":
+            c.unlock(r)
+        elif how == "dec_lock_ref_batch":
+            c.dec_lock_ref_batch([node], r)
+        else:
+            c.unlock_batch(r)
+        c._mutex = real
+        assert c.protected_size() == 0
+    else:
+        c.dec_lock_ref(node)
+        assert c.protected_size() == 0
+    assert c._engine.st.nodes.shape[0] > cap  # the growth did happen
+    c.sanity_check()
