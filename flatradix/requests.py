@@ -108,8 +108,6 @@ class Req:
             # request, see _req_tokens); the scheduler replaces fill_ids, never
             # extends it in place
             self.fill_ids = self.origin_input_ids
-            if "origin_input_ids" in self._np_cache:
-                self._np_cache["fill_ids"] = self._np_cache["origin_input_ids"]
         else:
             self._validate_tokens("fill_ids")
         if self.prefix_indices is None:
@@ -149,7 +147,7 @@ class Req:
         cache (``_req_tokens``), so validating it is its one conversion."""
         x = getattr(self, attr)
         if type(x) is list:
-            self._np_cache[attr] = (x, len(x), as_int64(x, attr))
+            _req_tokens(self, attr, attr)
         else:
             _to_numpy(x, attr)
 
@@ -162,20 +160,26 @@ def _tokens(x, name):
     return as_int64(x, name)
 
 
-def _req_tokens(req, attr):
-    """``req.<attr>`` as int64 (``TypeError`` / ``ValueError`` naming it). Buffer
-    containers (``array('q')``, numpy, CPU torch) are viewed without a copy; a
-    Python list is converted once per ``flatradix.Req`` and kept while the field
-    holds the same list with the same length (containers are replaced or extended,
-    never edited in place)."""
+def _req_tokens(req, attr, name=None):
+    """``req.<attr>`` as int64 (``TypeError`` / ``ValueError`` naming it, or
+    ``name``). Buffer containers (``array('q')``, numpy, CPU torch) are viewed
+    without a copy; a Python list is converted once per ``flatradix.Req`` (when
+    it is built) and kept while the field holds the same list with the same
+    length, under every field that holds that list (containers are replaced or
+    extended, never edited in place: an in-place edit of the same length is not
+    seen)."""
     x = getattr(req, attr)
     cache = getattr(req, "_np_cache", None)
     if cache is None or type(x) is not list:
-        return as_int64(x, f"req.{attr}")
+        return as_int64(x, name or f"req.{attr}")
     hit = cache.get(attr)
     if hit is not None and hit[0] is x and hit[1] == len(x):
         return hit[2]
-    a = as_int64(x, f"req.{attr}")
+    for other in cache.values():  # the same list under another field (fill_ids)
+        if other[0] is x and other[1] == len(x):
+            cache[attr] = other
+            return other[2]
+    a = as_int64(x, name or f"req.{attr}")
     cache[attr] = (x, len(x), a)
     return a
 

@@ -106,6 +106,27 @@ def test_request_tokens_are_converted_at_most_once():
     assert _req_tokens(r, "fill_ids").tolist() == lst[:5]
 
 
+def test_req_converts_a_list_once_whatever_fields_hold_it(monkeypatch):
+    """The same list as the prompt and, explicitly, ``fill_ids``: one conversion,
+    and both fields read the one copy (counted)."""
+    import flatradix._cast as cast
+    from flatradix.requests import _req_tokens
+
+    calls = []
+    real = cast._to_numpy
+
+    def counting(x, name):
+        if type(x) is list and x:
+            calls.append(name)
+        return real(x, name)
+
+    monkeypatch.setattr(cast, "_to_numpy", counting)
+    lst = list(range(7, 19))
+    r = Req(origin_input_ids=lst, fill_ids=lst)
+    a, b = _req_tokens(r, "origin_input_ids"), _req_tokens(r, "fill_ids")
+    assert a is b and a.tolist() == lst and calls == ["origin_input_ids"]
+
+
 def test_match_with_req_converts_its_list_prompt_once(monkeypatch):
     """``Req`` converts a list prompt once, when it validates it, and keeps the copy;
     ``match_prefix(MatchPrefixParams(key=RadixKey(req.origin_input_ids), req=req))``
