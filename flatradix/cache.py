@@ -65,8 +65,8 @@ MAX_POOL_CAPACITY = 1 << 40
 #: Default pool_capacity without an allocator (rows; grown by doubling on demand).
 POOL_CAPACITY_DEFAULT = 1 << 16
 #: Pool rows reserved per Full KV slot of the allocator when pool_capacity is not
-#: given: an in-place compaction then comes at most once per KV pool's worth of
-#: tokens appended.
+#: given: at least half the pool is then dead rows whenever its top reaches its end
+#: (a gap pass, or an in-place compaction, reclaims them).
 POOL_ROWS_PER_SLOT = 2
 #: Largest pool_capacity taken from an allocator's size (rows): a 4M-token KV pool's;
 #: larger trees grow past it by doubling.
@@ -79,10 +79,11 @@ def _auto_pool_capacity(allocator):
     ``size``), within ``[POOL_CAPACITY_DEFAULT, POOL_CAPACITY_AUTO_MAX]``; the
     default without one. At most ``size`` device tokens are cached, so the pool
     then never grows for them (a growth copies every live row into fresh memory
-    in one call: a latency spike) and in-place compactions (each moving the live
-    rows, O(size)) are at least ``size`` appended rows apart (4 x gave a third
-    of them, but twice the fresh memory to fault in: slower on a 3,000-request
-    replay). The array is zero-filled lazily by the OS: its pages become resident
+    in one call: a latency spike), and the dead rows reclaimed each time the top
+    reaches the end (by a gap pass, ``Engine.grow_tree``, or else an in-place
+    compaction moving the live rows, O(size)) are at least ``size`` (4 x, before
+    gap passes, gave a third of the compactions, but twice the fresh memory to
+    fault in: slower on a 3,000-request replay). The array is zero-filled lazily by the OS: its pages become resident
     as rows are appended (16 bytes a row for a Full-only cache without events)."""
     if allocator is None:
         return POOL_CAPACITY_DEFAULT
@@ -246,8 +247,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         ``pool_capacity`` (rows, one per cached token) defaults to twice the
         allocator's Full slots, at most 2**23 (``POOL_CAPACITY_AUTO_MAX``), or
         2**16 without an allocator: a cache sized for its KV pool never grows
-        its pool for device tokens (a growth copies every live row at once)
-        and compacts it in place at most once per its slots inserted.
+        its pool for device tokens (a growth copies every live row at once);
+        the rows of evicted nodes are reused in place (gap passes; an in-place
+        compaction when the dead rows are too scattered).
 
     Bad input raises ``TypeError`` / ``ValueError`` naming the argument before
     anything changes (``docs/architecture.md``, "Bad input").
@@ -589,9 +591,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         skip, boundary = self._receipt(nid, receipt, f"{name}.receipt")
         if swa_released:
             skip |= self._early_mask
-        with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st_ = self._engine.st
-            st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
+        st_ = self._engine.st  # (callers hold the cache lock: _check_last_node)
+        st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
         if st == L.E_LOCK_UNDERFLOW:
             self._raise_underflow(int(slot), nid)
         return nid
@@ -650,6 +651,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 r = eng.call_tree(_k_match, units, n, ns, idx)
             st, plen, best, visited, full_hit, host_hit, hbest = r
             shost = 0 if self._host_swa is None else _k_swa_host_hit(*eng.st, hbest)
+            mhost = self._mamba_host_hit(hbest) if self._host_mamba is not None else 0
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
@@ -659,11 +661,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         # page-aligned length, when it is past the usable prefix)
         branch = full_hit if self._swa and full_hit > plen + host_hit else None
         mbranch = None
-        mhost = 0
         if self._mamba:
             mbranch = self._mamba_branch(full_hit, plen + host_hit)
-            if self._host_mamba is not None:
-                mhost = self._mamba_host_hit(hbest)
             if cow:
                 self._cow_mamba(params.req, best)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
@@ -1374,11 +1373,15 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         swa = self._swa
         mamba = self._mamba
         mamba_host = self._host_mamba is not None
-        shosts = None
-        if self._host_swa is not None:  # SWA host hits, all under one lock
+        shosts = mhosts = None
+        if self._host_swa is not None or mamba_host:  # host hits, all under one lock
             with self._mutex:
                 st = eng.st
-                shosts = [_k_swa_host_hit(*st, h) for h in res[:, 5].tolist()]
+                hb = res[:, 5].tolist()
+                if self._host_swa is not None:
+                    shosts = [_k_swa_host_hit(*st, h) for h in hb]
+                if mamba_host:
+                    mhosts = [self._mamba_host_hit(h) for h in hb]
         results = []
         for i, ((plen, best, vis, full_hit, host_hit, hbest), p0) in enumerate(
                 zip(res.tolist(), pos[:-1].tolist())):
@@ -1388,11 +1391,12 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 continue
             branch = full_hit if swa and full_hit > plen + host_hit else None
             shost = 0 if shosts is None else shosts[i]
-            # the Mamba fields as match_prefix computes them (the host-only test reads
-            # the node now: a later key of the batch may have changed it, as SGLang's
-            # finaliser runs at each match -- only a split can, which keeps the state)
+            # the Mamba fields as match_prefix computes them (the host-only test read
+            # the node after the whole batch: a later key may have changed it, as
+            # SGLang's finaliser runs at each match -- only a split can, which keeps
+            # the state)
             mbranch = self._mamba_branch(full_hit, plen + host_hit) if mamba else None
-            mhost = self._mamba_host_hit(hbest) if mamba_host else 0
+            mhost = mhosts[i] if mamba_host else 0
             results.append(_tuple_new(MatchResult, (
                 idx[p0:p0 + plen], best, hbest, hbest, host_hit, plen, full_hit,
                 None if vis < 0 else vis, shost, branch, mhost, mbranch, None, None)))

@@ -141,8 +141,9 @@ class Engine:
     (``mamba_max_states_per_path``, -1: off); ``events`` / ``bigram``
     flags; initial ``node_capacity`` / ``pool_capacity``.
 
-    Growth is amortised O(1): arrays double (or the pool is compacted when half
-    of it is dead) only after a kernel answered ``E_CAPACITY``, so the fast
+    Growth is amortised O(1): arrays double (the pool only when more than 3/4 of
+    it would be live; otherwise its dead rows are reused by a gap pass, or by an
+    in-place compaction) only after a kernel answered ``E_CAPACITY``, so the fast
     path pays no capacity check in Python. Not thread-safe by itself (the
     façade holds its lock around every call).
     """
@@ -244,7 +245,9 @@ class Engine:
     def grow_tree(self, slots, units):
         """Make room for ``slots`` new nodes (and child-table entries) and ``units``
         pool rows: doubles the node table / heap, rebuilds the child table (purging
-        tombstones), compacts or doubles the pool."""
+        tombstones); for the pool, the next gap of the pass under way, else a
+        doubling (live + ``units`` above 3/4 of it), a new gap pass, or an
+        in-place compaction."""
         nodes, ctab, pool, heap, meta = self.st
         ncap = nodes.shape[0]
         if meta[L.M_NFREE] + ncap - meta[L.M_HWM] < slots:
@@ -292,6 +295,7 @@ class Engine:
     # does the pool compact.
 
     def _pool_room(self, units):
+        """``state.has_room``'s pool test: ``units`` rows free at the cursor."""
         meta = self.st.meta
         lim = int(meta[L.M_POOL_LIM]) or self.st.pool.shape[0]
         return int(meta[L.M_POOL_CUR]) + units <= lim
@@ -316,6 +320,7 @@ class Engine:
         return False
 
     def _end_gap_pass(self):
+        """Back to appending on top (``state.cursor_on_top``)."""
         self._gaps = None
         meta = self.st.meta
         meta[L.M_POOL_CUR] = meta[L.M_POOL_TOP]
@@ -327,11 +332,10 @@ class Engine:
         compacts) otherwise."""
         meta = self.st.meta
         gaps = np.empty(2 * (int(meta[L.M_NLIVE]) + 1), dtype=np.int64)
-        k, _ = _k_pool_gaps(nodes, meta, pcap, units, gaps)
-        gaps = gaps[:2 * k].reshape(k, 2)
-        if int((gaps[:, 1] - gaps[:, 0]).sum()) < pcap * GAP_PASS_MIN:
+        k, rows = _k_pool_gaps(nodes, meta, pcap, units, gaps)
+        if rows < pcap * GAP_PASS_MIN:
             return False
-        self._gaps, self._gap_i = gaps, 0
+        self._gaps, self._gap_i = gaps[:2 * k].reshape(k, 2), 0
         self.gap_passes += 1
         return self._next_gap(units)
 

@@ -139,3 +139,42 @@ def test_sanity_check_sees_a_cursor_over_live_rows(corrupt):
         meta[L.M_POOL_CUR] = 8
     with pytest.raises(CacheInvariantError, match="code 126"):
         c.sanity_check()
+
+
+def _straddling_pool():
+    """A B C D at [0,16) [16,32) [32,48) [48,56); C and D evicted; E (16) opens a
+    gap pass over [32, 64) -- the dead rows and the never-used tail -- at 32."""
+    c = _cache()
+    for i, n in ((0, 16), (1, 16), (2, 16), (3, 8)):
+        _insert(c, i, n)
+    _touch(c, (0, 16), (1, 16))
+    assert c.evict(EvictParams(num_tokens=24)).num_tokens_evicted == 24
+    _insert(c, 4, 16)
+    assert c._engine.gap_passes == 1 and _offset(c, 4, 16) == 32
+    return c
+
+
+def test_a_span_across_the_old_top_revives_dead_rows_and_raises_the_top():
+    c = _straddling_pool()
+    meta = c._engine.st.meta
+    assert (int(meta[L.M_POOL_TOP]), int(meta[L.M_POOL_DEAD])) == (56, 8)
+    _insert(c, 5, 16)  # F: [48, 64), 8 dead rows below the old top and 8 new ones
+    assert _offset(c, 5, 16) == 48
+    assert (int(meta[L.M_POOL_TOP]), int(meta[L.M_POOL_DEAD])) == (64, 0)
+    assert c._engine.compactions == 0 and c._engine.st.pool.shape[0] == 64
+    for i in (0, 1, 4, 5):
+        assert _values(c, i, 16) == (16, list(range(100 * i, 100 * i + 16)))
+    c.sanity_check()
+
+
+def test_reset_during_a_gap_pass_starts_the_pool_over():
+    c = _straddling_pool()
+    assert int(c._engine.st.meta[L.M_POOL_LIM]) == 64  # the pass is under way
+    c.reset()
+    meta = c._engine.st.meta
+    assert [int(meta[f]) for f in (L.M_POOL_TOP, L.M_POOL_DEAD, L.M_POOL_CUR,
+                                   L.M_POOL_LIM)] == [0, 0, 0, 0]
+    _insert(c, 6, 16)
+    assert _offset(c, 6, 16) == 0 and int(meta[L.M_POOL_CUR]) == 16
+    assert _values(c, 4, 16) == (0, [])
+    c.sanity_check()

@@ -303,7 +303,7 @@ META_FIELDS = (
     ("NFREE", 1),         # slots on the free list
     ("NLIVE", 1),         # live nodes, root included
     ("POOL_TOP", 1),      # pool rows in use (live + dead)
-    ("POOL_DEAD", 1),     # pool rows of removed nodes, reclaimable by compaction
+    ("POOL_DEAD", 1),     # pool rows of removed nodes below POOL_TOP (gap passes, compaction)
     ("POOL_CUR", 1),      # the row a new leaf's span starts at (== POOL_TOP outside a gap pass)
     ("POOL_LIM", 1),      # end of the dead gap the cursor fills (0: no gap pass, the pool's end)
     ("CT_LIVE", 1),       # live child-table entries

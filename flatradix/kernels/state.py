@@ -73,7 +73,7 @@ def has_room(nodes, ctab, pool, meta, slots, units):
     pool rows. Checked by mutating kernels before they change anything; when
     short, the needs are left in ``meta[M_NEED_*]``."""
     lim = meta[M_POOL_LIM]
-    if lim == 0:  # no gap pass: new spans go up to the pool's end
+    if lim == 0:  # no gap pass: new spans go up to the pool's end (Engine._pool_room)
         lim = pool.shape[0]
     ok = (meta[M_NFREE] + nodes.shape[0] - meta[M_HWM] >= slots
           and meta[M_POOL_CUR] + units <= lim
@@ -199,8 +199,7 @@ def reset_tree(nodes, ctab, meta):
     meta[M_RETIRED] = 0
     meta[M_POOL_TOP] = 0
     meta[M_POOL_DEAD] = 0
-    meta[M_POOL_CUR] = 0
-    meta[M_POOL_LIM] = 0
+    cursor_on_top(meta)
     for h in range(N_HEAPS):
         meta[M_HEAP_N + h] = 0
     meta[M_CT_LIVE] = 0
@@ -272,9 +271,16 @@ def compact_pool(nodes, pool, new_pool, meta):
         top += n
     meta[M_POOL_TOP] = top
     meta[M_POOL_DEAD] = 0
-    meta[M_POOL_CUR] = top  # any gap pass ends: new spans go on top again
-    meta[M_POOL_LIM] = 0
+    cursor_on_top(meta)
     return top
+
+
+@helper
+def cursor_on_top(meta):
+    """No gap pass: new spans go on top of the pool's rows in use, up to its end
+    (``Engine._end_gap_pass`` does the same from Python)."""
+    meta[M_POOL_CUR] = meta[M_POOL_TOP]
+    meta[M_POOL_LIM] = 0
 
 
 @helper

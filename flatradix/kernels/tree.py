@@ -246,7 +246,7 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     ``A_FREE_HOST(SWA)`` / ``A_FREE_HOST(MAMBA)`` with its SWA host value / host
     state when it holds one (left by a write-back duplicate reclaim) and, with
     KV events on, ``A_REMOVED`` with its pool span (the rows keep their page
-    digests until the next compaction). The parent re-enters the heap if it
+    digests until the next compaction or gap pass, both between calls). The parent re-enters the heap if it
     became a leaf. The caller checked room for 6 rows and ``2 * len + 2`` values.
     """
     n = nodes[s, KEY_LEN]
