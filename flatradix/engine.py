@@ -177,6 +177,8 @@ class Engine:
         self.batch = np.zeros((2, 0), dtype=np.int64)  # match_prefix_batch: keys, indices
         self.root = int(_k_reset(nodes, ctab, meta))
         self._gaps, self._gap_i = None, 0  # the gap pass under way (``_next_gap``)
+        # counters for tests and benchmarks: gap passes started, in-place compactions
+        # (a doubling's copy into a new array is not counted)
         self.gap_passes = self.compactions = 0
 
     @property

@@ -209,11 +209,11 @@ def _link_leaf(nodes, ctab, pool, heap, meta, parent, s, ns, length, priority, f
     top = meta[M_POOL_CUR]
     end = top + length
     meta[M_POOL_CUR] = end
+    revived = min(end, meta[M_POOL_TOP]) - top  # dead rows below the top taken again
+    if revived > 0:
+        meta[M_POOL_DEAD] -= revived
     if end > meta[M_POOL_TOP]:
-        meta[M_POOL_DEAD] -= meta[M_POOL_TOP] - top if meta[M_POOL_TOP] > top else 0
         meta[M_POOL_TOP] = end
-    else:
-        meta[M_POOL_DEAD] -= length
     nodes[s, KEY_OFF] = top
     nodes[s, KEY_LEN] = length
     nodes[s, NS] = ns
