@@ -7,6 +7,10 @@ Import everything from here::
 
 __version__ = "0.1.0"
 
+from . import _compile_notice
+
+_compile_notice.install()   # one line on stderr when a run compiles kernels
+
 from .cache import UnifiedRadixCache
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
 from .hicache import HostKVPool

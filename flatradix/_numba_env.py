@@ -5,6 +5,12 @@ calls (numba#8396), and our kernels span several modules. So the cache
 directory is keyed by a hash of every ``kernels/*.py`` and ``components/*.py``
 source: an edited or upgraded kernel package never loads a stale object file.
 
+Start-up (:func:`defer_scipy_blas`): Numba's first dispatch in a process imports
+``numba.np.arraymath``, whose module body imports ``scipy.linalg.cython_blas``
+when scipy is installed (a BLAS check for ``np.dot``; ~0.3 s, scipy's array-API
+layer pulls in ``numpy.f2py``). No kernel uses BLAS, so the check is deferred to
+the first time a jitted ``np.dot``-like call is typed (by anyone in the process).
+
 Base directory, first writable of: ``$NUMBA_CACHE_DIR`` (the user's choice is
 kept, we add a sub-folder), ``~/.cache/flatradix/numba``, a temporary
 directory. Without this guard a read-only install in a container with no
@@ -57,4 +63,48 @@ def configure():
     return None
 
 
+class _LazyBlasCheck:
+    """Truthy when scipy's BLAS is there; asks only when first tested (what
+    ``numba.np.arraymath._HAVE_BLAS`` is at import: ``_check_blas()``)."""
+
+    _value = None
+
+    def __bool__(self):
+        if self._value is None:
+            from numba.np import arraymath
+
+            type(self)._value = bool(arraymath._check_blas())
+        return self._value
+
+
+def defer_scipy_blas():
+    """Import ``numba.np.arraymath`` with ``scipy.linalg.cython_blas`` hidden, then
+    make its ``_HAVE_BLAS`` flag lazy (:class:`_LazyBlasCheck`), so the process
+    imports scipy only if jitted code types a BLAS call. A no-op when arraymath is
+    imported already, when scipy is absent, or when Numba's module differs from
+    what this expects (then Numba imports scipy as it always did)."""
+    import importlib.util
+    import sys
+
+    name = "scipy.linalg.cython_blas"
+    if "numba.np.arraymath" in sys.modules or name in sys.modules:
+        return False
+    try:
+        if importlib.util.find_spec("scipy") is None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    sys.modules[name] = None          # import scipy.linalg.cython_blas -> ImportError
+    try:
+        from numba.np import arraymath
+    finally:
+        if sys.modules.get(name, 0) is None:
+            del sys.modules[name]
+    if getattr(arraymath, "_HAVE_BLAS", None) is False and hasattr(arraymath, "_check_blas"):
+        arraymath._HAVE_BLAS = _LazyBlasCheck()
+        return True
+    return False
+
+
 CACHE_DIR = configure()
+defer_scipy_blas()

@@ -253,10 +253,12 @@ def build_parser():
                 "--json prints JSON instead. --out/--csv/--per-request/--plot write files, "
                 "checked before anything runs."))
     g = r.add_argument_group("workload")
-    g.add_argument("--trace", metavar="FILE",
-                   help="JSONL trace: Mooncake (timestamp, input_length, output_length, "
-                        "hash_ids) or generic (token_ids, or hash_ids + block size; see the "
-                        "README); default: the synthetic workload")
+    g.add_argument("--trace", metavar="FILE|NAME",
+                   help="JSONL trace, plain or .gz/.bz2/.xz: Mooncake (timestamp, "
+                        "input_length, output_length, hash_ids) or generic (token_ids, or "
+                        "hash_ids + block size; docs/replay.md); or a named trace: "
+                        "mooncake:sample (500 requests, packaged), mooncake:conversation "
+                        "(12,031 requests, downloaded once); default: the synthetic workload")
     g.add_argument("--format", choices=("auto", "mooncake", "generic"), default=None,
                    help="trace format (default: auto, from the first line)")
     g.add_argument("--block-size", type=_positive_int, default=None, metavar="B",
@@ -428,6 +430,9 @@ def build_parser():
                    help="no progress bars (they are shown only on a terminal anyway)")
     p.set_defaults(subparser=None)
     r.set_defaults(subparser=r)
+    from . import precompile
+
+    precompile.add_parser(sub)     # flatradix compile (its own module)
     return p
 
 
@@ -822,6 +827,10 @@ def main(argv=None):
     """Entry point of the ``flatradix`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "compile":
+        from . import precompile
+
+        return precompile.run(args)
     if args.command != "replay":
         parser.print_help()
         return 2

@@ -394,30 +394,3 @@ def test_version():
     import flatradix
 
     assert p.returncode == 0 and p.stdout.strip() == f"flatradix {flatradix.__version__}"
-
-
-def test_warm_up_notice_only_on_a_terminal_and_only_when_slow(monkeypatch, capsys):
-    """A first run compiles for seconds: on a terminal the replay says so once the
-    warm-up passes WARM_UP_NOTICE_S; off a terminal (or when fast) it stays quiet."""
-    import sys as _sys
-    import time as _time
-
-    from flatradix.replay import sim
-
-    def slow(kind, swa, Workload):
-        _time.sleep(0.3)
-        return 0.3
-
-    monkeypatch.setattr(sim, "_warm_up", slow)
-    monkeypatch.setattr(sim, "WARM_UP_NOTICE_S", 0.05)
-    monkeypatch.setattr(sim, "_warm", set())
-    monkeypatch.setattr(_sys.stderr, "isatty", lambda: True, raising=False)
-    sim.warm_up(notice=True)
-    assert "compiling the kernels" in capsys.readouterr().err
-    monkeypatch.setattr(sim, "_warm", set())
-    sim.warm_up(notice=False)
-    assert capsys.readouterr().err == ""
-    monkeypatch.setattr(sim, "WARM_UP_NOTICE_S", 5.0)
-    monkeypatch.setattr(sim, "_warm", set())
-    sim.warm_up(notice=True)
-    assert capsys.readouterr().err == ""

@@ -736,40 +736,25 @@ def _latency(samples_ns):
 _warm = set()
 
 
-#: a warm-up longer than this says on a terminal that it is compiling (seconds)
-WARM_UP_NOTICE_S = 1.0
-
-
 def warm_up(swa=False, notice=False, mamba=False, extra=False, host=False):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
     process (and once more for the SWA mode when ``swa``, for the Mamba mode when
     ``mamba``, with the extra buffer when ``extra`` too, for the SWA + Mamba mode
     when both, for the host tier mode when ``host``), so the timed loop measures the
-    cache and not the JIT. ``notice``: when it runs longer than
-    ``WARM_UP_NOTICE_S`` and stderr is a terminal, say so there (a first run
-    compiles for ~10-25 s in silence otherwise). Returns seconds."""
+    cache and not the JIT. When it compiles, one line on stderr says so and how long
+    it took (``flatradix._compile_notice``; ``notice`` is kept for callers and
+    ignored). Returns seconds."""
     kind = ("swa+mamba" if swa and mamba else "swa" if swa else
             ("mamba+extra" if extra else "mamba") if mamba else "full")
     if host:
         kind = "host" if kind == "full" else "host+" + kind
     if kind in _warm:
         return 0.0
+    from .._compile_notice import phase
     from .trace import Workload
 
-    timer = None
-    if notice and sys.stderr.isatty():
-        import threading
-
-        timer = threading.Timer(WARM_UP_NOTICE_S, lambda: print(
-            "flatradix: compiling the kernels (first run only: Numba caches them) ...",
-            file=sys.stderr, flush=True))
-        timer.daemon = True
-        timer.start()
-    try:
+    with phase(f" for the {kind.replace('+', ' + ')} replay"):
         return _warm_up(kind, swa, Workload)
-    finally:
-        if timer is not None:
-            timer.cancel()
 
 
 def _warm_up(kind, swa, Workload):
@@ -1234,10 +1219,12 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
             workload, host_capacity, None if unbounded else int(capacity), slots, page_size,
             swa_ratio if swa else None, mamba_states if mamba else None, swa_host_capacity,
             mamba_host_states, cache_outputs, notes)
-    warmup_s = warm_up(notice=bool(progress))
-    if hybrid or host:
-        warmup_s += warm_up(swa=swa, mamba=mamba, extra=extra, host=host,
-                            notice=bool(progress))
+    from .._compile_notice import phase
+
+    with phase(" for this replay"):     # one stderr line when it compiles
+        warmup_s = warm_up()
+        if hybrid or host:
+            warmup_s += warm_up(swa=swa, mamba=mamba, extra=extra, host=host)
     longest = int((workload.input_lengths + workload.output_lengths).max()) if n_req else 1
     if swa:
         alloc = SWATokenToKVPoolAllocator(slots, swa_slots, page_size=page_size)

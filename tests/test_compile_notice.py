@@ -1,0 +1,111 @@
+"""The one stderr line a compiling run prints (``flatradix._compile_notice``), the
+``flatradix compile`` command's interface, and the deferred scipy import.
+
+The notice is checked in fresh processes with a probe function in a
+``flatradix.*`` module compiled without Numba's cache, so it compiles every time
+whatever the state of the cache (each process takes ~1-2 s).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROBE = """
+import sys, types, numba
+import flatradix
+mod = types.ModuleType("flatradix._probe")
+sys.modules["flatradix._probe"] = mod
+exec("def helper(x):\\n    return x + 1\\ndef probe(x):\\n    return helper(x) * 2\\n", mod.__dict__)
+mod.helper = numba.njit(mod.helper)
+mod.probe = numba.njit(mod.probe)
+def other(x):
+    return x - 1
+other = numba.njit(other)          # not flatradix's: never announced
+"""
+
+
+def _run(code, **env):
+    e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e.pop("FLATRADIX_QUIET_COMPILE", None)
+    e.update(env)
+    r = subprocess.run([sys.executable, "-c", PROBE + code], capture_output=True, text=True,
+                       env=e, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_a_library_compile_says_so_once_and_the_total_at_exit():
+    r = _run("assert mod.probe(1) == 4\nassert mod.probe(2) == 6\n"
+             "from flatradix._compile_notice import stats\ns = stats()\n"
+             "assert s['compiles'] == 2 and s['entries'] == 1, s\nprint('ok')")
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2, r.stderr
+    assert lines[0].startswith("flatradix: compiling kernels on first use") \
+        and "flatradix compile" in lines[0], lines[0]
+    assert lines[1].startswith("flatradix: compiled 2 functions in "), lines[1]
+    assert r.stdout.strip() == "ok"
+
+
+def test_a_phase_is_one_line_with_its_time():
+    r = _run("from flatradix._compile_notice import phase\n"
+             "with phase(' for this test'):\n    mod.probe(1)\n    other(1)\n"
+             "with phase(' again'):\n    mod.probe(2)\n")   # cached in-process: silent
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("flatradix: compiling kernels for this test (first run; "
+                               "Numba caches them in "), lines[0]
+    assert lines[0].endswith(" s (2 functions)"), lines[0]
+
+
+def test_no_line_without_a_flatradix_compile_and_quiet_when_asked():
+    assert _run("other(1)").stderr == ""
+    assert _run("mod.probe(1)", FLATRADIX_QUIET_COMPILE="1").stderr == ""
+
+
+def test_the_replay_warm_up_reports_through_a_phase(monkeypatch, capsys):
+    """``warm_up`` wraps its compiles in a phase (one line; nothing when cached)."""
+    from flatradix import _compile_notice
+    from flatradix.replay import sim
+
+    seen = []
+    monkeypatch.setattr(sim, "_warm", set())
+    monkeypatch.setattr(sim, "_warm_up",
+                        lambda kind, swa, W: seen.append(_compile_notice._state["phase"]) or 0.5)
+    assert sim.warm_up(swa=True) == 0.5
+    assert seen and seen[0] is not None and "swa replay" in seen[0]["what"]
+    assert capsys.readouterr().err == ""     # nothing compiled: nothing said
+
+
+def test_compile_command_lists_and_refuses_bad_options():
+    from flatradix import precompile
+    from flatradix.cli import main
+
+    assert set(precompile.GROUPS) >= {"full", "swa", "mamba", "host", "replay"}
+    r = subprocess.run([sys.executable, "-m", "flatradix", "compile", "--list"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0 and r.stdout.split()[0] == "full", r.stderr
+    assert main(["compile", "--only", "nope"]) == 2
+    assert main(["compile", "--jobs", "0"]) == 2
+    with pytest.raises(SystemExit):
+        main(["compile", "--onl", "full"])        # no abbreviations
+
+
+def test_scipy_is_not_imported_by_the_first_kernel_call():
+    pytest.importorskip("scipy")
+    code = ("import sys, numpy as np\nimport flatradix as F\n"
+            "c = F.UnifiedRadixCache()\n"
+            "c.insert(F.InsertParams(key=F.RadixKey([1, 2]), value=np.array([1, 2])))\n"
+            "c.match_prefix(F.MatchPrefixParams(key=F.RadixKey([1, 2])))\n"
+            "assert 'scipy.linalg' not in sys.modules, 'scipy.linalg imported'\n"
+            "import numba\n"
+            "@numba.njit\ndef dot(a, b):\n    return np.dot(a, b)\n"
+            "assert dot(np.ones(3), np.ones(3)) == 3.0\n"          # BLAS still there
+            "assert 'scipy.linalg' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
