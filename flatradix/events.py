@@ -31,8 +31,17 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Optional, Union
 
-import msgspec
 import numpy as np
+
+_EXTRA = "pip install 'flatradix[events]' (msgspec and pyzmq)"
+
+try:
+    import msgspec
+except ModuleNotFoundError as e:
+    if e.name != "msgspec":
+        raise
+    raise ModuleNotFoundError(f"flatradix.events (KV cache events) needs msgspec: {_EXTRA}",
+                              name="msgspec") from None
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
@@ -411,7 +420,13 @@ class ZmqEventPublisher:
         _check_int(buffer_bytes, "buffer_bytes", 0)
         if data_parallel_rank is not None:
             _check_int(data_parallel_rank, "data_parallel_rank", 0)
-        import zmq
+        try:
+            import zmq
+        except ModuleNotFoundError as e:
+            if e.name != "zmq":
+                raise
+            raise ModuleNotFoundError(f"ZmqEventPublisher needs pyzmq: {_EXTRA}",
+                                      name="zmq") from None
 
         self._zmq = zmq
         self._lock = threading.Lock()       # publish / close, and the outbox socket

@@ -1,14 +1,10 @@
 """Shared fixtures: warm the JIT once per session so test time goes to examples."""
 
-import pathlib
-
 import numpy as np
 import pytest
 
 import flatradix
 from flatradix import InsertParams, MatchPrefixParams, RadixKey
-
-TRACE = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,8 +5,10 @@ dividing the block size, the replay's ``hit_tokens`` must equal what the hash
 ids alone imply (``expected_hits`` below, plain Python, no flatradix); with a
 finite capacity, the pure-Python reference cache of ``tests/reference.py``
 replayed the same way must give the same hits, evictions, waits and
-rejections, request by request. The trace tests read
-``../shared/traces/mooncake_conversation_trace.jsonl`` and skip where it is absent.
+rejections, request by request. Tests of at most 500 requests read the packaged
+sample (``mooncake:sample``, the trace's first 500 requests); the whole-trace
+tests read the full conversation trace (``TRACE``) and skip, saying how to get
+it, where it is absent.
 """
 
 import json
@@ -28,8 +30,28 @@ from flatradix.cli import main
 from .reference import ReferenceRadixCache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"trace not found: {TRACE}")
+SAMPLE = "mooncake:sample"   # packaged: the conversation trace's first 500 requests
+
+
+def _full_trace():
+    """The whole conversation trace: the project workspace's copy, else the one
+    ``--trace mooncake:conversation`` downloaded into the user cache."""
+    from flatradix.replay import datasets
+
+    shared = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+    cached = datasets.cache_dir() / datasets.TRACES["mooncake:conversation"].filename
+    for p in (shared, cached):
+        if p.is_file() and p.stat().st_size == datasets.TRACES["mooncake:conversation"].size:
+            return p
+    return shared
+
+
+TRACE = _full_trace()
+needs_trace = pytest.mark.skipif(
+    not TRACE.exists(),
+    reason="needs the whole Mooncake conversation trace (12,031 requests): run `flatradix "
+           "replay --trace mooncake:conversation --describe` once to download it (3 MB) into "
+           "~/.cache/flatradix/traces ($FLATRADIX_TRACE_DIR)")
 JSON_KEYS = {"requests", "rejected_requests", "prompt_tokens", "hit_tokens", "token_hit_ratio",
              "evicted_tokens", "wall_s", "requests_per_s"}
 
@@ -214,12 +236,11 @@ def test_finite_capacity_matches_reference_synthetic(capacity, max_running, poli
     assert_same_run(eng, replay(w, driver="core", **kw))
 
 
-@needs_trace
 @pytest.mark.parametrize("capacity, max_running", [(150_000, 8), (100_000, 2)])
 def test_finite_capacity_matches_reference_on_the_trace(capacity, max_running):
     """First 500 requests: same hits (request by request), evictions, waits and
     rejections as the pure-Python reference cache driven the same way."""
-    w = load_mooncake(TRACE, limit=500)
+    w = load_mooncake(SAMPLE, limit=500)
     kw = dict(capacity=capacity, page_size=16, max_running=max_running, record_hits=True)
     eng = replay(w, **kw)
     ref = replay(w, cache_factory=reference_factory, driver="core", **kw)
@@ -284,9 +305,8 @@ def test_cli_text_report(capsys):
         assert s in text
 
 
-@needs_trace
 def test_cli_on_the_trace(capsys):
-    assert main(["replay", "--trace", str(TRACE), "--limit", "300", "--capacity", "1M",
+    assert main(["replay", "--trace", SAMPLE, "--limit", "300", "--capacity", "1M",
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["requests"] == 300 and JSON_KEYS <= d.keys()

@@ -9,7 +9,7 @@ misses, evictions, per request), the run with no host slot equals the Full-only
 run request by request, and with an unbounded host pool (write-through keeps
 every cached prefix on the host) the hits are those of an unbounded device pool,
 the hash-id oracle of ``tests/test_replay.py``. The trace test reads
-``../shared/traces/mooncake_conversation_trace.jsonl`` and skips where it is
+the whole Mooncake conversation trace (``TRACE`` of ``tests/test_replay.py``) and skips, saying how to get it, where it is
 absent.
 """
 

@@ -13,7 +13,7 @@ Exact values: two hand-worked runs (every figure worked out from the spec, not r
 off the code), the run with no host slot equals the run without a host tier request
 by request in all three modes and write policies, and after random runs the six
 pools (Full / SWA / state, device and host) each partition exactly. The trace test
-reads ``../shared/traces/mooncake_conversation_trace.jsonl`` and skips where it is
+reads the whole Mooncake conversation trace (``TRACE`` of ``tests/test_replay.py``) and skips, saying how to get it, where it is
 absent.
 """
 

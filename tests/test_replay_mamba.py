@@ -12,9 +12,8 @@ prompts: request ``i`` hits the longest earlier prompt of length ``L <= n - 1``
 that is a prefix of its own (a state exists only where a prompt ended), and its
 Full KV hit is ``min(h, n - 1)`` for ``h`` its longest common prefix with an
 earlier prompt (:func:`full_hits`, checked against ``expected_hits`` of
-``tests/test_replay.py``). The trace tests read
-``../shared/traces/mooncake_conversation_trace.jsonl`` and skip where it is
-absent.
+``tests/test_replay.py``). The trace tests read the packaged sample of the
+Mooncake conversation trace (``mooncake:sample``, its first 500 requests).
 """
 
 import contextlib
@@ -31,7 +30,7 @@ from flatradix.replay import (Workload, format_report, format_sweep, load_moonca
                               write_runs_csv, write_sweep_csv)
 
 from .test_cli import EXAMPLES
-from .test_replay import TRACE, expected_hits, needs_trace, workload_requests
+from .test_replay import SAMPLE, expected_hits, workload_requests
 
 
 def _workload(blocks, lengths, outputs, block_size=4):
@@ -270,9 +269,8 @@ def test_unbounded_hits_equal_the_prompt_prefix_oracle_synthetic():
     assert r.hit_tokens > 0 and r.checkpoint_lost_hit_tokens > 0
 
 
-@needs_trace
 def test_unbounded_hits_equal_the_prompt_prefix_oracle_on_the_trace():
-    r, whole = _check_against_oracles(load_mooncake(TRACE, limit=400))
+    r, whole = _check_against_oracles(load_mooncake(SAMPLE, limit=400))
     assert whole > 0 and r.checkpoint_lost_hit_tokens > 0
 
 
@@ -444,15 +442,14 @@ def test_cli_mamba_runs_and_model_config():
         assert s in out, s
 
 
-@needs_trace
 def test_cli_on_a_prefix_of_the_trace():
-    rc, out, err = _cli("--trace", TRACE, "--limit", "300", "--capacity", "1M",
+    rc, out, err = _cli("--trace", SAMPLE, "--limit", "300", "--capacity", "1M",
                         "--mamba-states", "32", "--json")
     assert rc == 0, err
     d = json.loads(out)
     assert d["requests"] == 300 and d["kv_conserved"] and d["page_size"] == 1
     assert d["mamba_pool_slots"] == 32 and d["peak_mamba_tree_states"] <= 32
-    full = replay(load_mooncake(TRACE, limit=300), capacity=1_000_000, page_size=1)
+    full = replay(load_mooncake(SAMPLE, limit=300), capacity=1_000_000, page_size=1)
     assert d["hit_tokens"] <= full.hit_tokens
     assert d["hit_tokens"] + d["checkpoint_lost_hit_tokens"] > 0
 

@@ -9,8 +9,8 @@ and Full tokens the tree keeps, state waits and evictions), and, unbounded, one
 request at a time, a plain-Python oracle over the hash ids (:func:`expected_extra`:
 the prefill of a request with hit ``h`` over ``e = n - h`` tokens caches the key
 up to ``h + (e // G) * G``, or up to the branching point, with a state there).
-The trace tests read ``../shared/traces/mooncake_conversation_trace.jsonl`` and
-skip where it is absent.
+The trace tests read the packaged sample of the Mooncake conversation trace
+(``mooncake:sample``, its first 500 requests).
 """
 
 import csv
@@ -24,7 +24,7 @@ from flatradix.replay import (ArrivalModel, Workload, format_report, format_swee
                               load_mooncake, replay, sweep, synthetic_workload, write_runs_csv,
                               write_sweep_csv)
 
-from .test_replay import TRACE, needs_trace, workload_requests
+from .test_replay import SAMPLE, workload_requests
 from .test_replay_mamba import _assert_state_partition, _capturing_factory, _cli
 
 
@@ -261,9 +261,8 @@ def test_unbounded_hits_equal_the_oracle_synthetic(page, chunk):
     assert r.hit_tokens > 0 and r.checkpoint_lost_hit_tokens > 0
 
 
-@needs_trace
 def test_unbounded_hits_equal_the_oracle_on_the_trace():
-    r = _check_oracle(load_mooncake(TRACE, limit=400), 16, 64)
+    r = _check_oracle(load_mooncake(SAMPLE, limit=400), 16, 64)
     assert r.hit_tokens > 0 and r.checkpoint_lost_hit_tokens > 0
 
 
@@ -378,9 +377,8 @@ def test_cli_refusals_are_one_line(args, what):
     assert err.strip().splitlines() == [err.strip()] and what in err, err
 
 
-@needs_trace
 def test_cli_on_a_prefix_of_the_trace():
-    rc, out, err = _cli("--trace", TRACE, "--limit", "300", "--capacity", "1M",
+    rc, out, err = _cli("--trace", SAMPLE, "--limit", "300", "--capacity", "1M",
                         "--mamba-states", "32", "--mamba-extra-buffer", "--json")
     assert rc == 0, err
     d = json.loads(out)

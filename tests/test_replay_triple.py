@@ -27,7 +27,7 @@ from flatradix.replay import (ArrivalModel, Workload, default_cache_factory, for
                               write_per_request_csv, write_runs_csv, write_sweep_csv)
 
 from .test_cli import EXAMPLES
-from .test_replay import TRACE, needs_trace, swa_pool_partition
+from .test_replay import SAMPLE, swa_pool_partition
 from .test_replay_mamba import _capturing_factory, _cli, _workload
 
 
@@ -494,11 +494,10 @@ def test_cli_triple_refusals_are_one_line(args, needles):
 
 
 # ---------------------------------------------------------------- the trace
-@needs_trace
 def test_triple_on_a_prefix_of_the_trace():
     """The trace's first 300 requests at 1M tokens: every pool conserved, the split
     adds up, and a window no request slides past gives the Mamba-only run."""
-    w = load_mooncake(TRACE, limit=300)
+    w = load_mooncake(SAMPLE, limit=300)
     kw = dict(capacity=1_000_000, page_size=1, mamba_states=32, record_requests=True)
     m = replay(w, **kw)
     b = replay(w, swa_window=4096, **kw)

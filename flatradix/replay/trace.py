@@ -172,8 +172,29 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
          (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 
+#: compressed traces, read directly: (magic bytes, module, what)
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gzip"), (b"BZh", "bz2", "bzip2"),
+               (b"\xfd7zXZ\x00", "lzma", "xz"))
+
+
+def _open_lines(raw):
+    """A binary line iterator over ``raw`` (an open file), decompressing a gzip,
+    bzip2 or xz file (told by its magic bytes, not its name); returns it and the
+    compression's name (None for a plain file)."""
+    head = raw.peek(8)[:8] if hasattr(raw, "peek") else b""
+    for magic, module, what in _COMPRESSED:
+        if head.startswith(magic):
+            mod = __import__(module)
+            opener = {"gzip": lambda f: mod.GzipFile(fileobj=f, mode="rb"),
+                      "bz2": lambda f: mod.BZ2File(f, mode="rb"),
+                      "lzma": lambda f: mod.LZMAFile(f, mode="rb")}[module]
+            return opener(raw), what
+    return raw, None
+
+
 def _records(path, progress):
-    """Yield ``(line number, JSON value)`` for each non-blank line of a UTF-8 JSONL file."""
+    """Yield ``(line number, JSON value)`` for each non-blank line of a UTF-8 JSONL
+    file, plain or compressed (gzip, bzip2, xz: see :func:`_open_lines`)."""
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -181,40 +202,55 @@ def _records(path, progress):
     bar = progress_bar(size, progress and size is not None, unit="B", unit_scale=True,
                        desc="loading trace")
     done = 0
+    lineno = 0
     try:
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if bar is not None:
-                    done += len(line)
-                    if lineno % 4096 == 0:
-                        bar.update(done)
-                        done = 0
-                if lineno == 1:
-                    for bom, enc in _BOMS:
-                        if line.startswith(bom):
-                            raise _line_error(path, 1, f"the file is {enc}-encoded (byte-order "
-                                                       f"mark); traces must be UTF-8: convert it "
-                                                       f"with iconv -f {enc} -t UTF-8")
-                    if line.startswith(b"\xef\xbb\xbf"):
-                        line = line[3:]
-                if b"\x00" in line:
-                    raise _line_error(path, lineno, "NUL bytes: the file looks UTF-16- or UTF-32-"
-                                                    "encoded; traces must be UTF-8 (iconv -t UTF-8)")
-                if not line.strip():
-                    continue
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise _line_error(path, lineno, f"not UTF-8 (byte 0x{line[e.start]:02x} at "
-                                                    f"column {e.start + 1}); traces must be "
-                                                    f"UTF-8") from None
-                try:
-                    rec = json.loads(text)
-                except ValueError as e:
-                    raise _line_error(path, lineno, f"invalid JSON ({e})") from None
-                if not isinstance(rec, dict):
-                    raise _line_error(path, lineno, "expected a JSON object")
-                yield lineno, rec
+        with open(path, "rb") as raw:
+            f, packed = _open_lines(raw)
+            try:
+                for lineno, line in enumerate(f, 1):
+                    if bar is not None and lineno % 4096 == 0:
+                        pos = raw.tell()   # compressed bytes read so far
+                        bar.update(pos - done)
+                        done = pos
+                    if lineno == 1:
+                        for bom, enc in _BOMS:
+                            if line.startswith(bom):
+                                raise _line_error(path, 1, f"the file is {enc}-encoded (byte-"
+                                                           f"order mark); traces must be UTF-8: "
+                                                           f"convert it with iconv -f {enc} -t "
+                                                           f"UTF-8")
+                        if line.startswith(b"\xef\xbb\xbf"):
+                            line = line[3:]
+                    if b"\x00" in line:
+                        raise _line_error(path, lineno, "NUL bytes: the file looks UTF-16- or "
+                                                        "UTF-32-encoded, or is binary; traces "
+                                                        "must be UTF-8 (iconv -t UTF-8)")
+                    if not line.strip():
+                        continue
+                    try:
+                        text = line.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise _line_error(path, lineno, f"not UTF-8 (byte 0x{line[e.start]:02x}"
+                                                        f" at column {e.start + 1}); traces must"
+                                                        f" be UTF-8") from None
+                    try:
+                        rec = json.loads(text)
+                    except ValueError as e:
+                        raise _line_error(path, lineno, f"invalid JSON ({e})") from None
+                    if not isinstance(rec, dict):
+                        raise _line_error(path, lineno, "expected a JSON object")
+                    yield lineno, rec
+            except Exception as e:   # zlib.error, lzma.LZMAError, OSError, EOFError ...
+                if packed is None or isinstance(e, TraceFormatError):
+                    raise
+                # a truncated or corrupt compressed file: say so, with the line reached
+                what = ("ends early (truncated download?)" if isinstance(e, EOFError)
+                        else f"is corrupt ({e})")
+                raise TraceFormatError(f"{path}: the {packed} data {what} after line "
+                                       f"{lineno:,}") from None
+            finally:
+                if f is not raw:
+                    f.close()
     finally:
         if bar is not None:
             bar.close()
@@ -228,6 +264,11 @@ def _detect(rec):
 
 def load_trace(path, format="auto", block_size=None, limit=None, progress=False):
     """Read a JSONL request trace into a :class:`Workload`.
+
+    ``path``: a file (plain, or gzip / bzip2 / xz compressed: read directly, told
+    by its magic bytes) or a trace name of :mod:`flatradix.replay.datasets`
+    (``"mooncake:sample"``, packaged; ``"mooncake:conversation"``, downloaded
+    once into the user cache).
 
     Two formats, one JSON object a line (blank lines are skipped; UTF-8):
 
@@ -263,7 +304,8 @@ def load_trace(path, format="auto", block_size=None, limit=None, progress=False)
         expand into int64 tokens, a length that does not match the ids, a
         mixed file; and naming the file when it holds no request.
     OSError
-        The file cannot be read.
+        The file cannot be read; a named trace could not be downloaded
+        (:class:`~flatradix.replay.datasets.TraceDownloadError`).
     """
     if format not in ("auto", "mooncake", "generic"):
         raise ValueError(f"format must be 'auto', 'mooncake' or 'generic', got {format!r}")
@@ -271,6 +313,10 @@ def load_trace(path, format="auto", block_size=None, limit=None, progress=False)
         block_size = int(block_size)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+    from . import datasets
+
+    name = os.fspath(path)
+    path = datasets.resolve(name, progress=progress)
     if os.path.isdir(path):
         raise TraceFormatError(f"{path}: is a directory, not a trace file")
     fmt = None if format == "auto" else format
@@ -386,7 +432,7 @@ def load_trace(path, format="auto", block_size=None, limit=None, progress=False)
         hash_ids = hash_ids[gather]
         timestamps, input_lengths, output_lengths = (
             timestamps[order], input_lengths[order], output_lengths[order])
-    w = Workload(os.fspath(path), B, timestamps, input_lengths, output_lengths, ptr, hash_ids,
+    w = Workload(name, B, timestamps, input_lengths, output_lengths, ptr, hash_ids,
                  has_timestamps=bool(has_ts) if fmt == "generic" else True,
                  source_format=fmt if prompt_field != "token_ids" else "generic/token_ids")
     return w.head(limit)

@@ -37,8 +37,12 @@ def skip_reason(fix_hint):
         return "FLATRADIX_SKIP_ORACLE=1"
     py = VENV / "bin" / "python"
     if not py.exists():
-        return (f"no SGLang oracle venv at {VENV}: build it with "
-                "`bash ../shared/tools/setup_sglang_oracle.sh` (.ci/run does)")
+        return (f"no SGLang oracle venv at {VENV} (a Python 3.11 venv with sglang==0.5.23 "
+                "installed --no-deps, torch, the pure-Python packages SGLang's cache imports, "
+                "numba and msgspec): tests/oracle/README.md, 'The oracle venv', says how to "
+                "build it from a clone; in the project's workspace "
+                "`bash ../shared/tools/setup_sglang_oracle.sh` does (.ci/run runs it); "
+                "FLATRADIX_ORACLE_VENV points elsewhere")
     probe = ("import importlib.util as u, sys; missing = [m for m in ('sglang', 'numba', "
              "'msgspec', 'torch') if u.find_spec(m) is None]; print(','.join(missing)); "
              "sys.exit(1 if missing else 0)")

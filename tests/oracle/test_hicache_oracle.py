@@ -27,6 +27,8 @@ import pytest
 
 from .suite import BACKENDS, ROOT, as_tuples, run_drivers, skip_reason, tail
 
+pytestmark = pytest.mark.oracle   # python -m pytest -m "not oracle" leaves these out
+
 OPS = int(os.environ.get("FLATRADIX_ORACLE_HICACHE_OPS", "2000"))
 TOLERATE = os.environ.get("FLATRADIX_ORACLE_HICACHE_TOLERATE", "")
 TIMEOUT_S = int(os.environ.get("FLATRADIX_ORACLE_TIMEOUT", "900"))
@@ -51,7 +53,7 @@ MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-
 @pytest.fixture(scope="module")
 def hicache_runs(tmp_path_factory):
     """Run the driver for both SGLang cores in parallel; {(config, backend): result}."""
-    reason = skip_reason("re-run ../shared/tools/setup_sglang_oracle.sh")
+    reason = skip_reason("build it again: tests/oracle/README.md, The oracle venv")
     if reason:
         pytest.skip(reason)
     return run_drivers("tests.oracle.hicache_driver", "hicache oracle", OPS, 20,

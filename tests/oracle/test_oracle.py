@@ -24,6 +24,8 @@ import pytest
 
 from .suite import BACKENDS, ROOT, VENV, as_tuples, run_drivers, skip_reason, tail
 
+pytestmark = pytest.mark.oracle   # python -m pytest -m "not oracle" leaves these out
+
 VENV_PIP = VENV / "bin" / "pip"
 
 OPS = int(os.environ.get("FLATRADIX_ORACLE_OPS", "3000"))
