@@ -33,15 +33,22 @@ from typing import Optional, Union
 
 import numpy as np
 
-_EXTRA = "pip install 'flatradix[events]' (msgspec and pyzmq)"
 
-try:
-    import msgspec
-except ModuleNotFoundError as e:
-    if e.name != "msgspec":
-        raise
-    raise ModuleNotFoundError(f"flatradix.events (KV cache events) needs msgspec: {_EXTRA}",
-                              name="msgspec") from None
+
+def _need(module, package, what):
+    """``import module``, or a ModuleNotFoundError saying which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise ModuleNotFoundError(f"{what} needs {package}: pip install 'flatradix[events]' "
+                                  f"(msgspec and pyzmq)", name=module) from None
+
+
+msgspec = _need("msgspec", "msgspec", "flatradix.events (KV cache events)")
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
@@ -420,13 +427,7 @@ class ZmqEventPublisher:
         _check_int(buffer_bytes, "buffer_bytes", 0)
         if data_parallel_rank is not None:
             _check_int(data_parallel_rank, "data_parallel_rank", 0)
-        try:
-            import zmq
-        except ModuleNotFoundError as e:
-            if e.name != "zmq":
-                raise
-            raise ModuleNotFoundError(f"ZmqEventPublisher needs pyzmq: {_EXTRA}",
-                                      name="zmq") from None
+        zmq = _need("zmq", "pyzmq", "ZmqEventPublisher")
 
         self._zmq = zmq
         self._lock = threading.Lock()       # publish / close, and the outbox socket

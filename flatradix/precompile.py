@@ -137,17 +137,26 @@ def _swa():
         c.sanity_check()
 
 
+def _mamba_cache(page, extra, per_path):
+    """A Full + Mamba cache with events on, its allocator and its request pool."""
+    import flatradix as F
+
+    alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
+    rtp = F.HybridReqToTokenPool(8, 512, mamba_size=16, enable_mamba_extra_buffer=extra)
+    c = F.UnifiedRadixCache(page_size=page, tree_components=(F.ComponentType.FULL,
+                                                             F.ComponentType.MAMBA),
+                            token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp,
+                            enable_mamba_extra_buffer=extra, enable_kv_cache_events=True,
+                            mamba_max_states_per_path=per_path)
+    return c, alloc, rtp
+
+
 def _mamba():
     import flatradix as F
 
     CT = F.ComponentType
     for page, extra in ((1, False), (16, True)):
-        alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
-        rtp = F.HybridReqToTokenPool(8, 512, mamba_size=16, enable_mamba_extra_buffer=extra)
-        c = F.UnifiedRadixCache(page_size=page, tree_components=(CT.FULL, CT.MAMBA),
-                                token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp,
-                                enable_mamba_extra_buffer=extra, enable_kv_cache_events=True,
-                                mamba_max_states_per_path=2)
+        c, alloc, rtp = _mamba_cache(page, extra, 2)
         toks = list(range(1, 4 * page + 1))
         for key in (toks, toks + list(range(500, 500 + page)),
                     toks + list(range(500, 500 + 2 * page))):
@@ -239,12 +248,7 @@ def _host_mamba():
 
     CT = F.ComponentType
     for page, extra in ((1, False), (16, True)):
-        alloc = F.TokenToKVPoolAllocator(4096, page_size=page)
-        rtp = F.HybridReqToTokenPool(8, 512, mamba_size=16, enable_mamba_extra_buffer=extra)
-        c = F.UnifiedRadixCache(page_size=page, tree_components=(CT.FULL, CT.MAMBA),
-                                token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp,
-                                enable_mamba_extra_buffer=extra, enable_kv_cache_events=True,
-                                mamba_max_states_per_path=4)
+        c, alloc, rtp = _mamba_cache(page, extra, 4)
         c.init_hicache(host_size=4096, mamba_host_size=16, load_back_threshold=1,
                        transfer=lambda kind, dev, host: None)
         toks = list(range(1, 4 * page + 1))
