@@ -20,7 +20,6 @@ process whose cache is warm takes about a second.
 """
 
 import argparse
-import concurrent.futures
 import json
 import os
 import subprocess
@@ -445,38 +444,76 @@ def run(args):
         print(f"flatradix compile: error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     jobs = min(args.jobs or _cpu_count(), len(names))
-    print(f"flatradix compile: {len(names)} workloads, {jobs} at a time, into {CACHE_DIR}",
+    # the Full-only workload first, alone: every other one calls its kernels, so
+    # running it beside them would compile those kernels in every process at once
+    stages = [names]
+    if "full" in names and len(names) > 1 and jobs > 1:
+        stages = [["full"], [n for n in names if n != "full"]]
+    print(f"flatradix compile: {_n(len(names), 'workload')}, {jobs} at a time"
+          + (" (the Full-only one first)" if len(stages) > 1 else "") + f", into {CACHE_DIR}",
           file=sys.stderr, flush=True)
-    env = dict(os.environ, FLATRADIX_QUIET_COMPILE="1")
     t0 = time.perf_counter()
-
-    def one(name):
-        r = subprocess.run([sys.executable, "-c",
-                            f"from flatradix.precompile import _worker; _worker({name!r})"],
-                           env=env, capture_output=True, text=True)
-        return name, r
-
-    failed = []
-    total = {"compiles": 0, "cpu": 0.0}
-    with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
-        for fut in concurrent.futures.as_completed([ex.submit(one, n) for n in names]):
-            name, r = fut.result()
-            if r.returncode != 0:
-                failed.append(name)
-                tail = "\n".join(r.stderr.strip().splitlines()[-15:])
-                print(f"  {name:12} FAILED (exit status {r.returncode}):\n{tail}",
-                      file=sys.stderr, flush=True)
-                continue
-            s = json.loads(r.stdout.strip().splitlines()[-1])
-            total["compiles"] += s["compiles"]
-            total["cpu"] += s["process_cpu"]
-            print(f"  {name:12} {s['compiles']:4d} functions compiled, {s['process_wall']:6.1f} "
-                  f"s (CPU {s['process_cpu']:.1f} s)", file=sys.stderr, flush=True)
+    running = []   # (name, Popen, stdout file, stderr file, start time)
+    failed, total = [], {"compiles": 0, "cpu": 0.0}
+    try:
+        for stage in stages:
+            queue = list(stage)
+            while queue or running:
+                while queue and len(running) < jobs:
+                    running.append(_start(queue.pop(0)))
+                time.sleep(0.05)
+                for job in [j for j in running if j[1].poll() is not None]:
+                    running.remove(job)
+                    _report(job, failed, total)
+    except KeyboardInterrupt:
+        for _, proc, out, err, _ in running:
+            proc.kill()
+            proc.wait()
+            out.close()
+            err.close()
+        print("flatradix compile: interrupted (what finished is cached)", file=sys.stderr)
+        return 130
     wall = time.perf_counter() - t0
     print(f"flatradix compile: {'FAILED: ' + ', '.join(failed) if failed else 'done'}; "
           f"{total['compiles']} functions compiled in {wall:.1f} s (CPU {total['cpu']:.1f} s "
-          f"in {len(names)} processes)", file=sys.stderr, flush=True)
+          f"in {_n(len(names), 'process', 'es')})", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def _n(k, word, plural="s"):
+    return f"{k} {word}" + ("" if k == 1 else plural)
+
+
+def _start(name):
+    import tempfile
+
+    env = dict(os.environ, FLATRADIX_QUIET_COMPILE="1")
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-c",
+                             f"from flatradix.precompile import _worker; _worker({name!r})"],
+                            env=env, stdout=out, stderr=err, text=True)
+    return name, proc, out, err, time.perf_counter()
+
+
+def _report(job, failed, total):
+    name, proc, out, err, t0 = job
+    wall = time.perf_counter() - t0
+    out.seek(0)
+    err.seek(0)
+    stdout, stderr = out.read(), err.read()
+    out.close()
+    err.close()
+    if proc.returncode != 0:
+        failed.append(name)
+        tail = "\n".join(stderr.strip().splitlines()[-15:])
+        print(f"  {name:12} FAILED (exit status {proc.returncode}):\n{tail}",
+              file=sys.stderr, flush=True)
+        return
+    s = json.loads(stdout.strip().splitlines()[-1])
+    total["compiles"] += s["compiles"]
+    total["cpu"] += s["process_cpu"]
+    print(f"  {name:12} {s['compiles']:4d} functions compiled, {wall:6.1f} s (CPU "
+          f"{s['process_cpu']:.1f} s)", file=sys.stderr, flush=True)
 
 
 def main(argv=None):

@@ -109,3 +109,30 @@ def test_scipy_is_not_imported_by_the_first_kernel_call():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
+
+
+def test_compile_command_stops_at_once_on_an_interrupt(tmp_path):
+    """SIGINT while the workloads compile (an empty cache): exit status 130 within a
+    few seconds, one line, no worker left behind."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=ROOT, NUMBA_CACHE_DIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-m", "flatradix", "compile", "--jobs", "2"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = p.stderr.readline()            # the workloads have started
+    from flatradix.precompile import GROUPS
+
+    assert head.startswith(f"flatradix compile: {len(GROUPS)} workloads"), head
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    t = time.monotonic()
+    out, err = p.communicate(timeout=60)
+    err = head + err
+    assert time.monotonic() - t < 10, err
+    assert p.returncode == 130, (p.returncode, err)
+    assert err.strip().splitlines()[-1] == ("flatradix compile: interrupted (what finished is "
+                                            "cached)"), err
+    assert "Traceback" not in err
+    left = subprocess.run(["pgrep", "-f", f"NUMBA_CACHE_DIR={tmp_path}"], capture_output=True)
+    assert left.stdout == b""
