@@ -75,6 +75,7 @@ def decode(cache, alloc, rtp, req, n, next_tok):
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_kv_conservation_100k_steps(page_size):
     rng = np.random.default_rng(page_size)

@@ -55,6 +55,7 @@ def test_torch_allocator_and_request_flow():
     c.sanity_check()
 
 
+@pytest.mark.slow   # compiles kernels in a fresh process (empty cache)
 def test_first_process_compiles_later_processes_load_from_cache(tmp_path):
     code = ("import numpy as np\n"
             "from flatradix import UnifiedRadixCache, RadixKey, InsertParams, MatchPrefixParams\n"

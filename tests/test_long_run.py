@@ -22,6 +22,7 @@ from flatradix import (
 from flatradix.kernels import layout as L
 
 
+@pytest.mark.slow
 def test_capacities_stop_growing_under_churn():
     with open("/dev/null", "w") as devnull:
         ch, reports, final, failures = run(ops=200_000, pool=20_000, page_size=4, seed=1,

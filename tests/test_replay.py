@@ -209,6 +209,7 @@ def test_outputs_cached_never_match():
     assert with_out.peak_tree_tokens > plain.peak_tree_tokens
 
 
+@pytest.mark.slow
 @needs_trace
 def test_unbounded_hits_equal_hash_id_oracle_on_the_trace():
     """The whole conversation trace, page 16: equal to the token (and to the

@@ -476,6 +476,7 @@ def test_cli_host_errors_are_one_line(args, what):
 
 
 # ---------------------------------------------------------------- the trace
+@pytest.mark.slow
 @needs_trace
 def test_host_tier_on_a_prefix_of_the_trace():
     """The first 1,500 requests at page 16 with a 1M-token device pool: no host slot

@@ -530,6 +530,7 @@ def test_cli_hybrid_host_errors_are_one_line(args, what):
 
 
 # ---------------------------------------------------------------- the trace
+@pytest.mark.slow
 @needs_trace
 def test_swa_host_tier_on_a_prefix_of_the_trace():
     """The first 800 requests at page 16, a 1M-token device pool, W 4096, SWA pool

@@ -409,3 +409,4 @@ RequestMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestRequestMachine = RequestMachine.TestCase
+TestRequestMachine.pytestmark = [pytest.mark.slow]

@@ -365,3 +365,4 @@ SWAMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestSWAMachine = SWAMachine.TestCase
+TestSWAMachine.pytestmark = [pytest.mark.slow]
