@@ -27,10 +27,10 @@ Engines (``--engines``; default ``flatradix-req sglang-rust``):
   and left out of this engine's and SGLang's wall (the ``flatradix`` engine
   below times its loop whole, expansion included).
 * ``flatradix``: ``flatradix.replay.replay`` itself (the scheduler emulation of
-  ``flatradix/replay/sim.py``: JIT warm-up untimed, the loop timed).
+  ``flatradix/replay/scheduler.py``: JIT warm-up untimed, the loop timed).
 * ``sglang-rust`` / ``sglang-python``: SGLang 0.5.23's ``UnifiedRadixCache``
   (Full component) with its Rust or Python tree core, driven by
-  :func:`replay_sglang`, a line-for-line port of ``sim.replay``'s loop onto
+  :func:`replay_sglang`, a line-for-line port of the replay's ``Scheduler`` loop onto
   SGLang's public API and objects:
 
   - admit: the ``Req`` is built first (the scheduler holds it while it
@@ -54,7 +54,7 @@ Engines (``--engines``; default ``flatradix-req sglang-rust``):
     ``cache_finished_req`` with ``kv_committed_len = prompt``,
     ``kv_allocated_len = prompt + outputs``;
   - ``--driver core``: ``insert`` + ``unlock`` + ``allocator.free`` instead
-    (sim.py's ``"core"`` driver; flatradix runs with it too).
+    (the replay's ``"core"`` driver; flatradix runs with it too).
 
   The allocator is SGLang's token-granular ``TokenToKVPoolAllocator`` (its
   ``free`` is a ``torch.cat`` onto the free list), as the flatradix replay uses
@@ -173,7 +173,7 @@ class _SGL:
 
 def replay_sglang(workload, capacity, page_size, max_running, policy, driver, backend,
                   free_clock=False, timings=False):
-    """``flatradix.replay.sim.replay``'s loop on SGLang's ``UnifiedRadixCache``
+    """``flatradix.replay.replay``'s loop on SGLang's ``UnifiedRadixCache``
     (module docstring). Returns the same figures as :func:`replay_flatradix`;
     with ``free_clock``, also ``free_s``: seconds inside the allocator's ``free``;
     with ``timings``, per-request admit / finish times (ns) as
@@ -209,10 +209,10 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
     int32, int64 = torch.int32, torch.int64
     free_rows = list(range(max_running - 1, -1, -1))   # core driver: rows by hand
 
-    # hot-loop locals (as sim.py)
+    # hot-loop locals (as the replay's Scheduler)
     match, lock, unlock = cache.match_prefix, cache.lock, cache.unlock
     evict, insert, path = cache.evict, cache.insert, cache.path_device_indices
-    # Peak tree size: sim.py reads total_size() after each completion (O(1) in
+    # Peak tree size: the replay reads total_size() after each completion (O(1) in
     # flatradix); the Rust core's total_size walks the tree (~100 us at 2M tokens), so
     # SGLang gets the O(1) equivalent for a Full-only tree, evictable + protected.
     evictable_size, protected_size = cache.evictable_size, cache.protected_size
