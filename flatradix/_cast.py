@@ -31,6 +31,9 @@ def _to_numpy(x, name):
             t = t.cpu()  # one device->host copy (see docs/architecture.md: CUDA)
         if t.dtype.is_floating_point or t.dtype.is_complex or str(t.dtype) == "torch.bool":
             raise TypeError(f"{name} must hold integers, got torch dtype {t.dtype}")
+        if str(t.dtype) not in ("torch.int32", "torch.int64"):
+            # a narrower index (int8 / int16 / uint8...) is no KV index or token id
+            raise TypeError(f"{name} must be a torch int32 or int64 tensor, got {t.dtype}")
         a = t.contiguous().numpy()
     elif isinstance(x, array):
         if x.typecode not in "bBhHiIlLqQ":

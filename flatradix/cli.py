@@ -40,7 +40,10 @@ def main(argv=None):
     from . import cli_replay
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # named by the subcommand that was given them (flatradix replay: error: ...)
+        (args.subparser or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "compile":
         from . import precompile
 

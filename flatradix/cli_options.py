@@ -9,6 +9,8 @@ grouping), windows, state and host pools, ratios, policies.
 
 import argparse
 import math
+import re
+import sys
 
 #: Eviction policies the replay takes (the cache's ``eviction_policy`` names).
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
@@ -227,7 +229,45 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and exit status 2."""
+    """argparse with one-line errors (no usage block), exit status 2, no
+    abbreviated options (``--cap`` is not ``--capacity``: an abbreviation would
+    silently change meaning when an option is added), and a negative value
+    (``--kv-memory -1GiB``) refused by the option's own type, not as "expected
+    one argument" (argparse takes ``-1GiB`` for an option)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._argv = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {self._negative_value(message) or message}\n")
+
+    def _negative_value(self, message):
+        """The option type's error for a value that looks like a negative number,
+        when argparse's ``message`` says the option got no value; else None."""
+        m = re.fullmatch(r"argument (\S+): expected one argument", message)
+        if not m:
+            return None
+        names = m.group(1).split("/")
+        action = next((a for a in self._actions if set(names) & set(a.option_strings)), None)
+        if action is None:
+            return None
+        argv = self._argv
+        at = [i for i, t in enumerate(argv) if t in action.option_strings]
+        if not at or at[-1] + 1 >= len(argv):
+            return None
+        value = argv[at[-1] + 1]
+        if not re.match(r"-[0-9.]", value):
+            return None
+        try:
+            if action.type is not None:
+                action.type(value)
+        except argparse.ArgumentTypeError as e:
+            return f"argument {m.group(1)}: {e}"
+        return (f"argument {m.group(1)}: a value starting with '-' must be written "
+                f"{action.option_strings[-1]}={value}")

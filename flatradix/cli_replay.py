@@ -9,6 +9,7 @@ checked before anything runs.
 
 import json
 import os
+import sys
 
 from . import cli_options as options
 from .cli_options import UsageError
@@ -211,10 +212,12 @@ def _sweep_options(r):
     g.add_argument("--sweep", type=options.sweep_items, default=None, metavar="C1,C2,...",
                    help="replay once per capacity and policy (and once unbounded); capacities "
                         "in tokens (2M) or memory (64GiB, with --model-config or "
-                        "--kv-bytes-per-token); stdout gets a table")
+                        "--kv-bytes-per-token); a capacity listed twice (also as tokens and "
+                        "as memory) runs once; stdout gets a table")
     g.add_argument("--jobs", type=options.positive_int, default=1, metavar="N",
                    help="with --sweep: run N replays at once, in processes (same results; "
-                        "default: 1)")
+                        "default: 1). Ctrl-C stops at once, keeping the runs that finished "
+                        "(printed and written, marked partial; exit status 130)")
 
 
 def _output_options(r):
@@ -442,14 +445,60 @@ def _load(args, progress):
         raise UsageError(f"--trace: {msg}") from None
 
 
-def _emit(args, data, text):
-    """``data`` as JSON to ``--out`` (if given), and to stdout with ``--json``; else
-    ``text`` (a string, or a function making it) to stdout."""
-    js = json.dumps(data, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(js + "\n")
-    print(js if args.json else (text() if callable(text) else text))
+class Outputs:
+    """The files and stdout a run ends with. A write that fails (a full disk, a
+    path that passed the early check but cannot be written) costs nothing else:
+    the other outputs are still written and the results still printed; each
+    failure is one line on stderr and the exit status 2 (:meth:`finish`)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.errors = []
+
+    def write(self, option, path, fn):
+        """``fn()`` writes ``path`` (given as ``option``); a failure is noted."""
+        if not path:
+            return
+        try:
+            fn()
+        except (OSError, ValueError, RuntimeError) as e:
+            # (ValueError / RuntimeError: matplotlib's own refusals of a plot file)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            self.errors.append(f"{option}: cannot write {path}: {why}")
+
+    def emit(self, data, text):
+        """``data`` as JSON to ``--out`` (if given), and to stdout with ``--json``;
+        else ``text`` (a string, or a function making it) to stdout."""
+        args = self.args
+        js = json.dumps(data, indent=2)
+
+        def out():
+            with open(args.out, "w") as f:
+                f.write(js + "\n")
+
+        self.write("--out", args.out, out)
+        try:
+            print(js if args.json else (text() if callable(text) else text))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            # stdout itself cannot be written (e.g. redirected to a full disk)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            self.errors.append(f"stdout: cannot write the results: {e.strerror or e}")
+
+    def finish(self, interrupted=None):
+        """The exit status: 130 when ``interrupted`` (``(finished, runs)``: what
+        the outputs hold, said on stderr), else 2 after a failed write, else 0."""
+        for e in self.errors:
+            print(f"flatradix replay: error: {e}", file=sys.stderr)
+        if interrupted is not None:
+            done, runs = interrupted
+            print(f"flatradix replay: interrupted: {done:,} of {runs:,} runs finished; the "
+                  f"results above and the files written hold those (marked partial)",
+                  file=sys.stderr)
+            return 130
+        return 2 if self.errors else 0
 
 
 class Plan:
@@ -509,6 +558,8 @@ class Plan:
                     raise UsageError(f"--sweep: capacity {v:,} tokens is less than one page "
                                      f"(--page-size {page:,})")
                 self.sweep_caps.append(v)
+            # a capacity given twice (2M,1M,2M, or 2M and its bytes) runs once
+            self.sweep_caps = list(dict.fromkeys(self.sweep_caps))
         self.swa_tokens = self.swa_bpt = None
         if self.windows:
             from .replay.config import swa_pool_slots
@@ -598,6 +649,7 @@ def _sweep_title(args, plan, workload, curve):
 def _run_sweep(args, plan, workload, kw):
     """``--sweep``: the curve, its CSV and plot, and the table (or JSON)."""
     from .replay import report as rep
+    from .replay.parallel import Interrupted
 
     swa_kw = dict(swa_windows=plan.windows, swa_bytes_per_token=plan.swa_bpt) \
         if plan.windows else {}
@@ -606,41 +658,67 @@ def _run_sweep(args, plan, workload, kw):
     if plan.hosts:
         swa_kw["host_capacities"] = plan.hosts
     skw = {k: v for k, v in kw.items() if k not in ("swa_window", "mamba_states")}
-    curve = rep.sweep(workload, plan.sweep_caps, policies=plan.policies, jobs=args.jobs,
-                      progress=plan.progress, bytes_per_token=plan.bpt, **swa_kw, **skw)
+    interrupted = None
+    try:
+        curve = rep.sweep(workload, plan.sweep_caps, policies=plan.policies, jobs=args.jobs,
+                          progress=plan.progress, bytes_per_token=plan.bpt, **swa_kw, **skw)
+    except Interrupted as e:
+        if e.partial is None:
+            raise
+        curve = e.partial
+        interrupted = (e.finished, len(e.results))
     if plan.kv:
         curve["kv"] = plan.kv
-    if args.csv:
-        rep.write_sweep_csv(curve, args.csv)
-    if args.plot:
-        rep.plot_sweep(curve, args.plot, title=_sweep_title(args, plan, workload, curve))
-    _emit(args, curve, lambda: rep.format_sweep(curve))
-    return 0
+    out = Outputs(args)
+    out.write("--csv", args.csv, lambda: rep.write_sweep_csv(curve, args.csv))
+    out.write("--plot", args.plot, lambda: rep.plot_sweep(
+        curve, args.plot, title=_sweep_title(args, plan, workload, curve)))
+    out.emit(curve, lambda: rep.format_sweep(curve))
+    return out.finish(interrupted)
 
 
 def _run_single(args, plan, workload, kw):
-    """One run per series value and policy: the report (or JSON), its CSV files."""
+    """One run per series value and policy: the report (or JSON), its CSV files.
+    Interrupted, the runs that finished are reported and written (marked partial)."""
     from .replay import report as rep
     from .replay.sim import replay
 
     param, values = plan.series
-    results = [replay(workload, capacity=plan.capacity, policy=pol, progress=plan.progress,
-                      record_requests=bool(args.per_request),
-                      **(dict(kw, **{param: v}) if v is not None else kw))
-               for v in values for pol in plan.policies]
+    runs = [(v, pol) for v in values for pol in plan.policies]
+    results, interrupted = [], None
+    try:
+        for v, pol in runs:
+            results.append(replay(workload, capacity=plan.capacity, policy=pol,
+                                  progress=plan.progress, record_requests=bool(args.per_request),
+                                  **(dict(kw, **{param: v}) if v is not None else kw)))
+    except KeyboardInterrupt:
+        if not results:
+            raise
+        interrupted = (len(results), len(runs))
     dicts = []
     for r in results:
         d = r.to_dict()
         if plan.kv:
             d["kv"] = plan.kv
+        if interrupted:
+            d["partial"] = {"finished_runs": interrupted[0], "runs": interrupted[1]}
         dicts.append(d)
-    if args.csv:
-        rep.write_runs_csv(results, args.csv, plan.bpt, plan.swa_bpt)
-    if args.per_request:
-        rep.write_per_request_csv(results, args.per_request)
-    _emit(args, dicts[0] if len(dicts) == 1 else dicts,
-          lambda: "\n\n".join(rep.format_report(r, kv=plan.kv_lines(r)) for r in results))
-    return 0
+    out = Outputs(args)
+    out.write("--csv", args.csv,
+              lambda: rep.write_runs_csv(results, args.csv, plan.bpt, plan.swa_bpt))
+    out.write("--per-request", args.per_request,
+              lambda: rep.write_per_request_csv(results, args.per_request))
+
+    def text():
+        t = "\n\n".join(rep.format_report(r, kv=plan.kv_lines(r)) for r in results)
+        if interrupted:
+            t += (f"\n\npartial: interrupted, {interrupted[0]:,} of {interrupted[1]:,} runs "
+                  f"finished")
+        return t
+
+    # (the shape of the whole run: a list when several runs were asked for)
+    out.emit(dicts[0] if len(runs) == 1 else dicts, text)
+    return out.finish(interrupted)
 
 
 def run(args):
@@ -664,8 +742,9 @@ def run(args):
         if plan.kv:
             d["kv"] = plan.kv
         kv_text = [f"  {line}" for line in plan.kv_lines() or ()]
-        _emit(args, d, lambda: "\n".join([format_describe(d)] + kv_text))
-        return 0
+        out = Outputs(args)
+        out.emit(d, lambda: "\n".join([format_describe(d)] + kv_text))
+        return out.finish()
     kw = _replay_kwargs(args, plan, workload)
     try:
         if args.sweep:

@@ -23,7 +23,7 @@ class RadixKey:
     Parameters
     ----------
     token_ids : sequence of int
-        ``array('q')``, list, 1-D integer numpy array or 1-D integer torch tensor.
+        ``array('q')``, list, 1-D integer numpy array or 1-D int32 / int64 torch tensor.
         Not copied here; the cache converts it once per call.
     extra_key : str or None
         Namespace (LoRA id, ...). ``None`` and ``""`` are *different* namespaces,

@@ -461,6 +461,9 @@ def parse_memory(text):
     Raises ``ValueError`` (also for ``"40G"``: say GiB or GB).
     """
     s = str(text).strip().lower()
+    if s.startswith("-"):
+        raise ValueError(f"expected a memory size >= 1 byte (such as 40GiB), got {text!r}: "
+                         f"a size is never negative")
     m = _MEM_RE.match(s)
     if m and m.group(2) == "":       # a bare number is bytes
         s += "b"

@@ -66,24 +66,31 @@ def sweep_figure(curve, title=None):
         marks = "os^vDP*X"
         ub = 0.0
         for j, v in enumerate(values):
-            name = series_name(unbounded[j])
+            # (an interrupted sweep may lack a series' unbounded run, or every point)
+            named = unbounded[j] or next((p for p in finite if p[param] == v), None)
+            if named is None:
+                continue
+            name = series_name(named)
             for k, pol in enumerate(curve["policies"]):
                 pts = sorted((p for p in finite if p["policy"] == pol and p[param] == v),
                              key=lambda p: p["capacity"])
                 ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
                         marks[k % len(marks)] + "-", color=f"C{j}", markersize=4,
                         label=name + (f" {pol}" if len(curve["policies"]) > 1 else ""))
-            u = 100 * unbounded[j]["token_hit_ratio"]
-            ub = max(ub, u)
-            ax.axhline(u, color=f"C{j}", linestyle="--", linewidth=0.8,
-                       label=f"{name} unbounded ({u:.2f} %)")
+            if unbounded[j] is not None:
+                u = 100 * unbounded[j]["token_hit_ratio"]
+                ub = max(ub, u)
+                ax.axhline(u, color=f"C{j}", linestyle="--", linewidth=0.8,
+                           label=f"{name} unbounded ({u:.2f} %)")
     else:
         for k, pol in enumerate(curve["policies"]):
             pts = sorted((p for p in finite if p["policy"] == pol), key=lambda p: p["capacity"])
             ax.plot([p["capacity"] for p in pts], [100 * p["token_hit_ratio"] for p in pts],
                     "o-", color=f"C{k}", label=pol, markersize=4)
-        ub = 100 * curve["unbounded_hit_ratio"]
-        ax.axhline(ub, color="0.4", linestyle="--", label=f"unbounded ({ub:.2f} %)")
+        ub = 0.0
+        if curve["unbounded_hit_ratio"] is not None:
+            ub = 100 * curve["unbounded_hit_ratio"]
+            ax.axhline(ub, color="0.4", linestyle="--", label=f"unbounded ({ub:.2f} %)")
     if caps:
         ax.set_xscale("log")
         ax.xaxis.set_minor_locator(NullLocator())
@@ -110,11 +117,12 @@ def sweep_figure(curve, title=None):
     elif (curve.get("mamba") or {}).get("extra_buffer"):
         ax.set_xlabel(ax.get_xlabel() + f" (extra buffer, chunk {curve['mamba']['chunk']})")
     ax.set_ylabel("token hit ratio (%)")
-    ax.set_ylim(0, max(ub * 1.1, 1.0))
+    ax.set_ylim(0, max(ub * 1.1, 1.0, *(110 * p["token_hit_ratio"] for p in finite)))
     name = os.path.basename(curve["workload"])
     mode = "arrival times" if curve.get("mode") == "arrival" else "one pass"
-    ax.set_title(title or (f"{name}: {curve['requests']:,} requests\npage {curve['page_size']}, "
-                           f"max running {curve['max_running']:,}, {mode}"), fontsize=9)
+    ax.set_title(_partial_title(title or (
+        f"{name}: {curve['requests']:,} requests\npage {curve['page_size']}, "
+        f"max running {curve['max_running']:,}, {mode}"), curve), fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
@@ -137,7 +145,7 @@ def host_figure(curve, title=None):
     caps = sorted({p["capacity"] for p in curve["points"] if p["capacity"] != "inf"})
     bpt = curve.get("kv_bytes_per_token")
     pols = curve["policies"]
-    ceiling = 100 * curve["unbounded_hit_ratio"]
+    ceiling = 100 * (curve["unbounded_hit_ratio"] or 0.0)   # 0: interrupted before it
     grids = []
     for pol in pols:
         cell = {(p["host_capacity"], p["capacity"]): p for p in curve["points"]
@@ -183,7 +191,7 @@ def host_figure(curve, title=None):
     cb.ax.tick_params(labelsize=7)
     name = os.path.basename(curve["workload"])
     mode = "arrival times" if curve.get("mode") == "arrival" else "one pass"
-    fig.suptitle(title or (
+    fig.suptitle(_partial_title(title or (
         f"{name}: {curve['requests']:,} requests\n"
         + (_host_model(h).strip().replace("; ", "\n") + "\n" if _host_model(h) else "")
         + f"page {curve['page_size']}, "
@@ -191,5 +199,14 @@ def host_figure(curve, title=None):
         f"threshold {h['load_back_threshold']}\ncells: total % (device + host); unbounded "
         f"device pool" + (f" ({_count(h['mamba_states'], 'state')}, host pool "
                           f"{_host_label(h['capacities'][0])})" if h.get("mamba_states")
-                          else "") + f" {ceiling:.2f} %"), fontsize=9)
+                          else "") + f" {ceiling:.2f} %"), curve), fontsize=9)
     return fig
+
+
+def _partial_title(title, curve):
+    """``title`` with a line saying the sweep was interrupted, if it was."""
+    part = curve.get("partial")
+    if not part:
+        return title
+    return (f"{title}\npartial (interrupted): {part['finished_runs']:,} of {part['runs']:,} "
+            f"runs finished")

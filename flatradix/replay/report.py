@@ -285,7 +285,7 @@ def format_sweep(curve):
     mem = curve.get("kv_bytes_per_token")
     head = f"{'policy':>8}{'capacity':>15}" + (f"{'KV memory':>12}" if mem else "")
     lines = [head + f"{'hit ratio':>11}{'evicted':>16}{'rejected':>10}"]
-    for p in curve["points"] + [curve["unbounded"]]:
+    for p in curve["points"] + _finished([curve["unbounded"]]):
         cap = "inf" if p["capacity"] == "inf" else _n(p["capacity"])
         pol = p["policy"] if p is not curve["unbounded"] else "any"
         row = f"{pol:>8}{cap:>15}"
@@ -293,7 +293,22 @@ def format_sweep(curve):
             row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
         lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
                      f"{_n(p['evicted_tokens']):>16}{_n(p['rejected_requests']):>10}")
-    return "\n".join(lines)
+    return _partial("\n".join(lines), curve)
+
+
+def _finished(points):
+    """The points of an unbounded list that finished (an interrupted sweep has
+    ``None`` for the others)."""
+    return [p for p in points if p is not None]
+
+
+def _partial(text, curve):
+    """``text`` with a last line saying the sweep was interrupted, if it was."""
+    part = curve.get("partial")
+    if not part:
+        return text
+    return (text + f"\npartial: interrupted, {part['finished_runs']:,} of {part['runs']:,} "
+            f"runs finished (the others are missing above)")
 
 
 #: Sweep table headings of the hybrid modes' fields: the series columns
@@ -325,7 +340,7 @@ def _format_hybrid_sweep(curve):
     lines = [title, head + f"{'hit ratio':>11}"
              + "".join(f"{_SWEEP_HEADINGS[k]:>13}" for k in mode.lost) + f"{'evicted':>16}"
              + "".join(f"{_SWEEP_HEADINGS[k]:>16}" for k in mode.evicted) + f"{'rejected':>10}"]
-    for p in curve["points"] + unbounded:
+    for p in curve["points"] + _finished(unbounded):
         unb = p["capacity"] == "inf"
         cap = "inf" if unb else _n(p["capacity"])
         row = (f"{'any' if unb else p['policy']:>8}"
@@ -339,7 +354,7 @@ def _format_hybrid_sweep(curve):
                      + f"{_n(p['evicted_tokens']):>16}"
                      + "".join(f"{_n(p[k]):>16}" for k in mode.evicted)
                      + f"{_n(p['rejected_requests']):>10}")
-    return "\n".join(lines)
+    return _partial("\n".join(lines), curve)
 
 
 def _format_host_sweep(curve):
@@ -356,7 +371,7 @@ def _format_host_sweep(curve):
              + f"{'hit ratio':>11}{'device':>9}{'host':>9}"
              + "".join(f"{_SWEEP_HEADINGS[k]:>13}" for k in lost)
              + f"{'evicted':>16}{'loaded':>14}{'rejected':>10}"]
-    unb = h["unbounded"]
+    unb = _finished(h["unbounded"])
     for p in curve["points"] + unb:
         is_unb = p["capacity"] == "inf"
         cap = "inf" if is_unb else _n(p["capacity"])
@@ -384,7 +399,7 @@ def _format_host_sweep(curve):
             lines.append(f"{_host_label(hc):>14}" + "".join(
                 f"{100 * cell[(hc, c)]['token_hit_ratio']:>9.2f}" if (hc, c) in cell else
                 f"{'-':>9}" for c in caps))
-    return "\n".join(lines)
+    return _partial("\n".join(lines), curve)
 
 
 # ---------------------------------------------------------------- CSV
@@ -431,13 +446,14 @@ def write_sweep_csv(curve, path):
     columns :data:`SWEEP_COLUMNS` (empty where a figure does not apply); the SWA
     mode adds :data:`SWA_COLUMNS` and one unbounded row per window, the Mamba
     mode :data:`MAMBA_COLUMNS` and one unbounded row per state pool, the SWA +
-    Mamba mode :data:`SWA_MAMBA_COLUMNS` and one unbounded row per series."""
+    Mamba mode :data:`SWA_MAMBA_COLUMNS` and one unbounded row per series. An
+    interrupted sweep (``curve["partial"]``) has the rows of the runs that finished."""
     series = _curve_series(curve)
     cols = SWEEP_COLUMNS + (series[0].fields if series else ())
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
-        for p in curve["points"] + (series[3] if series else [curve["unbounded"]]):
+        for p in curve["points"] + _finished(series[3] if series else [curve["unbounded"]]):
             w.writerow([_cell(p.get(c)) for c in cols])
 
 

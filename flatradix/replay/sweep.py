@@ -7,7 +7,9 @@ import math
 from ._progress import progress_bar
 from .result import HOST_MODE, MAMBA_MODE, SWA_MAMBA_MODE, SWA_MODE, hybrid_mode
 from .sim import replay
+from .parallel import Interrupted, run_all
 from .units import _count, _n, format_tokens
+
 
 def _kv_bytes(r, bytes_per_token, swa_bytes_per_token=None):
     """KV memory of a run's pools (None: unbounded, or no bytes per token)."""
@@ -35,17 +37,10 @@ def _point(r, bytes_per_token=None, swa_bytes_per_token=None):
     return p
 
 
-_worker_workload = None
-
-
-def _init_worker(workload):
-    global _worker_workload
-    _worker_workload = workload
-
-
-def _run_point(task):
+def _run_point(workload, task):
+    """One sweep point: ``task`` = (policy, capacity, replay keywords)."""
     policy, capacity, kwargs = task
-    return replay(_worker_workload, capacity=capacity, policy=policy, **kwargs)
+    return replay(workload, capacity=capacity, policy=policy, **kwargs)
 
 
 def _tick(bar, result):
@@ -127,8 +122,8 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     policies : sequence of str
         Eviction policies; every capacity is replayed with each.
     jobs : int >= 1
-        Processes to run the replays in (``concurrent.futures``); the figures
-        are the same as ``jobs=1``'s (only ``wall_s`` differs).
+        Processes to run the replays in (:func:`~flatradix.replay.parallel.run_all`);
+        the figures are the same as ``jobs=1``'s (only ``wall_s`` differs).
     progress : bool
         A bar per finished run on a terminal (and each run's own bar when
         ``jobs == 1``).
@@ -189,6 +184,12 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     ``swa_window``, ``swa_ratio``, ``swa_kv_bytes_per_token``, ``mamba_states``,
     ``mamba_chunk``, ``swa_host_capacity`` and ``mamba_host_states`` (``None``
     where not given), and the points the hybrid mode's fields too.
+
+    Ctrl-C / SIGINT raises :class:`~flatradix.replay.parallel.Interrupted` at once
+    (a ``KeyboardInterrupt``; runs still going or queued are dropped) with the
+    curve of the runs that finished as its ``partial``: only those points, each
+    missing unbounded run ``None``, and ``partial``: ``{"finished_runs", "runs"}``
+    (``partial`` ``None`` when none finished).
     """
     policies = list(policies)
     if not policies:
@@ -204,66 +205,80 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
              + [(policies[0], None, k) for k in range(nu)])
     # a refresh per finished run (runs take seconds: no need to rate-limit)
     bar = progress_bar(len(tasks), progress, unit="run", desc="sweep", mininterval=0)
-    results = [None] * len(tasks)
+    # in this process, each run shows its own bar too
+    each = dict(kwargs, progress=progress) if jobs == 1 else kwargs
+    work = [(p, c, dict(each, **runs[j])) for p, c, j in tasks]
     try:
-        if jobs == 1:
-            for k, (p, c, j) in enumerate(tasks):
-                results[k] = replay(workload, capacity=c, policy=p, progress=progress,
-                                    **kwargs, **runs[j])
-                _tick(bar, results[k])
-        else:
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker,
-                                     initargs=(workload,)) as ex:
-                futs = {ex.submit(_run_point, (p, c, dict(kwargs, **runs[j]))): k
-                        for k, (p, c, j) in enumerate(tasks)}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
-                    _tick(bar, results[futs[f]])
+        results = run_all(_run_point, workload, work, jobs,
+                          on_result=lambda k, r: _tick(bar, r))
+    except Interrupted as e:
+        if not e.finished:
+            raise
+        e.partial = _curve(workload, policies, capacities, e.results, nu, mode, axis,
+                           swa_windows, mamba_states, host_capacities, bytes_per_token,
+                           swa_bytes_per_token, kwargs)
+        raise
     finally:
         if bar is not None:
             bar.close()
+    return _curve(workload, policies, capacities, results, nu, mode, axis, swa_windows,
+                  mamba_states, host_capacities, bytes_per_token, swa_bytes_per_token, kwargs)
+
+
+def _curve(workload, policies, capacities, results, nu, mode, axis, swa_windows, mamba_states,
+           host_capacities, bytes_per_token, swa_bytes_per_token, kwargs):
+    """The sweep's curve of ``results`` (the points, then ``nu`` unbounded runs).
+    An interrupted sweep has ``None`` for the runs that did not finish: its curve
+    has the finished points only, ``None`` for each unbounded run missing, and
+    ``partial``: ``{"finished_runs", "runs"}``."""
+    done = [r for r in results if r is not None]
     unbs = results[len(results) - nu:]
-    unb = unbs[0]
+    meta = unbs[0] if unbs[0] is not None else done[0]   # the runs share these
     bpt = (bytes_per_token, swa_bytes_per_token)
+
+    def point(r):
+        return None if r is None else _point(r, *bpt)
+
+    unb = unbs[0]
     curve = {
         "workload": workload.name, "requests": len(workload),
-        "prompt_tokens": workload.prompt_tokens, "page_size": unb.page_size,
-        "max_running": unb.max_running, "mode": unb.mode, "policies": policies,
-        "cache_outputs": unb.cache_outputs, "kv_bytes_per_token": bytes_per_token,
-        "arrival": ({k: v for k, v in unb.arrival.items()
+        "prompt_tokens": workload.prompt_tokens, "page_size": meta.page_size,
+        "max_running": meta.max_running, "mode": meta.mode, "policies": policies,
+        "cache_outputs": meta.cache_outputs, "kv_bytes_per_token": bytes_per_token,
+        "arrival": ({k: v for k, v in meta.arrival.items()
                      if k in ("prefill_tokens_per_s", "decode_tokens_per_s", "rate_scale")}
-                    if unb.arrival else None),
-        "unbounded": _point(unb, *bpt),
-        "unbounded_hit_ratio": unb.token_hit_ratio,
-        "points": [_point(r, *bpt) for r in results[:len(results) - nu]],
+                    if meta.arrival else None),
+        "unbounded": point(unb),
+        "unbounded_hit_ratio": None if unb is None else unb.token_hit_ratio,
+        "points": [_point(r, *bpt) for r in results[:len(results) - nu] if r is not None],
     }
+    if len(done) < len(results):
+        curve["partial"] = {"finished_runs": len(done), "runs": len(results)}
     if mode is not None and mode.host:
         curve["host"] = {"capacities": [("inf" if h == math.inf else h)
                                         for h in host_capacities],
-                         "write_policy": unb.write_policy,
-                         "load_back_threshold": unb.load_back_threshold,
-                         "swa_window": unb.swa_window, "swa_ratio": unb.swa_ratio,
+                         "write_policy": meta.write_policy,
+                         "load_back_threshold": meta.load_back_threshold,
+                         "swa_window": meta.swa_window, "swa_ratio": meta.swa_ratio,
                          "swa_kv_bytes_per_token": swa_bytes_per_token,
-                         "mamba_states": unb.mamba_states, "mamba_chunk": unb.mamba_chunk,
+                         "mamba_states": meta.mamba_states, "mamba_chunk": meta.mamba_chunk,
                          "swa_host_capacity": kwargs.get("swa_host_capacity"),
                          "mamba_host_states": kwargs.get("mamba_host_states"),
-                         "unbounded": [_point(r, *bpt) for r in unbs]}
+                         "unbounded": [point(r) for r in unbs]}
     elif mode is SWA_MAMBA_MODE:
         curve["swa_mamba"] = {"series": axis, "windows": list(swa_windows),
-                              "states": list(mamba_states), "ratio": unb.swa_ratio,
-                              "chunk": unb.mamba_chunk,
+                              "states": list(mamba_states), "ratio": meta.swa_ratio,
+                              "chunk": meta.mamba_chunk,
                               "swa_kv_bytes_per_token": swa_bytes_per_token,
-                              "unbounded": [_point(r, *bpt) for r in unbs]}
+                              "unbounded": [point(r) for r in unbs]}
     elif mode is SWA_MODE:
-        curve["swa"] = {"windows": list(swa_windows), "ratio": unb.swa_ratio,
+        curve["swa"] = {"windows": list(swa_windows), "ratio": meta.swa_ratio,
                         "swa_kv_bytes_per_token": swa_bytes_per_token,
-                        "unbounded": [_point(r, *bpt) for r in unbs]}
+                        "unbounded": [point(r) for r in unbs]}
     elif mode is MAMBA_MODE:
-        curve["mamba"] = {"states": list(mamba_states), "chunk": unb.mamba_chunk,
-                          "extra_buffer": unb.mamba_extra_buffer,
-                          "unbounded": [_point(r, *bpt) for r in unbs]}
+        curve["mamba"] = {"states": list(mamba_states), "chunk": meta.mamba_chunk,
+                          "extra_buffer": meta.mamba_extra_buffer,
+                          "unbounded": [point(r) for r in unbs]}
     return curve
 
 
