@@ -113,6 +113,11 @@ ERRORS = {
     "trace_is_a_directory": (["--trace", "{dir}"], ["is a directory"]),
     "unknown_policy": (["--policy", "lru,banana"], ["--policy", "'banana'"]),
     "seed_with_trace": (["--trace", "{one}", "--seed", "3"], ["--seed", "synthetic"]),
+    # issue 30: argparse took -1GiB for an option ("expected one argument"), and --cap
+    # for --capacity
+    "negative_kv_memory": (["--kv-memory", "-1GiB", "--kv-bytes-per-token", "100"],
+                           ["argument --kv-memory", "'-1GiB'", "never negative"]),
+    "abbreviation": (["--cap", "5"], ["unrecognized arguments: --cap 5"]),
     # the cache takes mamba_cache_chunk_size below 2**62: a traceback from it before
     "mamba_chunk_2_to_the_62": (["--mamba-states", "4", "--mamba-chunk", "4611686018427387904"],
                                 ["argument --mamba-chunk", "<= 4,611,686,018,427,387,903",
