@@ -10,7 +10,10 @@ a terminal or not:
   ``flatradix: compiling kernels (first run; Numba caches them in DIR) ... 41 s``,
   the time appended when the phase ends;
 * elsewhere (library calls): one line at the first compile, and at exit one line
-  with the total (``flatradix: compiled 23 kernels in 48.1 s (CPU 47.0 s) ...``).
+  with the total (``flatradix: compiled 23 kernels in 48.1 s (CPU 47.0 s) ...``);
+* a command wraps its run in :func:`hold`: compiles before its phase join the
+  phase's line, and what compiles after it (a kernel only a late call needs) gets
+  one line at the end.
 
 Nothing is written when everything comes from the cache. ``FLATRADIX_QUIET_COMPILE=1``
 silences it. :func:`stats` gives the counts and times (tests, reports).
@@ -33,7 +36,10 @@ _state = {
     "cpu": 0.0,
     "announced": False,  # the start line was written (outside a phase)
     "reported": 0,       # compiles already reported (phase lines, the exit line)
+    "reported_at": (0.0, 0.0),   # (wall, cpu) totals when last reported
     "phase": None,       # an open phase: its dict
+    "hold": 0,           # open hold() contexts
+    "held": None,        # compiles held for the next phase: {"c0", "t"}
 }
 
 
@@ -83,14 +89,27 @@ def _on_start(ev):
         s["t0"] = (time.perf_counter(), time.process_time())
         ph = s["phase"]
         if ph is not None:
-            if not ph["announced"]:
-                ph["announced"] = True
-                _write(f"flatradix: compiling kernels{ph['what']} (first run; Numba caches "
-                       f"them in {_cache_dir()}) ...")
+            _announce(ph)
+        elif s["hold"]:
+            if s["held"] is None:   # folded into the next phase's line, or hold()'s
+                s["held"] = {"c0": s["compiles"] - 1, "t": time.perf_counter()}
         elif not s["announced"]:
             s["announced"] = True
             _write(f"flatradix: compiling kernels on first use (once: Numba caches them in "
                    f"{_cache_dir()}; `flatradix compile` builds them all ahead)\n")
+
+
+def _announce(ph):
+    if not ph["announced"]:
+        ph["announced"] = True
+        _write(f"flatradix: compiling kernels{ph['what']} (first run; Numba caches them in "
+               f"{_cache_dir()}) ...")
+
+
+def _report_all():
+    """Mark every compile so far as reported."""
+    _state["reported"] = _state["compiles"]
+    _state["reported_at"] = (_state["wall"], _state["cpu"])
 
 
 def _on_end(ev):
@@ -124,6 +143,11 @@ def phase(what=""):
         if outer is None:
             _state["phase"] = ph = {"what": what, "announced": False,
                                     "t": time.perf_counter(), "c0": _state["compiles"]}
+            held = _state["held"]
+            if held is not None:   # compiles hold() kept back join this line
+                _state["held"] = None
+                ph.update(c0=held["c0"], t=held["t"])
+                _announce(ph)
     if outer is not None:
         yield outer
         return
@@ -134,14 +158,42 @@ def phase(what=""):
             _state["phase"] = None
             if ph["announced"]:
                 n = _state["compiles"] - ph["c0"]
-                _state["reported"] = _state["compiles"]
+                _report_all()
                 _write(f" {time.perf_counter() - ph['t']:.1f} s ({_functions(n)})\n")
+
+
+@contextlib.contextmanager
+def hold():
+    """A command's whole run (``flatradix replay``): compiles outside a phase are not
+    announced when they start but folded into the next phase's line; those left at
+    the end (none, or what only a late call compiled) get one line then, unless the
+    run ends in an exception (a usage error's line stays the only one)."""
+    with _lock:
+        _state["hold"] += 1
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        with _lock:
+            _state["hold"] -= 1
+            if not _state["hold"]:
+                _state["held"] = None
+                n = _state["compiles"] - _state["reported"]
+                if n > 0 and ok:    # after an error, its one line stays the only one
+                    w = _state["wall"] - _state["reported_at"][0]
+                    c = _state["cpu"] - _state["reported_at"][1]
+                    more = " more" if _state["reported"] else ""
+                    _report_all()
+                    _write(f"flatradix: compiled {_functions(n).replace(' ', more + ' ', 1)} "
+                           f"in {w:.1f} s (CPU {c:.1f} s); later runs load them from the "
+                           f"cache\n")
 
 
 def _at_exit():
     s = stats()
     left = s["compiles"] - _state["reported"]
-    if left > 0 and _state["announced"]:
+    if left > 0 and _state["announced"]:     # (a library's compiles, announced at the first)
         _write(f"flatradix: compiled {_functions(s['compiles'])} in {s['wall']:.1f} s "
                f"(CPU {s['cpu']:.1f} s); later runs load them from the cache\n")
 

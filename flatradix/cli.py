@@ -51,8 +51,11 @@ def main(argv=None):
     if args.command != "replay":
         parser.print_help()
         return 2
+    from ._compile_notice import hold
+
     try:
-        return cli_replay.run(args)
+        with hold():     # the run's compiles: one stderr line (flatradix/_compile_notice.py)
+            return cli_replay.run(args)
     except UsageError as e:
         print(f"flatradix replay: error: {e}", file=sys.stderr)
         return 2

@@ -136,3 +136,26 @@ def test_compile_command_stops_at_once_on_an_interrupt(tmp_path):
     assert "Traceback" not in err
     left = subprocess.run(["pgrep", "-f", f"NUMBA_CACHE_DIR={tmp_path}"], capture_output=True)
     assert left.stdout == b""
+
+
+def test_a_hold_folds_earlier_compiles_into_the_phase_line_and_reports_late_ones():
+    r = _run("from flatradix._compile_notice import hold, phase\n"
+             "with hold():\n    mod.helper(1)\n    with phase(' for this run'):\n"
+             "        mod.probe(1)\n"
+             "with hold():\n    other(1)\n")          # nothing of ours: nothing said
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("flatradix: compiling kernels for this run (first run; "), lines
+    assert lines[0].endswith(" s (2 functions)"), lines
+    # a compile after the phase: one line at the end of the hold, none at exit
+    r = _run("from flatradix._compile_notice import hold, phase\n"
+             "with hold():\n    with phase(' for this run'):\n        mod.helper(1)\n"
+             "    mod.probe(1)\n")
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].endswith(" s (1 function)"), r.stderr
+    assert lines[1].startswith("flatradix: compiled 1 more function in "), lines
+    # an error inside the hold: its own line stays the only one
+    r = _run("from flatradix._compile_notice import hold\n"
+             "try:\n    with hold():\n        mod.probe(1)\n        raise ValueError\n"
+             "except ValueError:\n    pass\n")
+    assert r.stderr == ""

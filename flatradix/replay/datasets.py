@@ -137,8 +137,9 @@ def _source_url(t):
     return mirror.rstrip("/") + "/" + urllib.parse.quote(t.filename)
 
 
-def _by_hand(t, dest):
-    return (f"download {t.url} yourself and pass it as --trace FILE, or put it at {dest} "
+def _by_hand(t, dest, url):
+    where = "it" if url == t.url else t.url
+    return (f"download {where} yourself and pass it as --trace FILE, or put it at {dest} "
             f"(sha256 {t.sha256})")
 
 
@@ -197,12 +198,12 @@ def fetch(name, progress=False, timeout=60.0):
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
             raise TraceDownloadError(f"could not download {t.name} from {url}: {reason}; "
-                                     + _by_hand(t, dest)) from None
+                                     + _by_hand(t, dest, url)) from None
         if n != t.size or h.hexdigest() != t.sha256:
             raise TraceDownloadError(
                 f"{t.name} from {url} is not the expected file ({n:,} bytes, sha256 "
                 f"{h.hexdigest()}; expected {t.size:,} bytes, sha256 {t.sha256}); "
-                + _by_hand(t, dest))
+                + _by_hand(t, dest, url))
         os.replace(tmp, dest)
         tmp = None
     finally:
