@@ -454,6 +454,11 @@ def run(args):
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     running = []   # (name, Popen, stdout file, stderr file, start time)
+    import signal
+
+    def _term(signum, frame):          # a SIGTERM stops the workers too
+        raise KeyboardInterrupt
+    old_term = signal.signal(signal.SIGTERM, _term) if _main_thread() else None
     failed, total = [], {"compiles": 0, "cpu": 0.0}
     try:
         for stage in stages:
@@ -473,11 +478,20 @@ def run(args):
             err.close()
         print("flatradix compile: interrupted (what finished is cached)", file=sys.stderr)
         return 130
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     wall = time.perf_counter() - t0
     print(f"flatradix compile: {'FAILED: ' + ', '.join(failed) if failed else 'done'}; "
           f"{total['compiles']} functions compiled in {wall:.1f} s (CPU {total['cpu']:.1f} s "
           f"in {_n(len(names), 'process', 'es')})", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def _main_thread():
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _n(k, word, plural="s"):
