@@ -130,7 +130,7 @@ def test_compile_command_stops_at_once_on_an_interrupt(tmp_path, sig):
     t = time.monotonic()
     out, err = p.communicate(timeout=60)
     err = head + err
-    assert time.monotonic() - t < 10, err
+    assert time.monotonic() - t < 20, err      # (seconds idle; a loaded CI box is slower)
     assert p.returncode == 130, (p.returncode, err)
     assert err.strip().splitlines()[-1] == ("flatradix compile: interrupted (what finished is "
                                             "cached)"), err
