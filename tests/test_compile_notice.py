@@ -119,8 +119,11 @@ def test_compile_command_stops_at_once_on_an_interrupt(tmp_path, sig):
     import time
 
     env = dict(os.environ, PYTHONPATH=ROOT, NUMBA_CACHE_DIR=str(tmp_path))
+    # SIGINT as a terminal delivers it: a suite started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and so would the command
     p = subprocess.Popen([sys.executable, "-m", "flatradix", "compile", "--jobs", "2"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     head = p.stderr.readline()            # the workloads have started
     from flatradix.precompile import GROUPS
 
