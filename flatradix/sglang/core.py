@@ -1,0 +1,1066 @@
+"""``FlatradixTreeCore``: SGLang 0.5.23's ``UnifiedTreeCoreInterface`` over flatradix's engine.
+
+SGLang splits its cache into a controller (``UnifiedRadixCache``: allocators,
+transfers, requests) and a TreeCore that owns the tree and decides: it returns
+what to free and what to back up as ``CacheAction``s and results, and the
+controller executes them. flatradix's engine has the same split -- a kernel
+mutates the node table and appends action rows (``kernels/actions.py``), a
+caller executes them -- so this class is a thin translation layer:
+
+* one kernel call per interface call (``Engine.call``: grow-and-retry), on the
+  engine's arrays; no tree rule is re-implemented here;
+* the kernel's action rows become SGLang's objects (``FreeDeviceKV``,
+  ``FreeDeviceKVFullOnly``, ``RecoverSWAWithLockedFull``, the eviction results'
+  ``device_frees`` / ``tracker``); KV events are built from the ``A_STORED`` /
+  ``A_REMOVED`` rows by flatradix's event sink and handed out as SGLang's
+  event structs;
+* values cross as torch tensors on the controller's KV device (a copy out of
+  the engine's host pool; the device value arena is a separate issue).
+
+Node handles are flatradix's NodeIds (``GEN << 32 | slot``): never reissued, a
+stale one raises ``KeyError`` (``flatradix.errors.NodeAccessError``).
+
+Where SGLang's two cores disagree flatradix follows the Rust core; the
+deliberate differences and what is refused at construction are listed in
+``docs/sglang_plugin.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from sglang.srt.disaggregation.kv_events import (
+    AllBlocksCleared as _SgAllBlocksCleared,
+    BlockRemoved as _SgBlockRemoved,
+    BlockStored as _SgBlockStored,
+    StorageMedium,
+)
+from sglang.srt.mem_cache.base_prefix_cache import (
+    DecLockRefResult,
+    IncLockRefResult,
+    InsertResult,
+    MatchResult,
+)
+from sglang.srt.mem_cache.unified_cache.cache_action import (
+    FreeComponentDeviceSlot,
+    FreeDeviceKV,
+    FreeDeviceKVFullOnly,
+    RecoverSWAWithLockedFull,
+)
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import (
+    DecSwaLockOnlyResult,
+    DemoteResult,
+    DriveHostEvictionResult,
+    DropSubtreeNoHostResult,
+    EvictDeviceLeafResult,
+    EvictDeviceNextNodeResult,
+    InsertStepResult,
+    RadixCacheWalkResult,
+    TreePathNodeInfo,
+    UnifiedTreeCoreInterface,
+)
+
+from .. import _numba_env  # noqa: F401  (the kernels' cache directory, before them)
+from ..engine import Engine
+from ..errors import NodeAccessError
+from ..kernels import actions as A
+from ..kernels import layout as L
+from ..kernels.check import sanity_check as _k_sanity
+from ..kernels.evict import evict_end as _k_evict_end
+from ..kernels.evict import evict_start as _k_evict_start
+from ..kernels.insert import TRACK_ADOPTED as _TRACK
+from ..kernels.insert import insert as _k_insert
+from ..kernels.lock import dec_lock_ref as _k_dec
+from ..kernels.lock import inc_lock_ref as _k_inc
+from ..kernels.lock import release_window as _k_release_window
+from ..kernels.match import match_prefix as _k_match
+from ..kernels.pick import evict_leaf_at as _k_evict_leaf_at
+from ..kernels.pick import evict_pick as _k_evict_pick
+
+FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
+_SERVED = (FULL, SWA, MAMBA)
+_BIT = {FULL: L.C_FULL, SWA: L.C_SWA, MAMBA: L.C_MAMBA}
+_CT = {L.FULL: FULL, L.SWA: SWA, L.MAMBA: MAMBA}
+_MEDIA = (StorageMedium.GPU, StorageMedium.CPU)
+#: Pool rows reserved per Full KV slot of the allocator (as flatradix's cache).
+_POOL_ROWS_PER_SLOT = 2
+_POOL_MIN, _POOL_AUTO_MAX = 1 << 16, 1 << 23
+_SLOT_MASK = 0xFFFFFFFF
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- construction
+def check_params(params):
+    """Refuse, with a ``ValueError`` naming the option, every configuration this
+    TreeCore does not serve (before anything is built). Returns the engine's
+    policy ``(index, a, b)``."""
+    from sglang.srt.mem_cache.utils import get_eviction_strategy
+
+    comps = tuple(params.tree_components or ())
+    if not comps or comps[0] != FULL or len(set(comps)) != len(comps) or not set(comps) <= set(
+            _SERVED):
+        raise ValueError(
+            "the flatradix TreeCore serves tree_components (FULL,), (FULL, SWA), (FULL, MAMBA) "
+            f"and (FULL, SWA, MAMBA); got {comps}")
+    # a disabled cache never reaches its tree: its components' classes do not matter
+    if params.component_registry_override and not params.disable:
+        raise ValueError("the flatradix TreeCore does not serve component_registry_override "
+                         "(custom components): its component rules are its kernels")
+    if params.enable_session_radix_cache:
+        raise ValueError("the flatradix TreeCore does not serve --enable-session-radix-cache "
+                         "(session-aware caching); use the python TreeCore")
+    if SWA in comps:
+        if params.sliding_window_size is None or params.sliding_window_size <= 0:
+            raise ValueError("the SWA tree component requires a positive sliding_window_size")
+        if not params.swa_gates_prefix_match:
+            raise ValueError("the flatradix TreeCore serves SWA only where tree nodes own the "
+                             "SWA state (swa_gates_prefix_match=True), not a per-request SWA "
+                             "ring")
+        alloc = params.token_to_kv_pool_allocator
+        try:
+            from sglang.srt.mem_cache.allocator.unified_hybrid_swa import (
+                UnifiedSWAAllocatorBase,
+            )
+        except ImportError:  # pragma: no cover - the allocator module moved
+            UnifiedSWAAllocatorBase = ()
+        if UnifiedSWAAllocatorBase and isinstance(alloc, UnifiedSWAAllocatorBase):
+            raise ValueError("the flatradix TreeCore does not serve the unified SWA allocator "
+                             f"({type(alloc).__name__}): its SWA values are the static "
+                             "allocator's full->swa mapping")
+    # SGLang's own validation of the policy and its options (same errors as its cores)
+    strategy = get_eviction_strategy(params.eviction_policy, params.eviction_policy_config)
+    name = params.eviction_policy.lower()
+    if name not in L.POLICY_NAMES:
+        raise ValueError(f"the flatradix TreeCore does not serve eviction_policy {name!r} "
+                         f"(it serves {', '.join(L.POLICY_NAMES)})")
+    a = b = 0
+    if name == "slru":
+        a = int(getattr(strategy, "protected_threshold", 2))
+    elif name == "tlru":
+        a, b = strategy.threshold, strategy.next_prompt_estimate
+        if not all(type(v) is int for v in (a, b)):
+            raise ValueError("the flatradix TreeCore serves T-LRU with integer threshold and "
+                             "next_prompt_estimate only")
+    return L.POLICY_NAMES.index(name), a, b
+
+
+def make_tree_core(params, components):
+    """The TreeCore for ``params``: the inspection variant SGLang's test kits need
+    when the kits are installed (they ship in SGLang's wheel), else the plain one."""
+    try:
+        from .inspector import FlatradixTreeCoreInspector
+    except ImportError:  # pragma: no cover - SGLang without its test kits
+        return FlatradixTreeCore(params, components)
+    return FlatradixTreeCoreInspector(params, components)
+
+
+def _pool_capacity(alloc):
+    size = None
+    for name in ("size_full", "size"):
+        try:
+            size = getattr(alloc, name, None)
+        except Exception:  # an allocator's failing property: its business
+            size = None
+        if size is not None:
+            break
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
+        return _POOL_MIN
+    return int(min(max(_POOL_ROWS_PER_SLOT * int(size), _POOL_MIN), _POOL_AUTO_MAX))
+
+
+class _LoraTable:
+    """flatradix's LoRA-name table protocol (``fields``) over SGLang's ``KvEventLoraNames``."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def fields(self, extra_key):
+        return self.names.get(extra_key), None
+
+
+class _Events:
+    """The core's ``kv_events``: SGLang's recorder surface (``enabled``, ``take``,
+    ``record_all_cleared``) over flatradix's event sink, whose events are handed
+    out as SGLang's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``."""
+
+    def __init__(self, core, enabled):
+        self.enabled = enabled
+        self._core = core
+
+    @property
+    def _sink(self):
+        return self._core._sink
+
+    def record_all_cleared(self):
+        if self._sink is not None:
+            self._sink.cleared()
+
+    def take(self):
+        if self._sink is None:
+            return []
+        return [_sg_event(e) for e in self._sink.take()]
+
+
+def _sg_event(e):
+    kind = type(e).__name__
+    if kind == "BlockStored":
+        return _SgBlockStored(
+            block_hashes=list(e.block_hashes), parent_block_hash=e.parent_block_hash,
+            token_ids=list(e.token_ids), block_size=e.block_size, lora_id=e.lora_id,
+            medium=StorageMedium(e.medium) if e.medium else None, cache_salt=e.cache_salt,
+            session_id=e.session_id, lora_name=e.lora_name)
+    if kind == "BlockRemoved":
+        return _SgBlockRemoved(block_hashes=list(e.block_hashes),
+                               medium=StorageMedium(e.medium) if e.medium else None)
+    return _SgAllBlocksCleared()
+
+
+def _units_of(key, bigram):
+    """``(units, n)`` of an SGLang ``RadixKey`` (honouring its ``limit``): int64
+    token ids, or (bigram keys, EAGLE trees) pairs packed ``t[i] << 32 | t[i+1]``
+    as flatradix's kernels take them; ``n`` is the unit count."""
+    raw = key.raw_token_ids()
+    if isinstance(raw, array) and raw.typecode == "q":
+        toks = np.frombuffer(raw, dtype=np.int64) if len(raw) else _EMPTY
+    else:
+        toks = np.asarray(raw, dtype=np.int64)
+    if bigram:
+        if toks.shape[0] < 2:
+            return _EMPTY, 0
+        if int(toks.min()) < 0 or int(toks.max()) >= 1 << 31:
+            raise ValueError("key.token_ids: bigram tokens must lie in [0, 2**31) in a "
+                             "flatradix tree")
+        units = (toks[:-1] << 32) | toks[1:]
+        return units, units.shape[0]
+    if not toks.flags.writeable or not toks.flags.c_contiguous:
+        toks = np.ascontiguousarray(toks).copy()
+    return toks, toks.shape[0]
+
+
+def _np_values(value, name):
+    """An int64 numpy copy of a value tensor (any device)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.int64).numpy().copy()
+    return np.asarray(value, dtype=np.int64).copy()
+
+
+# ---------------------------------------------------------------- the core
+class FlatradixTreeCore(UnifiedTreeCoreInterface):
+    """SGLang's TreeCore on flatradix's engine (see the module docstring).
+
+    Built by SGLang's controller through the registry (``flatradix.sglang``);
+    ``params`` is its ``CacheInitParams``, ``components`` its component objects
+    (read for their configuration only: the rules are flatradix's kernels).
+    """
+
+    supports_rotation_base = False
+
+    def __init__(self, params, components):
+        policy, pa, pb = check_params(params)
+        self.tree_components = tuple(params.tree_components)
+        self._swa_on = SWA in self.tree_components
+        self._mamba_on = MAMBA in self.tree_components
+        self.page_size = int(params.page_size)
+        self.is_eagle = bool(params.is_eagle) and not self._mamba_on
+        alloc = params.token_to_kv_pool_allocator
+        self._allocator = alloc
+        if alloc is not None:
+            device = torch.device(alloc.device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            self.device = device
+        else:
+            self.device = torch.device("cpu")
+        self._window = int(params.swa_retain_window) if self._swa_on else 0
+        path_cap = -1
+        self._mamba_grid = 1
+        if self._mamba_on and not params.disable:  # (a disabled tree never matches)
+            comp = components.get(MAMBA) if components else None
+            chunk = getattr(comp, "mamba_cache_chunk_size", None)
+            if chunk is None:
+                from sglang.srt.runtime_context import mamba_cache_chunk_size
+
+                chunk = mamba_cache_chunk_size()
+            grid = getattr(comp, "mamba_checkpoint_grid", None)
+            self._mamba_grid = int(grid) if grid else (
+                chunk * self.page_size // math.gcd(chunk, self.page_size))
+            try:
+                from sglang.srt.runtime_context import get_exec
+
+                path_cap = int(get_exec().mamba.mamba_max_states_per_path)
+            except Exception:  # no server args: SGLang's default (off)
+                path_cap = -1
+            if path_cap < 1:
+                path_cap = -1
+        self.enable_hicache = False
+        self.is_host_memory_buffer_only = False
+        self.enable_storage = False
+        self.enable_external_cache_linker = False
+        self.write_through_threshold = 256
+        self.is_write_back = False
+        self.has_swa_host_pool = False
+        self.write_back_duplicate_reclaim_digest = 0
+        events = bool(params.enable_kv_cache_events)
+        self._lora = _LoraTable(params.kv_event_lora_names) if params.kv_event_lora_names is not None else None
+        self._eng = Engine(
+            page_size=self.page_size, policy=policy, policy_a=pa, policy_b=pb,
+            components=sum(_BIT[c] for c in self.tree_components), swa_window=self._window,
+            mamba_path_cap=path_cap, events=events, bigram=self.is_eagle,
+            node_capacity=1024, pool_capacity=_pool_capacity(alloc))
+        self._sink = None
+        if events:
+            from ..event_sink import EventSink
+
+            self._sink = EventSink(self._eng, self.page_size, self.is_eagle, self._lora)
+        self.kv_events = _Events(self, events)
+        self._insert_state = None
+        self._empty_t = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self._reset_state()
+
+    # ------------------------------------------------------------------ helpers
+    def _reset_state(self):
+        self._root = self._eng.root
+        self._insert_state = None
+        self._empty_match_result = MatchResult(
+            device_prefix_len=0, last_device_node=self._root, last_host_node=self._root,
+            best_match_node=self._root, cache_actions=[])
+
+    def _slot(self, nid):
+        """The live slot of NodeId ``nid``; ``NodeAccessError`` (a ``KeyError``) when stale."""
+        if type(nid) is not int:
+            if isinstance(nid, bool) or not isinstance(nid, (int, np.integer)):
+                raise NodeAccessError(f"node id must be an int, got {type(nid).__name__}")
+            nid = int(nid)
+        nodes, meta = self._eng.st.nodes, self._eng.st.meta
+        s = nid & _SLOT_MASK
+        if (nid < 0 or s >= meta[L.M_HWM] or not nodes[s, L.FLAGS] & L.F_ALIVE
+                or int(nodes[s, L.GEN]) != nid >> 32):
+            raise NodeAccessError(f"node id {nid} does not name a live node")
+        return s
+
+    def _nid(self, s):
+        return (int(self._eng.st.nodes[s, L.GEN]) << 32) | int(s)
+
+    def _t(self, a):
+        """A torch tensor on the core's device holding a copy of int64 array ``a``."""
+        t = torch.from_numpy(np.array(a, dtype=np.int64))
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def _full_np(self, s):
+        nodes, pool = self._eng.st.nodes, self._eng.st.pool
+        off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
+        return pool[off:off + n, L.FULL_DEV]
+
+    def _has(self, s, c, tier=L.DEVICE):
+        return bool(self._eng.st.nodes[s, L.FLAGS] & L.F_HAS(c, tier))
+
+    def _key(self, key):
+        """``(units, n, ns)`` of a RadixKey: page-aligned unit count, namespace id
+        (None when the namespace was never inserted). Converts the key to a bigram
+        view in an EAGLE tree, as SGLang's cores do (in place)."""
+        key, _ = key.maybe_to_bigram_view(self.is_eagle)
+        units, n = _units_of(key, key.is_bigram)
+        n -= n % self.page_size
+        return units, n, (key.extra_key, key.cache_salt)
+
+    def _convert(self, rows, out, value_in, *, frees=None, actions=None, adopted=None):
+        """Turn a kernel's action rows into SGLang objects, in row order.
+
+        Free rows go to ``frees`` (``{ComponentType: [tensor]}``, an eviction
+        result's ``device_frees``) when given, else become actions; KV events
+        are queued in the sink; ``A_ADOPTED`` reports extend ``adopted``."""
+        sink = self._sink
+        for kind, comp, src, off, n, aux in rows.tolist():
+            if kind == A.A_STORED:
+                if sink is not None:
+                    sink.stored(off, aux)
+                continue
+            if kind == A.A_REMOVED:
+                if sink is not None:
+                    sink.removed(off, n, aux)
+                continue
+            if kind == A.A_ADOPTED:
+                if adopted is not None:
+                    _adopt(adopted, _CT[comp], off, off + n)
+                continue
+            v = value_in[off:off + n] if src == A.SRC_IN else out[off:off + n]
+            if kind == A.A_FREE_KV:
+                actions.append(FreeDeviceKV([self._t(v)]))
+            elif kind == A.A_FREE_KV_FULL_ONLY:
+                actions.append(FreeDeviceKVFullOnly([self._t(v)]))
+            elif kind == A.A_FREE_SLOT:
+                if frees is not None:
+                    frees[_CT[comp]].append(self._t(v))
+                else:
+                    actions.append(FreeComponentDeviceSlot([self._t(v)],
+                                                           component_type=_CT[comp]))
+            elif kind == A.A_SWA_RECOVER_LOCKED:
+                kept = np.array(v)
+                actions.append(RecoverSWAWithLockedFull(
+                    self._node_holding(kept), self._t(kept),
+                    self._t(value_in[aux:aux + n])))
+            else:
+                raise NotImplementedError(
+                    f"flatradix TreeCore: action {A.ACTION_NAMES.get(kind, kind)} is not "
+                    "served yet (host tier)")
+
+    def _node_holding(self, kept):
+        """The node whose Full value is ``kept`` (an SWA recovery under a Full lock
+        keeps the node's own slots): found through the slot of its first unit."""
+        nodes, pool = self._eng.st.nodes, self._eng.st.pool
+        for s in self._eng.live_slots():
+            if s == L.ROOT or not nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV:
+                continue
+            off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
+            if n == kept.shape[0] and np.array_equal(pool[off:off + n, L.FULL_DEV], kept):
+                return self._nid(s)
+        raise AssertionError("flatradix TreeCore: no node holds the recovered Full value")
+
+    # ==== Tree API ====
+    def reset(self):
+        if self._insert_state is not None:
+            self._insert_state = None
+        for c in (L.FULL, L.SWA, L.MAMBA):
+            _k_evict_end(self._eng.meta, c)
+        self._eng.reset()
+        self._reset_state()
+
+    def node_by_id(self, node_id):
+        raise NotImplementedError("node_by_id: the flatradix TreeCore has no Python tree nodes "
+                                  "(as SGLang's Rust core)")
+
+    @property
+    def root_node(self):
+        raise NotImplementedError("root_node: the flatradix TreeCore has no Python tree nodes "
+                                  "(as SGLang's Rust core); use root_node_handle()")
+
+    def is_write_through_compatible(self):
+        nodes = self._eng.st.nodes
+        for s in self._eng.live_slots():
+            if s == L.ROOT:
+                continue
+            f = int(nodes[s, L.FLAGS])
+            if not f & L.F_HAS_FULL_HOST:
+                if f & (L.F_HAS_SWA_HOST | L.F_HAS_MAMBA_HOST):
+                    return False
+            else:
+                p = int(nodes[s, L.PARENT])
+                if p != L.ROOT and not nodes[p, L.FLAGS] & L.F_HAS_FULL_HOST:
+                    return False
+        return True
+
+    def is_backuped(self, node_id):
+        return self._has(self._slot(node_id), L.FULL, L.HOST)
+
+    def is_root(self, node_id):
+        return self._slot(node_id) == L.ROOT
+
+    # storage hashes (SGLang's storage chain): kept beside the node table
+    def get_last_hash_value(self, node_id):
+        self._slot(node_id)
+        return None
+
+    def get_prefix_hash_values(self, node_id):
+        self._slot(node_id)
+        return []
+
+    def get_hash_values(self, node_id):
+        self._slot(node_id)
+        return []
+
+    def snapshot_buffer_backup(self, node_id, pass_prefix_keys):
+        return None
+
+    def validate_buffer_backup(self, node_id, expected_key_length):
+        return None
+
+    def backfill_missing_hash_values(self):
+        return 0
+
+    def root_node_handle(self, extra_key=None):
+        return self._root
+
+    def _children(self, s):
+        nodes = self._eng.st.nodes
+        c = int(nodes[s, L.FIRST_CHILD])
+        out = []
+        while c != L.NIL:
+            out.append(c)
+            c = int(nodes[c, L.NEXT_SIB])
+        return out
+
+    def dfs_weight_order(self, node_ids):
+        slots = [self._slot(n) for n in node_ids]
+        nodes = self._eng.st.nodes
+        at = {}
+        for i, s in enumerate(slots):
+            at.setdefault(s, []).append(i)
+        weight = defaultdict(int)
+        kids = defaultdict(list)  # the ancestors of the requested nodes only
+        for s, idx in at.items():
+            a = s
+            w = len(idx)
+            while True:
+                first = a not in weight
+                weight[a] += w
+                if a == L.ROOT:
+                    break
+                p = int(nodes[a, L.PARENT])
+                if first:
+                    kids[p].append(a)
+                a = p
+        order = []
+        stack = [(L.ROOT, False)]
+        while stack:
+            s, done = stack.pop()
+            if done:
+                order.extend(at.get(s, ()))
+                continue
+            stack.append((s, True))
+            ch = sorted(kids.get(s, ()), key=lambda c: (-weight[c], int(nodes[c, L.CREATION])))
+            for c in reversed(ch):
+                stack.append((c, False))
+        return order
+
+    def collect_path_info(self, end_node_ids):
+        nodes = self._eng.st.nodes
+        paths = []
+        for nid in end_node_ids:
+            s = self._slot(nid)
+            chain = []
+            while s != L.ROOT:
+                chain.append(s)
+                s = int(nodes[s, L.PARENT])
+            path = []
+            start = 0
+            for s in reversed(chain):
+                n = int(nodes[s, L.KEY_LEN])
+                path.append(TreePathNodeInfo(
+                    self._nid(s), self._nid(int(nodes[s, L.PARENT])), start, start + n,
+                    n if nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV else None,
+                    int(nodes[s, L.NCHILD])))
+                start += n
+            paths.append(tuple(path))
+        return tuple(paths)
+
+    # ==== locks ====
+    def _skip_mask(self, comps):
+        m = 0
+        for c in comps:
+            c = ComponentType(c)
+            if c == FULL:
+                raise ValueError("skip_lock_components: FULL cannot be skipped")
+            m |= _BIT[c]
+        return m
+
+    def inc_lock_ref(self, node_id, skip_lock_components=()):
+        skipped = tuple(skip_lock_components)
+        skip = self._skip_mask(skipped)
+        self._slot(node_id)
+        st, delta, boundary = _k_inc(self._eng.st.nodes, self._eng.st.heap, self._eng.meta,
+                                     node_id, skip)
+        result = IncLockRefResult(delta=int(delta), node_id=node_id,
+                                  skipped_lock_components=skipped)
+        if self._swa_on and SWA not in skipped:
+            result.set_lock_uuid(SWA, int(boundary) or None)
+        return result
+
+    def _receipt(self, node_id, params, extra_skip=0):
+        """``(skip mask, SWA boundary)`` of a release receipt, checked as SGLang's
+        core checks it (the anchor; a missing SWA entry is a ``KeyError``)."""
+        assert params.node_id == node_id, (
+            f"lock receipt anchored on node {params.node_id} released on node {node_id}")
+        skip = self._skip_mask(params.skipped_lock_components) | extra_skip
+        boundary = 0
+        if self._swa_on and not skip & L.C_SWA:
+            boundary = params.get_lock_uuid(SWA) or 0
+        return skip, boundary
+
+    def _dec(self, node_id, skip, boundary):
+        eng = self._eng
+        st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.meta, node_id, skip, boundary)
+        if st == L.E_LOCK_UNDERFLOW:
+            raise AssertionError(f"lock release hit lock_ref=0 on node {self._nid(int(x))}")
+        if st == L.E_NOT_ANCHORED:
+            raise AssertionError(f"lock release on node {node_id}: no lock is anchored there "
+                                 "(its lock_ref is held by locks on descendants)")
+        if st == L.E_NO_BOUNDARY:
+            raise AssertionError(f"SWA lock boundary {boundary} is not on node {node_id}'s path")
+        return int(x)
+
+    def dec_lock_ref(self, node_id, params, skip_swa=False):
+        self._slot(node_id)
+        extra = 0
+        if skip_swa and self._swa_on:
+            extra = L.C_SWA | (L.C_MAMBA if self._mamba_on else 0)
+        skip, boundary = self._receipt(node_id, params, extra)
+        self._dec(node_id, skip, boundary)
+        return DecLockRefResult()
+
+    def inc_full_pin(self, node_id):
+        self._slot(node_id)
+        _k_inc(self._eng.st.nodes, self._eng.st.heap, self._eng.meta, node_id,
+               L.C_SWA | L.C_MAMBA)
+
+    def dec_full_pin(self, node_id):
+        self._slot(node_id)
+        self._dec(node_id, L.C_SWA | L.C_MAMBA, 0)
+
+    def dec_swa_lock_only(self, node_id, params):
+        result = DecSwaLockOnlyResult()
+        s = self._slot(node_id)
+        assert params.node_id == node_id, (
+            f"lock receipt anchored on node {params.node_id} released on node {node_id}")
+        if s == L.ROOT or not self._swa_on:
+            return result
+        skip = self._skip_mask(params.skipped_lock_components)
+        boundary = params.get_lock_uuid(SWA) or 0
+        eng = self._eng
+        st, x = eng.call(_k_release_window, node_id, boundary, skip)
+        if st == L.E_LOCK_UNDERFLOW:
+            raise AssertionError(f"SWA window release hit lock_ref=0 on node {self._nid(int(x))}")
+        self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
+        return result
+
+    def inc_host_lock_ref(self, node_id):
+        self._host_not_served("inc_host_lock_ref")
+
+    def dec_host_lock_ref(self, node_id, params):
+        self._host_not_served("dec_host_lock_ref")
+
+    # ==== device eviction (pick, then evict) ====
+    def evict_device_start(self, component_type, request_cnt):
+        c = int(ComponentType(component_type))
+        st = _k_evict_start(self._eng.st.nodes, self._eng.st.heap, self._eng.meta, c,
+                            int(request_cnt))
+        assert st == L.OK, f"{ComponentType(component_type)} device eviction already in progress"
+
+    def evict_device_next_node(self, component_type, tracker):
+        ct = ComponentType(component_type)
+        result = EvictDeviceNextNodeResult()
+        eng = self._eng
+        st, nid, f, w, m = eng.call(_k_evict_pick, int(ct), int(tracker.get(ct, 0)))
+        assert st != L.E_NO_WALK, f"{ct} device eviction not started"
+        if st == L.E_NEED_STATE_BACKUP:
+            self._host_not_served("a write-back internal backup")
+        self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
+        for c, k in ((FULL, f), (SWA, w), (MAMBA, m)):
+            if k:
+                result.tracker[c] = int(k)
+        if nid >= 0:
+            result.node_id = int(nid)
+        result.made_progress = result.node_id is not None or bool(result.tracker)
+        return result
+
+    def evict_device_leaf(self, node_id, is_write_back):
+        result = EvictDeviceLeafResult()
+        self._slot(node_id)
+        eng = self._eng
+        st, n, w, m, had_host = eng.call(_k_evict_leaf_at, node_id)
+        assert st != L.E_NOT_LEAF, f"node {node_id} is not a D-leaf"
+        if st == L.E_NEED_BACKUP:
+            self._host_not_served("a write-back backup")
+        self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
+        for c, k in ((FULL, n), (SWA, w), (MAMBA, m)):
+            if k:
+                result.tracker[c] = int(k)
+        if not had_host:
+            result.unbacked_tokens = int(n)
+        return result
+
+    def finish_mamba_state_eviction(self, node_id):
+        self._host_not_served("finish_mamba_state_eviction")
+
+    def finish_swa_state_eviction(self, node_id):
+        self._host_not_served("finish_swa_state_eviction")
+
+    def drop_subtree_no_host(self, node_id):
+        self._host_not_served("drop_subtree_no_host")
+
+    def demote(self, node_id):
+        self._host_not_served("demote")
+
+    def evict_device_end(self, component_type):
+        _k_evict_end(self._eng.meta, int(ComponentType(component_type)))
+
+    # ==== sizes ====
+    def _ledger(self, field, c):
+        if c not in self.tree_components:
+            return 0
+        return int(self._eng.meta[field + int(c)])
+
+    def evictable_size(self):
+        return self._ledger(L.M_EVICTABLE, FULL)
+
+    def protected_size(self):
+        return self._ledger(L.M_PROTECTED, FULL)
+
+    def component_evictable_size(self, component_type):
+        return self._ledger(L.M_EVICTABLE, ComponentType(component_type))
+
+    def component_protected_size(self, component_type):
+        return self._ledger(L.M_PROTECTED, ComponentType(component_type))
+
+    def adjust_component_size(self, node_id, component_type, delta):
+        raise NotImplementedError("adjust_component_size: not served by the flatradix TreeCore "
+                                  "(no component whose backing changes in place)")
+
+    def full_evictable_size(self):
+        return self._ledger(L.M_EVICTABLE, FULL)
+
+    def full_protected_size(self):
+        return self._ledger(L.M_PROTECTED, FULL)
+
+    def swa_evictable_size(self):
+        return self._ledger(L.M_EVICTABLE, SWA)
+
+    def mamba_evictable_size(self):
+        return self._ledger(L.M_EVICTABLE, MAMBA)
+
+    def swa_protected_size(self):
+        return self._ledger(L.M_PROTECTED, SWA)
+
+    def mamba_protected_size(self):
+        return self._ledger(L.M_PROTECTED, MAMBA)
+
+    def total_size(self):
+        meta = self._eng.meta
+        full = int(meta[L.M_TOTAL + L.FULL])
+        aux = 0
+        if self._swa_on:
+            aux += int(meta[L.M_TOTAL + L.SWA])
+        if self._mamba_on:
+            aux += int(meta[L.M_TOTAL + L.MAMBA])
+        return full, aux
+
+    def _dfs_slots(self):
+        """Every live non-root slot, depth-first (children in list order)."""
+        stack = list(reversed(self._children(L.ROOT)))
+        out = []
+        while stack:
+            s = stack.pop()
+            out.append(s)
+            stack.extend(reversed(self._children(s)))
+        return out
+
+    def all_values_flatten(self):
+        parts = [self._full_np(s) for s in self._dfs_slots() if self._has(s, L.FULL)]
+        return self._t(np.concatenate(parts)) if parts else self._empty_t.clone()
+
+    def all_mamba_values_flatten(self):
+        nodes = self._eng.st.nodes
+        vals = [int(nodes[s, L.MAMBA_SLOT]) for s in self._dfs_slots() if self._has(s, L.MAMBA)]
+        return self._t(np.array(vals, dtype=np.int64))
+
+    def walk_for_kv_canary(self, unlocked_only, swa_resident_only):
+        nodes = self._eng.st.nodes
+        slots, pos, prev = [], [], []
+        stack = [(c, 0, -1) for c in reversed(self._children(L.ROOT))]
+        while stack:
+            s, depth, last = stack.pop()
+            n = int(nodes[s, L.KEY_LEN])
+            vals = self._full_np(s) if self._has(s, L.FULL) else None
+            child_last = last
+            if vals is not None and n:
+                locked = any(nodes[s, L.LOCK_COL(c)] for c in (L.FULL, L.SWA, L.MAMBA))
+                keep = not (unlocked_only and locked) and not (
+                    swa_resident_only and self._swa_on and not self._has(s, L.SWA))
+                if keep:
+                    slots.append(vals.copy())
+                    pos.append(np.arange(depth, depth + n, dtype=np.int64))
+                    pv = np.empty(n, dtype=np.int64)
+                    pv[0] = last
+                    pv[1:] = vals[:-1]
+                    prev.append(pv)
+                child_last = int(vals[-1])
+            for c in reversed(self._children(s)):
+                stack.append((c, depth + n, child_last))
+        cat = (lambda p: self._t(np.concatenate(p)) if p else self._empty_t.clone())
+        return RadixCacheWalkResult(slot_indices=cat(slots), positions=cat(pos),
+                                    prev_slot_indices=cat(prev))
+
+    # ==== match ====
+    def match_prefix(self, params):
+        units, n, nk = self._key(params.key)
+        eng = self._eng
+        ns = eng.ns.get(nk)
+        if n == 0 or ns is None:
+            return self._empty_match_result
+        idx = np.empty(n, dtype=np.int64)
+        st, plen, best, visited, full_hit, host_hit, hbest = eng.call_tree(
+            _k_match, units, n, ns, idx)
+        plen, full_hit, host_hit = int(plen), int(full_hit), int(host_hit)
+        best, hbest = int(best), int(hbest)
+        swa_branch = None
+        if self._swa_on:
+            aligned = full_hit // self.page_size * self.page_size
+            swa_branch = aligned if aligned > plen + host_hit else None
+        mamba_branch = None
+        if self._mamba_on:
+            aligned = full_hit // self._mamba_grid * self._mamba_grid
+            mamba_branch = aligned if aligned > plen + host_hit else None
+        return MatchResult(
+            device_prefix_len=plen, last_device_node=best,
+            last_host_node=hbest if self.enable_hicache else best, best_match_node=hbest,
+            host_hit_length=host_hit, swa_branching_seqlen=swa_branch,
+            mamba_branching_seqlen=mamba_branch, full_kv_hit_length=full_hit,
+            cache_actions=[], last_visited_node_id=None if visited < 0 else int(visited))
+
+    def match_full_device_prefix(self, key):
+        units, n, nk = self._key(key)
+        eng = self._eng
+        ns = eng.ns.get(nk)
+        nodes, pool = eng.st.nodes, eng.st.pool
+        s = L.ROOT
+        matched = pinned = 0
+        if ns is None:
+            return 0, self._root, 0
+        from ..kernels.children import find_child
+        from ..kernels.tree import edge_match_len
+
+        while matched < n:
+            c = find_child(nodes, eng.st.ctab, pool, s, ns, units, matched, self.page_size)
+            if c < 0 or not nodes[c, L.FLAGS] & L.F_HAS_FULL_DEV:
+                break
+            m = edge_match_len(nodes, pool, c, units, matched, n, self.page_size)
+            if m == 0:
+                break
+            matched += m
+            s = c
+            pinned += int(nodes[c, L.KEY_LEN])
+            if m < nodes[c, L.KEY_LEN]:
+                break
+        return matched, self._nid(s), pinned
+
+    @property
+    def empty_match_result(self):
+        return self._empty_match_result
+
+    def is_full_device_evicted(self, node_id):
+        s = self._slot(node_id)
+        return s != L.ROOT and not self._has(s, L.FULL)
+
+    def collect_full_device_indices(self, from_node_id, until_node_id):
+        nodes = self._eng.st.nodes
+        until = self._slot(until_node_id)
+        s = self._slot(from_node_id)
+        parts = []
+        while s != until:
+            assert s != L.ROOT, "collect_full_device_indices: until is not an ancestor"
+            assert self._has(s, L.FULL), f"node {self._nid(s)} has no Full device value"
+            parts.append(self._full_np(s))
+            s = int(nodes[s, L.PARENT])
+        if not parts:
+            return self._empty_t
+        parts.reverse()
+        return self._t(np.concatenate(parts))
+
+    # ==== insert ====
+    def begin_insert(self, params):
+        if self._insert_state is not None:
+            raise RuntimeError("concurrent insert walks")
+        key = params.key
+        units, n, nk = self._key(key)
+        if params.value is not None:
+            value = _np_values(params.value[:n] if len(params.value) > n else params.value,
+                               "params.value")
+        else:
+            value = units[:n].copy()
+        if value.shape[0] < n:
+            raise ValueError(f"params.value: {value.shape[0]} values for a key of {n} units")
+        if n == 0:
+            return InsertStepResult(actions=[], result=InsertResult(
+                prefix_len=0, mamba_exist=True, last_device_node=self._root))
+        priority = params.priority if params.priority is not None else 0
+        mamba_slot = -1
+        if self._mamba_on:
+            mv = params.mamba_value
+            if mv is None:
+                raise ValueError("params.mamba_value: a Mamba tree needs the request's state "
+                                 "slot")
+            mamba_slot = int(_np_values(mv, "params.mamba_value").reshape(-1)[0])
+        cursor = params.get_evicted_seqlen(SWA) if self._swa_on else 0
+        track = bool(params.track_adopted_ranges)
+        # the kernel reports adopted ranges where they can be other than the new leaf
+        # (SWA recoveries); a Full-only tree adopts exactly the new leaf's units
+        track_k = track and self._swa_on
+        eng = self._eng
+        ns = eng.ns.intern(nk)
+        st, plen, target, exist = eng.call(
+            _k_insert, units, value, n, ns, min(int(params.inserted_len), n), int(priority),
+            L.VALUES_NONNEG, min(int(params.prev_prefix_len), n), int(cursor),
+            _TRACK if track_k else 0, mamba_slot, 0)
+        if st == L.E_BAD_VALUE:
+            raise ValueError(f"params.value: KV index {int(value[plen])} at {int(plen)} is "
+                             "negative")
+        if st == L.E_BAD_CURSOR:
+            raise ValueError(f"params.component_evicted_seqlens[SWA]={cursor} is not "
+                             f"page-aligned (page_size={self.page_size})")
+        actions = []
+        adopted = {} if track_k else None
+        self._convert(eng.actions(), eng.out, value, actions=actions, adopted=adopted)
+        if track and not track_k:  # only components that adopted something appear
+            adopted = {FULL: [(int(plen), n)]} if n > plen else {}
+        result = InsertResult(prefix_len=int(plen), last_device_node=int(target),
+                              mamba_exist=bool(exist), adopted_ranges=adopted)
+        if self._swa_on and params.swa_branching_seqlen is not None:
+            result.swa_branch_inserted = len(key) >= params.swa_branching_seqlen
+        return InsertStepResult(actions=actions, result=result)
+
+    def resume_insert(self):
+        raise RuntimeError("no in-flight insert")
+
+    def has_ongoing_insert(self):
+        return self._insert_state is not None
+
+    def end_insert(self):
+        self._insert_state = None
+        return []
+
+    def drive_host_eviction(self, component_type, num_tokens):
+        if not self.enable_hicache:
+            return DriveHostEvictionResult()
+        self._host_not_served("drive_host_eviction")
+
+    def evict_excess_path_states(self, tail_node_id, device_frees, host_frees, cache_actions):
+        self._host_not_served("evict_excess_path_states")
+
+    # ==== HiCache ====
+    def _host_not_served(self, what):
+        raise NotImplementedError(f"{what}: the flatradix TreeCore does not serve the host tier "
+                                  "(HiCache) yet")
+
+    def set_hicache_enabled(self):
+        raise ValueError("the flatradix TreeCore does not serve the host tier (HiCache) yet; "
+                         "use the rust or python TreeCore with --enable-hierarchical-cache")
+
+    def set_host_memory_buffer_only(self):
+        self.set_hicache_enabled()
+
+    def insert_host(self, node_id, key, host_value, hash_value):
+        self._host_not_served("insert_host")
+
+    def build_backup_spec(self, node_id):
+        self._host_not_served("build_backup_spec")
+
+    def build_storage_backup_spec(self, node_id, pass_prefix_keys):
+        self._host_not_served("build_storage_backup_spec")
+
+    def build_hicache_transfers(self, component_type, node_id, phase, *, host_indices=None,
+                                token_ids=None, prefetch_tokens=0, staging_tokens=0,
+                                last_hash=None):
+        self._host_not_served("build_hicache_transfers")
+
+    def build_load_back_spec(self, node_id, req=None):
+        self._host_not_served("build_load_back_spec")
+
+    def prefetch_anchor_info(self, node_id):
+        s = self._slot(node_id)
+        return self._eng.ns.key_of(int(self._eng.st.nodes[s, L.NS]))
+
+    def commit_hicache_transfers(self, node_id, phase, comp_xfers, *, cache_actions,
+                                 insert_result=None, pool_storage_result=None):
+        self._host_not_served("commit_hicache_transfers")
+
+    def commit_backup(self, node_id, host_indices, comp_xfers):
+        self._host_not_served("commit_backup")
+
+    def commit_load_back(self, node_id, device_indices, kv_xfer, comp_xfers):
+        self._host_not_served("commit_load_back")
+
+    def finish_load_back(self, anchor_node_id):
+        self._host_not_served("finish_load_back")
+
+    # ==== external cache linker ====
+    def build_external_linker_offload_transfers(self, node_id):
+        self._host_not_served("the external cache linker")
+
+    def mark_external_cache_stored_path(self, from_node_id, until_node_id):
+        self._host_not_served("the external cache linker")
+
+    def mark_external_linker_offload_pending(self, node_id):
+        self._host_not_served("the external cache linker")
+
+    def finish_external_linker_offload(self, node_ids, ack_id, success):
+        self._host_not_served("the external cache linker")
+
+    def mark_write_through_pending(self, node_ids, ack_id):
+        self._host_not_served("mark_write_through_pending")
+
+    def finish_write_through(self, node_ids, ack_id):
+        self._host_not_served("finish_write_through")
+
+    # ==== SWA windows, component values ====
+    def swa_tombstone_ranges(self, key, start, end, component_type=SWA):
+        self._host_not_served("swa_tombstone_ranges")
+
+    def attach_swa_window(self, key, window_start, window_end, swa_values,
+                          component_type=SWA):
+        self._host_not_served("attach_swa_window")
+
+    def set_component_device_value(self, node_id, component_type, value):
+        s = self._slot(node_id)
+        ct = ComponentType(component_type)
+        if ct == SWA and self._has(s, L.SWA):
+            return  # the kernel published the window already; its value is the mapping's
+        raise NotImplementedError(f"set_component_device_value({ct.name}) on a node without it: "
+                                  "not served by the flatradix TreeCore")
+
+    def _swa_value(self, s):
+        full = self._t(self._full_np(s))
+        alloc = self._allocator
+        return alloc.translate_swa_indices_for_transfer(full).to(torch.int64)
+
+    def get_component_device_value(self, node_id, component_type):
+        s = self._slot(node_id)
+        ct = ComponentType(component_type)
+        if ct not in self.tree_components:
+            return None
+        if ct == FULL:
+            return self._t(self._full_np(s)) if self._has(s, L.FULL) else None
+        if ct == SWA:
+            return self._swa_value(s) if self._has(s, L.SWA) else None
+        if not self._has(s, L.MAMBA):
+            return None
+        return self._t(np.array([self._eng.st.nodes[s, L.MAMBA_SLOT]], dtype=np.int64))
+
+    def component_has_host_value_only(self, node_id, component_type):
+        s = self._slot(node_id)
+        c = int(ComponentType(component_type))
+        return self._has(s, c, L.HOST) and not self._has(s, c)
+
+    # ==== others ====
+    def sanity_check(self, ongoing_write_through, ongoing_load_back):
+        code, slot = _k_sanity(*self._eng.st)
+        if code:
+            raise AssertionError(f"flatradix TreeCore: invariant {int(code)} broken at slot "
+                                 f"{int(slot)} (flatradix/kernels/check.py lists the codes)")
+
+    def pretty_print(self):
+        nodes, pool = self._eng.st.nodes, self._eng.st.pool
+        stack = [(c, 0) for c in reversed(self._children(L.ROOT))]
+        print(f"root {self._root}")
+        while stack:
+            s, d = stack.pop()
+            off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
+            toks = pool[off:off + min(n, 10), L.TOK].tolist()
+            print(" " * (2 * d + 2) + f"{self._nid(s)} len={n} {toks} "
+                  f"lock={int(nodes[s, L.FULL_LOCK])}")
+            stack.extend((c, d + 1) for c in reversed(self._children(s)))
+
+
+def _adopt(adopted, ct, start, end):
+    if start >= end:
+        return
+    ranges = adopted.setdefault(ct, [])
+    if ranges and start <= ranges[-1][1]:
+        lo, hi = ranges[-1]
+        ranges[-1] = (min(lo, start), max(hi, end))
+    else:
+        ranges.append((start, end))
