@@ -249,8 +249,24 @@ def sglang_available():
         return False
 
 
+#: The tree-core class each SGLang backend name must build (a missing Rust core
+#: falls back to the Python one silently; the check catches it).
+TREE_CORES = {"python": ("UnifiedTreeCore",), "rust": ("RustUnifiedTreeCore",),
+              "flatradix": ("FlatradixTreeCore", "FlatradixTreeCoreInspector")}
+
+
+def load_sglang_plugins():
+    """Run SGLang's plug-in loader (as its scheduler does at start): registers the
+    ``flatradix`` TreeCore when flatradix is installed in SGLang's venv."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
 class SGLangEngine:
-    """SGLang 0.5.23 ``UnifiedRadixCache`` (Full) with its ``python`` or ``rust`` tree core."""
+    """SGLang 0.5.23 ``UnifiedRadixCache`` (Full) with its ``python`` or ``rust`` tree core,
+    or (``flatradix``) flatradix's TreeCore plug-in (``flatradix/sglang``: SGLang's
+    controller over flatradix's engine; needs flatradix installed in SGLang's venv)."""
 
     _server_args_set = False
 
@@ -281,6 +297,8 @@ class SGLangEngine:
         self._release_kv_cache = release_kv_cache
         self._rid = 0
         self.core = None
+        if backend == "flatradix":
+            load_sglang_plugins()
 
     def build(self, kv_size, page_size=1, max_context_len=8192, rows=8, alloc=None):
         alloc = alloc if alloc is not None else sglang_allocator(kv_size, page_size)
@@ -297,8 +315,8 @@ class SGLangEngine:
             page_size=page_size, eviction_policy="lru", tree_components=components,
             tree_core_backend=self.backend, **kw))
         core = type(cache.tree_core).__name__
-        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.backend]
-        if core != want:
+        want = TREE_CORES[self.backend]
+        if core not in want:
             raise RuntimeError(f"asked for the {self.backend} tree core, got {core}")
         self.core = core
         return cache

@@ -28,8 +28,9 @@ Engines (``--engines``; default ``flatradix-req sglang-rust``):
   below times its loop whole, expansion included).
 * ``flatradix``: ``flatradix.replay.replay`` itself (the scheduler emulation of
   ``flatradix/replay/scheduler.py``: JIT warm-up untimed, the loop timed).
-* ``sglang-rust`` / ``sglang-python``: SGLang 0.5.23's ``UnifiedRadixCache``
-  (Full component) with its Rust or Python tree core, driven by
+* ``sglang-rust`` / ``sglang-python`` / ``sglang-flatradix``: SGLang 0.5.23's
+  ``UnifiedRadixCache`` (Full component) with its Rust or Python tree core, or
+  with flatradix's TreeCore plug-in (``flatradix/sglang``), driven by
   :func:`replay_sglang`, a line-for-line port of the replay's ``Scheduler`` loop onto
   SGLang's public API and objects:
 
@@ -110,7 +111,7 @@ import numpy as np
 
 TRACE_DEFAULT = os.path.join(os.path.dirname(ROOT), "shared", "traces",
                              "mooncake_conversation_trace.jsonl")
-ENGINES = ("flatradix-req", "flatradix", "sglang-rust", "sglang-python")
+ENGINES = ("flatradix-req", "flatradix", "sglang-rust", "sglang-python", "sglang-flatradix")
 TOTALS = ("requests", "served_requests", "rejected_requests", "hit_tokens", "evicted_tokens",
           "evict_calls", "waits", "peak_tree_tokens", "final_tree_tokens", "kv_conserved")
 
@@ -195,13 +196,14 @@ def replay_sglang(workload, capacity, page_size, max_running, policy, driver, ba
     free_clock = E.FreeClock(alloc) if free_clock else None
     rtp = S["ReqToTokenPool"](size=max_running, max_context_len=max(longest, 1), device="cpu",
                               enable_memory_saver=False)
+    if backend == "flatradix":
+        E.load_sglang_plugins()
     cache = S["UnifiedRadixCache"](S["CacheInitParams"](
         disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
         page_size=page_size, eviction_policy=policy, tree_components=(S["FULL"],),
         tree_core_backend=backend))
     core = type(cache.tree_core).__name__
-    want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[backend]
-    if core != want:  # a missing Rust core falls back to Python silently
+    if core not in E.TREE_CORES[backend]:  # a missing Rust core falls back to Python silently
         raise RuntimeError(f"asked for SGLang's {backend} tree core, got {core}")
     sampling = S["SamplingParams"](temperature=0, max_new_tokens=1 << 30)
     use_req = driver == "request"

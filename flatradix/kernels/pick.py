@@ -122,3 +122,23 @@ def evict_leaf_at(nodes, ctab, pool, heap, meta, nid, out, acts):
     m = 1 if mamba.has_data(nodes, s) else 0
     n = evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
     return OK, n, w, m, 1 if backed else 0
+
+
+@kernel
+def evict_component_at(nodes, ctab, pool, heap, meta, nid, component, out, acts):
+    """Tombstone auxiliary ``component``'s (SWA, Mamba) device data on node ``nid``,
+    nothing else (no cascade, no leaf deletion): SGLang's test-only
+    ``evict_component(node, c, DEVICE)``. Returns ``(status, units)``: SWA units
+    or Mamba states freed (0 when the node has none), the frees as actions;
+    ``E_STALE``, or ``E_CAPACITY`` with nothing changed."""
+    s = resolve(nodes, meta, nid)
+    if s < 0:
+        return E_STALE, 0
+    acts_begin(meta, 0)
+    if _short(nodes, acts, out, meta, s):
+        return E_CAPACITY, 0
+    if component == SWA and swa.has_data(nodes, s):
+        return OK, swa.evict_component(nodes, pool, meta, s, out, acts)
+    if component == MAMBA and mamba.has_data(nodes, s):
+        return OK, mamba.evict_component(nodes, meta, s, out, acts)
+    return OK, 0

@@ -34,12 +34,6 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from sglang.srt.disaggregation.kv_events import (
-    AllBlocksCleared as _SgAllBlocksCleared,
-    BlockRemoved as _SgBlockRemoved,
-    BlockStored as _SgBlockStored,
-    StorageMedium,
-)
 from sglang.srt.mem_cache.base_prefix_cache import (
     DecLockRefResult,
     IncLockRefResult,
@@ -53,7 +47,11 @@ from sglang.srt.mem_cache.unified_cache.cache_action import (
     RecoverSWAWithLockedFull,
 )
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+from sglang.srt.mem_cache.events import KVCacheEventRecorder, KvEventLoraNames
+from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import (
+    BufferBackupSnapshot,
+    BufferBackupState,
     DecSwaLockOnlyResult,
     DemoteResult,
     DriveHostEvictionResult,
@@ -87,7 +85,6 @@ FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
 _SERVED = (FULL, SWA, MAMBA)
 _BIT = {FULL: L.C_FULL, SWA: L.C_SWA, MAMBA: L.C_MAMBA}
 _CT = {L.FULL: FULL, L.SWA: SWA, L.MAMBA: MAMBA}
-_MEDIA = (StorageMedium.GPU, StorageMedium.CPU)
 #: Pool rows reserved per Full KV slot of the allocator (as flatradix's cache).
 _POOL_ROWS_PER_SLOT = 2
 _POOL_MIN, _POOL_AUTO_MAX = 1 << 16, 1 << 23
@@ -174,53 +171,6 @@ def _pool_capacity(alloc):
     return int(min(max(_POOL_ROWS_PER_SLOT * int(size), _POOL_MIN), _POOL_AUTO_MAX))
 
 
-class _LoraTable:
-    """flatradix's LoRA-name table protocol (``fields``) over SGLang's ``KvEventLoraNames``."""
-
-    def __init__(self, names):
-        self.names = names
-
-    def fields(self, extra_key):
-        return self.names.get(extra_key), None
-
-
-class _Events:
-    """The core's ``kv_events``: SGLang's recorder surface (``enabled``, ``take``,
-    ``record_all_cleared``) over flatradix's event sink, whose events are handed
-    out as SGLang's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``."""
-
-    def __init__(self, core, enabled):
-        self.enabled = enabled
-        self._core = core
-
-    @property
-    def _sink(self):
-        return self._core._sink
-
-    def record_all_cleared(self):
-        if self._sink is not None:
-            self._sink.cleared()
-
-    def take(self):
-        if self._sink is None:
-            return []
-        return [_sg_event(e) for e in self._sink.take()]
-
-
-def _sg_event(e):
-    kind = type(e).__name__
-    if kind == "BlockStored":
-        return _SgBlockStored(
-            block_hashes=list(e.block_hashes), parent_block_hash=e.parent_block_hash,
-            token_ids=list(e.token_ids), block_size=e.block_size, lora_id=e.lora_id,
-            medium=StorageMedium(e.medium) if e.medium else None, cache_salt=e.cache_salt,
-            session_id=e.session_id, lora_name=e.lora_name)
-    if kind == "BlockRemoved":
-        return _SgBlockRemoved(block_hashes=list(e.block_hashes),
-                               medium=StorageMedium(e.medium) if e.medium else None)
-    return _SgAllBlocksCleared()
-
-
 def _units_of(key, bigram):
     """``(units, n)`` of an SGLang ``RadixKey`` (honouring its ``limit``): int64
     token ids, or (bigram keys, EAGLE trees) pairs packed ``t[i] << 32 | t[i+1]``
@@ -300,25 +250,33 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
                 path_cap = -1
         self.enable_hicache = False
         self.is_host_memory_buffer_only = False
-        self.enable_storage = False
-        self.enable_external_cache_linker = False
+        self._storage = self._linker = False
+        self._hash_spans = []  # [start tick, end tick or None]: storage / linker on
+        self._backfilled_at = -1
+        self._hash_memo = {}  # node id -> ((len, parent, prior), hashes)
+        self._hash_override = {}  # node id -> hashes (the inspection's set_node_hash_values)
         self.write_through_threshold = 256
         self.is_write_back = False
         self.has_swa_host_pool = False
         self.write_back_duplicate_reclaim_digest = 0
         events = bool(params.enable_kv_cache_events)
-        self._lora = _LoraTable(params.kv_event_lora_names) if params.kv_event_lora_names is not None else None
         self._eng = Engine(
             page_size=self.page_size, policy=policy, policy_a=pa, policy_b=pb,
             components=sum(_BIT[c] for c in self.tree_components), swa_window=self._window,
             mamba_path_cap=path_cap, events=events, bigram=self.is_eagle,
             node_capacity=1024, pool_capacity=_pool_capacity(alloc))
+        # SGLang's own recorder holds the queue (it merges chained stores as SGLang
+        # does); the sink builds its events from the kernels' event rows
+        self.kv_events = KVCacheEventRecorder(
+            enabled=events, page_size=self.page_size,
+            dynamo_format=bool(params.dynamo_kv_event_format),
+            lora_names=(params.kv_event_lora_names if params.kv_event_lora_names is not None
+                        else KvEventLoraNames()))
         self._sink = None
         if events:
-            from ..event_sink import EventSink
+            from .events import SglangEventSink
 
-            self._sink = EventSink(self._eng, self.page_size, self.is_eagle, self._lora)
-        self.kv_events = _Events(self, events)
+            self._sink = SglangEventSink(self._eng, self.page_size, self.is_eagle, self.kv_events)
         self._insert_state = None
         self._empty_t = torch.empty((0,), dtype=torch.int64, device=self.device)
         self._reset_state()
@@ -327,6 +285,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
     def _reset_state(self):
         self._root = self._eng.root
         self._insert_state = None
+        self._hash_memo.clear()
+        self._hash_override.clear()
         self._empty_match_result = MatchResult(
             device_prefix_len=0, last_device_node=self._root, last_host_node=self._root,
             best_match_node=self._root, cache_actions=[])
@@ -357,6 +317,10 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
         return pool[off:off + n, L.FULL_DEV]
 
+    def _nk(self, s):
+        """The ``(extra_key, cache_salt)`` namespace of the node in slot ``s``."""
+        return self._eng.ns.key_of(int(self._eng.st.nodes[s, L.NS]))
+
     def _has(self, s, c, tier=L.DEVICE):
         return bool(self._eng.st.nodes[s, L.FLAGS] & L.F_HAS(c, tier))
 
@@ -369,21 +333,25 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         n -= n % self.page_size
         return units, n, (key.extra_key, key.cache_salt)
 
-    def _convert(self, rows, out, value_in, *, frees=None, actions=None, adopted=None):
+    def _convert(self, rows, out, value_in, *, frees=None, actions=None, adopted=None,
+                 session_id=None, removed_nk=None):
         """Turn a kernel's action rows into SGLang objects, in row order.
 
         Free rows go to ``frees`` (``{ComponentType: [tensor]}``, an eviction
         result's ``device_frees``) when given, else become actions; KV events
-        are queued in the sink; ``A_ADOPTED`` reports extend ``adopted``."""
+        are queued in the sink (stores attributed to ``session_id``, removals of
+        a node in namespace ``removed_nk``); ``A_ADOPTED`` reports extend
+        ``adopted``."""
         sink = self._sink
         for kind, comp, src, off, n, aux in rows.tolist():
             if kind == A.A_STORED:
                 if sink is not None:
-                    sink.stored(off, aux)
+                    sink.stored(off, aux, session_id)
                 continue
             if kind == A.A_REMOVED:
                 if sink is not None:
-                    sink.removed(off, n, aux)
+                    assert removed_nk is not None, "a removal event of an unknown namespace"
+                    sink.removed(off, n, aux, removed_nk)
                 continue
             if kind == A.A_ADOPTED:
                 if adopted is not None:
@@ -461,27 +429,152 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
     def is_root(self, node_id):
         return self._slot(node_id) == L.ROOT
 
-    # storage hashes (SGLang's storage chain): kept beside the node table
+    # ---- storage hashes (SGLang's L3 page keys: ``compute_node_hash_values``) ----
+    # A node's hashes are a function of its root path's pages and namespace, so
+    # they are computed on demand (SGLang's own hash function, memoised per node),
+    # never stored per token. Whether a node *has* them follows SGLang's core: a
+    # node created while KV events, storage or the external linker were on, or
+    # present at a backfill, is hashed; others read as unhashed (None / []).
+    @property
+    def enable_storage(self):
+        return self._storage
+
+    @enable_storage.setter
+    def enable_storage(self, value):
+        self._hashing_changed(bool(value), self.enable_external_cache_linker)
+        self._storage = bool(value)
+
+    @property
+    def enable_external_cache_linker(self):
+        return self._linker
+
+    @enable_external_cache_linker.setter
+    def enable_external_cache_linker(self, value):
+        self._hashing_changed(self.enable_storage, bool(value))
+        self._linker = bool(value)
+
+    def _hashing_changed(self, storage, linker):
+        on = storage or linker
+        if on and not (self._storage or self._linker):
+            self._hash_spans.append([int(self._eng.meta[L.M_CLOCK]), None])
+        elif not on and (self._storage or self._linker) and self._hash_spans:
+            self._hash_spans[-1][1] = int(self._eng.meta[L.M_CLOCK])
+
+    def _is_hashed(self, s):
+        if s == L.ROOT or self.kv_events.enabled:
+            return True
+        t = int(self._eng.st.nodes[s, L.CREATION])
+        if t <= self._backfilled_at:
+            return True
+        return any(a <= t and (b is None or t < b) for a, b in self._hash_spans)
+
+    def _node_key(self, s):
+        """The node's key as SGLang's ``RadixKey`` (raw token ids, a copy)."""
+        nodes, pool = self._eng.st.nodes, self._eng.st.pool
+        off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
+        units = pool[off:off + n, L.TOK]
+        if self.is_eagle:
+            raw = (units >> 32).tolist() + ([int(units[-1]) & 0xFFFFFFFF] if n else [])
+        else:
+            raw = units.tolist()
+        ek, salt = self._nk(s)
+        return RadixKey(array("q", raw), ek, is_bigram=self.is_eagle, cache_salt=salt)
+
+    def _storage_chain(self, s):
+        """SGLang's storage hashes of node ``s``'s pages (hex strings), chained
+        from its parent's last page (or the namespace seed under the root)."""
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        nodes = self._eng.st.nodes
+        if len(self._hash_memo) > 2 * int(self._eng.meta[L.M_NLIVE]) + 1024:
+            self._hash_memo.clear()  # entries of dead nodes
+        path = []
+        a = s
+        while a != L.ROOT:
+            path.append(a)
+            a = int(nodes[a, L.PARENT])
+        prior = None
+        hashes = []
+        for a in reversed(path):
+            memo = self._hash_memo.get(self._nid(a))
+            stamp = (int(nodes[a, L.KEY_LEN]), int(nodes[a, L.PARENT]), prior)
+            if memo is not None and memo[0] == stamp:
+                hashes = memo[1]
+            else:
+                hashes = get_storage_hash_str(self._node_key(a), prior, page_size=self.page_size)
+                self._hash_memo[self._nid(a)] = (stamp, hashes)
+            if hashes:
+                prior = hashes[-1]
+        return list(hashes)
+
+    def _hash_values(self, s):
+        """The node's hash list (SGLang's ``node.hash_value``), None when unhashed."""
+        nid = self._nid(s)
+        if nid in self._hash_override:
+            return self._hash_override[nid]
+        if s == L.ROOT:
+            return []
+        if not self._is_hashed(s):
+            return None
+        return self._storage_chain(s)
+
     def get_last_hash_value(self, node_id):
-        self._slot(node_id)
-        return None
+        hv = self._hash_values(self._slot(node_id))
+        return hv[-1] if hv else None
 
     def get_prefix_hash_values(self, node_id):
-        self._slot(node_id)
-        return []
+        nodes = self._eng.st.nodes
+        s = self._slot(node_id)
+        chunks = []
+        a = int(nodes[s, L.PARENT]) if s != L.ROOT else -1
+        while a >= 0:
+            hv = self._hash_values(a)
+            if hv is None:
+                break
+            chunks.append(hv)
+            a = int(nodes[a, L.PARENT]) if a != L.ROOT else -1
+        return [h for chunk in reversed(chunks) for h in chunk]
 
     def get_hash_values(self, node_id):
-        self._slot(node_id)
-        return []
+        return self._hash_values(self._slot(node_id)) or []
 
     def snapshot_buffer_backup(self, node_id, pass_prefix_keys):
-        return None
+        try:
+            s = self._slot(node_id)
+        except KeyError:
+            return None
+        if s == L.ROOT or not self._has(s, L.FULL):
+            return None
+        hv = self._hash_values(s)
+        if not hv:
+            return None
+        p = int(self._eng.st.nodes[s, L.PARENT])
+        return BufferBackupSnapshot(
+            node_id=node_id, parent_node_id=self._nid(p), parent_is_root=p == L.ROOT,
+            parent_last_hash=self.get_last_hash_value(self._nid(p)), hash_values=list(hv),
+            key=self._node_key(s),
+            prefix_keys=self.get_prefix_hash_values(node_id) if pass_prefix_keys else None)
 
     def validate_buffer_backup(self, node_id, expected_key_length):
-        return None
+        try:
+            s = self._slot(node_id)
+        except KeyError:
+            return None
+        nodes = self._eng.st.nodes
+        if (s == L.ROOT or not self._has(s, L.FULL)
+                or int(nodes[s, L.KEY_LEN]) != expected_key_length):
+            return None
+        p = int(nodes[s, L.PARENT])
+        return BufferBackupState(parent_node_id=self._nid(p), parent_is_root=p == L.ROOT,
+                                 parent_last_hash=self.get_last_hash_value(self._nid(p)))
 
     def backfill_missing_hash_values(self):
-        return 0
+        filled = sum(1 for s in self._dfs_slots() if self._hash_values(s) is None)
+        self._backfilled_at = int(self._eng.meta[L.M_CLOCK])
+        for nid, hv in list(self._hash_override.items()):
+            if hv is None:
+                del self._hash_override[nid]
+        return filled
 
     def root_node_handle(self, extra_key=None):
         return self._root
@@ -660,13 +753,13 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
     def evict_device_leaf(self, node_id, is_write_back):
         result = EvictDeviceLeafResult()
-        self._slot(node_id)
+        nk = self._nk(self._slot(node_id))
         eng = self._eng
         st, n, w, m, had_host = eng.call(_k_evict_leaf_at, node_id)
         assert st != L.E_NOT_LEAF, f"node {node_id} is not a D-leaf"
         if st == L.E_NEED_BACKUP:
             self._host_not_served("a write-back backup")
-        self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
+        self._convert(eng.actions(), eng.out, None, frees=result.device_frees, removed_nk=nk)
         for c, k in ((FULL, n), (SWA, w), (MAMBA, m)):
             if k:
                 result.tracker[c] = int(k)
@@ -904,7 +997,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
                              f"page-aligned (page_size={self.page_size})")
         actions = []
         adopted = {} if track_k else None
-        self._convert(eng.actions(), eng.out, value, actions=actions, adopted=adopted)
+        self._convert(eng.actions(), eng.out, value, actions=actions, adopted=adopted,
+                      session_id=params.session_id)
         if track and not track_k:  # only components that adopted something appear
             adopted = {FULL: [(int(plen), n)]} if n > plen else {}
         result = InsertResult(prefix_len=int(plen), last_device_node=int(target),

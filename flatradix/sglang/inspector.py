@@ -11,19 +11,19 @@ them.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
+from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
 from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import BaseEvictionResult
 from sglang.test.kits.unified_radix_cache.unified_tree_core_inspection_interface import (
     UnifiedTreeCoreInspectionInterface,
 )
 
+from ..components import PRIORITY_INTERNAL
 from ..kernels import layout as L
+from ..kernels.pick import evict_component_at as _k_evict_component_at
 from ..kernels.dups import dup_update as _dup_update
 from ..kernels.lru import lru_in_list, lru_push_front, lru_remove
 from ..kernels.order import is_device_leaf as _is_device_leaf
-from .core import _CT, FULL, MAMBA, SWA, FlatradixTreeCore, _np_values
+from .core import _CT, MAMBA, SWA, FlatradixTreeCore, _np_values
 
 _LRU = {SWA: (L.LRU_SWA, L.LRU_SWA_HOST), MAMBA: (L.LRU_MAMBA, L.LRU_MAMBA_HOST)}
 
@@ -140,8 +140,8 @@ class FlatradixTreeCoreInspector(FlatradixTreeCore, UnifiedTreeCoreInspectionInt
         return [self._root] + [self._nid(s) for s in self._dfs_slots()]
 
     def set_node_hash_values(self, node_id, hash_values):
-        raise NotImplementedError("set_node_hash_values: storage hashes are not served by the "
-                                  "flatradix TreeCore yet")
+        self._slot(node_id)
+        self._hash_override[node_id] = None if hash_values is None else list(hash_values)
 
     def set_component_device_value_raw(self, node_id, component_type, value):
         s = self._slot(node_id)
@@ -201,12 +201,41 @@ class FlatradixTreeCoreInspector(FlatradixTreeCore, UnifiedTreeCoreInspectionInt
         raise RuntimeError("no in-flight insert")
 
     def evict_component(self, node_id, component_type, target):
-        raise NotImplementedError("evict_component: not served by the flatradix TreeCore "
-                                  "inspector yet")
+        if target != EvictLayer.DEVICE or component_type not in (SWA, MAMBA):
+            raise NotImplementedError(f"evict_component({component_type.name}, {target}): "
+                                      "the flatradix TreeCore inspector serves an auxiliary "
+                                      "component's device layer")
+        self._slot(node_id)
+        result = BaseEvictionResult()
+        eng = self._eng
+        st, units = eng.call(_k_evict_component_at, node_id, int(component_type))
+        self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
+        if units:
+            result.tracker[component_type] += int(units)
+        return result
 
     def validate_cascade_evict(self, node_id, component_type, target):
-        raise NotImplementedError("validate_cascade_evict: not served by the flatradix "
-                                  "TreeCore inspector yet")
+        """SGLang's cascade check: evicting ``component_type`` from the node also
+        evicts every component of lower or equal priority (all equal on an
+        evictable leaf; ``PRIORITY_INTERNAL`` on an internal node); a lock on one
+        whose internal priority is below the trigger's is a stranded lock:
+        ``AssertionError``."""
+        s = self._slot(node_id)
+        nodes = self._eng.st.nodes
+        leaf = int(nodes[s, L.HEAP_POS]) >= 0
+        trig = int(component_type)
+        for c in self.tree_components:
+            c = int(c)
+            if c == trig or not self._has(s, c):
+                continue
+            prio = 0 if leaf else PRIORITY_INTERNAL[c]
+            if prio > (0 if leaf else PRIORITY_INTERNAL[trig]):
+                continue
+            if PRIORITY_INTERNAL[c] >= PRIORITY_INTERNAL[trig]:
+                continue  # a legitimate pin of a higher tier is spared
+            assert nodes[s, L.LOCK_COL(c)] == 0, (
+                f"cascade eviction of {component_type.name} on node {node_id} hits a locked "
+                f"{_CT[c].name}")
 
     def cleanup_tombstone_ancestors(self, node_id):
         self._slot(node_id)
