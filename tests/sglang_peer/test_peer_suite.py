@@ -20,7 +20,8 @@ import pytest
 
 from . import harness as H
 
-pytestmark = pytest.mark.skipif(not H.PASS_LIST.is_file(), reason="no recorded pass list")
+pytestmark = [pytest.mark.oracle, pytest.mark.slow,
+              pytest.mark.skipif(not H.PASS_LIST.is_file(), reason="no recorded pass list")]
 
 
 @pytest.fixture(scope="module")
