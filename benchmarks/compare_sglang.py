@@ -577,6 +577,8 @@ def tables(med, ops):
         ratios.append(("flatradix", "sglang-rust"))
     if "sglang-python" in med:
         ratios.append(("flatradix", "sglang-python"))
+    if "sglang-flatradix" in med and "sglang-rust" in med:  # the TreeCore plug-in
+        ratios.append(("sglang-flatradix", "sglang-rust"))
     hdr += "".join(f" | {a} / {b}" for a, b in ratios) + " |"
     lines.append(hdr)
     lines.append("|" + "---|" * (1 + len(engs) + len(ratios)))
@@ -594,10 +596,11 @@ def tables(med, ops):
     lines.append("End to end (allocator free included): ops/s, p50 / p99 µs; allocator free µs per op")
     lines.append("")
     hdr = "| op | " + " | ".join(engs)
-    if "sglang-rust" in med:
-        hdr += " | flatradix / sglang-rust"
+    e2e = [a for a in ("flatradix", "sglang-flatradix") if "sglang-rust" in med
+           and (a == "flatradix" or a in med)]
+    hdr += "".join(f" | {a} / sglang-rust" for a in e2e)
     lines.append(hdr + " |")
-    lines.append("|" + "---|" * (1 + len(engs) + ("sglang-rust" in med)))
+    lines.append("|" + "---|" * (1 + len(engs) + len(e2e)))
     for op in ops:
         row = [op]
         for e in engs:
@@ -605,8 +608,8 @@ def tables(med, ops):
             row.append("–" if s is None else
                        f"{fmt(s['e2e_ops_s'])} ({fmt(s['e2e_p50_us'])} / {fmt(s['e2e_p99_us'])}); "
                        f"free {fmt(s['free_us_per_op'])}")
-        if "sglang-rust" in med:
-            sa, sb = med.get("flatradix", {}).get(op), med["sglang-rust"].get(op)
+        for a in e2e:
+            sa, sb = med.get(a, {}).get(op), med["sglang-rust"].get(op)
             row.append("–" if not (sa and sb) else f"{sa['e2e_ops_s'] / sb['e2e_ops_s']:.1f}x")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -665,7 +668,8 @@ def main(argv=None):
                          "per call (default 8)")
     ap.add_argument("--engines", nargs="+", default=None,
                     help="default: flatradix, plus flatradix+sgl_alloc sglang-rust sglang-python "
-                         "when SGLang imports")
+                         "when SGLang imports; sglang-flatradix: SGLang's controller over "
+                         "flatradix's TreeCore plug-in (flatradix installed in SGLang's venv)")
     ap.add_argument("--sglang-python", default=None,
                     help="interpreter of the SGLang oracle venv: re-run this script under it")
     ap.add_argument("--json-out", default=None)

@@ -79,6 +79,7 @@ from ..kernels.lock import inc_lock_ref as _k_inc
 from ..kernels.lock import release_window as _k_release_window
 from ..kernels.match import match_prefix as _k_match
 from ..kernels.pick import evict_leaf_at as _k_evict_leaf_at
+from ..kernels.query import path_device_indices as _k_path
 from ..kernels.pick import evict_pick as _k_evict_pick
 
 FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
@@ -643,11 +644,14 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         return tuple(paths)
 
     # ==== locks ====
-    def _skip_mask(self, comps):
+    def _skip_mask(self, comps, release=False):
+        """The ``C_*`` bit set of skipped components. FULL is never skipped by a
+        lock; a release may skip it (SGLang releases a lock's Mamba part alone
+        with a receipt that skips every other component)."""
         m = 0
         for c in comps:
             c = ComponentType(c)
-            if c == FULL:
+            if c == FULL and not release:
                 raise ValueError("skip_lock_components: FULL cannot be skipped")
             m |= _BIT[c]
         return m
@@ -669,7 +673,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         core checks it (the anchor; a missing SWA entry is a ``KeyError``)."""
         assert params.node_id == node_id, (
             f"lock receipt anchored on node {params.node_id} released on node {node_id}")
-        skip = self._skip_mask(params.skipped_lock_components) | extra_skip
+        skip = self._skip_mask(params.skipped_lock_components, release=True) | extra_skip
         boundary = 0
         if self._swa_on and not skip & L.C_SWA:
             boundary = params.get_lock_uuid(SWA) or 0
@@ -712,7 +716,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
             f"lock receipt anchored on node {params.node_id} released on node {node_id}")
         if s == L.ROOT or not self._swa_on:
             return result
-        skip = self._skip_mask(params.skipped_lock_components)
+        skip = self._skip_mask(params.skipped_lock_components, release=True)
         boundary = params.get_lock_uuid(SWA) or 0
         eng = self._eng
         st, x = eng.call(_k_release_window, node_id, boundary, skip)
@@ -943,6 +947,14 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         nodes = self._eng.st.nodes
         until = self._slot(until_node_id)
         s = self._slot(from_node_id)
+        if until == L.ROOT and (s == L.ROOT or self._has(s, L.FULL)):
+            # the whole device path (the scheduler's prefix read): one kernel call
+            eng = self._eng
+            st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, from_node_id, eng.out)
+            if st == L.E_CAPACITY:
+                eng.ensure_out(int(n))
+                st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, from_node_id, eng.out)
+            return self._t(eng.out[:int(n)]) if n else self._empty_t
         parts = []
         while s != until:
             assert s != L.ROOT, "collect_full_device_indices: until is not an ancestor"
@@ -963,8 +975,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         if params.value is not None:
             value = _np_values(params.value[:n] if len(params.value) > n else params.value,
                                "params.value")
-        else:
-            value = units[:n].copy()
+        else:  # SGLang's cores store the raw token ids then (the first n of them)
+            value = np.asarray(key.raw_token_ids()[:n], dtype=np.int64).copy()
         if value.shape[0] < n:
             raise ValueError(f"params.value: {value.shape[0]} values for a key of {n} units")
         if n == 0:
@@ -977,24 +989,35 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
             if mv is None:
                 raise ValueError("params.mamba_value: a Mamba tree needs the request's state "
                                  "slot")
-            mamba_slot = int(_np_values(mv, "params.mamba_value").reshape(-1)[0])
+            slots = _np_values(mv, "params.mamba_value").reshape(-1)
+            if slots.shape[0] != 1 or slots[0] < 0:
+                raise ValueError("params.mamba_value: one state slot (>= 0) expected, got "
+                                 f"{slots.tolist()}")
+            mamba_slot = int(slots[0])
         cursor = params.get_evicted_seqlen(SWA) if self._swa_on else 0
         track = bool(params.track_adopted_ranges)
         # the kernel reports adopted ranges where they can be other than the new leaf
         # (SWA recoveries); a Full-only tree adopts exactly the new leaf's units
         track_k = track and self._swa_on
         eng = self._eng
-        ns = eng.ns.intern(nk)
+        ns = eng.ns.get(nk)
+        new_ns = ns is None
+        if new_ns:
+            ns = eng.ns.intern(nk)
         st, plen, target, exist = eng.call(
             _k_insert, units, value, n, ns, min(int(params.inserted_len), n), int(priority),
             L.VALUES_NONNEG, min(int(params.prev_prefix_len), n), int(cursor),
             _TRACK if track_k else 0, mamba_slot, 0)
-        if st == L.E_BAD_VALUE:
-            raise ValueError(f"params.value: KV index {int(value[plen])} at {int(plen)} is "
-                             "negative")
-        if st == L.E_BAD_CURSOR:
+        if st in (L.E_BAD_VALUE, L.E_BAD_CURSOR):  # refused before any change
+            if new_ns:
+                eng.ns.forget(nk)
+            if st == L.E_BAD_VALUE:
+                raise ValueError(f"params.value: KV index {int(value[plen])} at {int(plen)} "
+                                 "is negative")
             raise ValueError(f"params.component_evicted_seqlens[SWA]={cursor} is not "
                              f"page-aligned (page_size={self.page_size})")
+        if new_ns and len(eng.ns.ids) > eng.ns.gc_at:  # per-request salts: bounded
+            eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
         actions = []
         adopted = {} if track_k else None
         self._convert(eng.actions(), eng.out, value, actions=actions, adopted=adopted,

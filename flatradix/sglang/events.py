@@ -50,6 +50,9 @@ class SglangEventSink(EventSink):
         # SGLang's event chain is seeded by the cache salt alone
         return super()._seed((None, nk[1]))
 
+    def forget(self, nk):
+        super().forget((None, nk[1]))
+
     def _namespace_seed(self, nk):
         """SGLang's seed for publishing a namespace's hashes (None: as computed)."""
         extra_key, salt = nk

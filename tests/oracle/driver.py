@@ -338,7 +338,7 @@ class Executor:
         self.f, self.s = self._both(
             "construct",
             lambda: (FlatEngine(cfg, nrows, ctx) if first == "flatradix"
-                     else SglEngine(cfg, nrows, ctx, first)),
+                     else SglEngine(cfg, nrows, ctx, first.replace("sglang-", ""))),
             lambda: SglEngine(cfg, nrows, ctx, backend))
         self.ids = NodeIdMap()
         self.ids.bind("root", self.f.root(), self.s.root())
@@ -1375,10 +1375,13 @@ def main(argv=None):
     ap.add_argument("--replay", help="a reproducer JSON written by a failing run")
     ap.add_argument("--self-test", action="store_true",
                     help="also check that every deliberately wrong flatradix (MUTANTS) is caught")
-    ap.add_argument("--first", default="flatradix", choices=("flatradix", "python", "rust"),
+    ap.add_argument("--first", default="flatradix",
+                    choices=("flatradix", "python", "rust", "sglang-flatradix"),
                     help="the engine compared with --backend's: flatradix, or one of SGLang's "
                          "own cores (SGLang against itself: checks the harness's op protocol "
-                         "and the two cores' agreement without flatradix)")
+                         "and the two cores' agreement without flatradix), or "
+                         "sglang-flatradix: SGLang's controller over flatradix's TreeCore "
+                         "plug-in (needs flatradix installed in the venv)")
     args = ap.parse_args(argv)
 
     if args.replay:

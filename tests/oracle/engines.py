@@ -31,7 +31,10 @@ page 1 without the extra buffer (``cfg["requests"]``); flatradix refuses it with
 the extra buffer or with SWA.
 
 ``SglEngine(..., backend)`` can also stand where flatradix stands (the driver's
-``--first python|rust``): SGLang's two cores against each other, no flatradix.
+``--first python|rust``): SGLang's two cores against each other, no flatradix;
+``--first sglang-flatradix``: SGLang's controller over flatradix's TreeCore
+plug-in (``flatradix/sglang``, loaded through SGLang's plug-in entry point)
+against SGLang's controller over its Python or Rust core.
 
 Only the oracle venv (``../shared/tools/setup_sglang_oracle.sh``) can import
 this module's SGLang half; the flatradix half imports anywhere.
@@ -940,14 +943,19 @@ class SglEngine(_SameCalls):
         else:
             self.rtp = S["ReqToTokenPool"](size=max_reqs, max_context_len=max_ctx, device="cpu",
                                            enable_memory_saver=False)
+        if backend == "flatradix":  # flatradix's TreeCore plug-in under SGLang's controller
+            from sglang.srt.plugins import load_plugins
+
+            load_plugins()
         self.cache = S["UnifiedRadixCache"](S["CacheInitParams"](
             disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
             page_size=self.P, eviction_policy=cfg["policy"],
             eviction_policy_config=cfg.get("policy_config"), is_eagle=cfg.get("eagle", False),
             enable_kv_cache_events=cfg.get("events", True), tree_core_backend=backend, **kw))
         core = type(self.cache.tree_core).__name__
-        want = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[backend]
-        if core != want:  # a missing Rust core falls back to Python silently
+        want = {"python": ("UnifiedTreeCore",), "rust": ("RustUnifiedTreeCore",),
+                "flatradix": ("FlatradixTreeCore", "FlatradixTreeCoreInspector")}[backend]
+        if core not in want:  # a missing Rust core falls back to Python silently
             raise RuntimeError(f"SGLang built a {core}, not the {backend} tree core")
         self.core = core
         self.reqs = {}
