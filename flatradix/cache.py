@@ -621,9 +621,12 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         (tree unchanged). A list key that is ``params.req``'s own
         ``origin_input_ids`` / ``fill_ids`` (as SGLang's scheduler passes them)
         is converted through the request's memo: once per request, not per call.
-        Mamba with ``cow_mamba`` (spec §6.3): when the best node owns a state and
-        the request holds none, one slot is allocated for it (one state evicted
-        first when the pool is empty, the best node locked meanwhile);
+        Mamba with ``cow_mamba`` (spec §6.3): when the best match node
+        (``best_match_node``, which may lie past the device match on the host
+        tier) owns a *device* state and the request holds no slot, one slot is
+        allocated for it (one state evicted first when the pool is empty, the
+        best match node locked meanwhile); nothing at all when that node's state
+        is not on the device (SGLang's ``finalize_match_result_in_cache``);
         ``RuntimeError("Can not alloc mamba cache ...")`` when nothing is
         evictable -- raised after the match itself (its split and LRU refresh)
         happened, as SGLang's assertion; the request then still holds no slot.
@@ -663,8 +666,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         mbranch = None
         if self._mamba:
             mbranch = self._mamba_branch(full_hit, plen + host_hit)
-            if cow:
-                self._cow_mamba(params.req, best)
+            if cow:  # the best match node's device state (SGLang's finaliser), not `best`'s
+                self._cow_mamba(params.req, hbest)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (~0.4 µs)
         return _tuple_new(MatchResult, (idx, best, hbest, hbest, host_hit, plen, full_hit, vis,
                                         shost, branch, mhost, mbranch, None, None))
@@ -695,11 +698,12 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         return True
 
     def _cow_mamba(self, req, best):
-        """Copy-on-write of the best node's state (SGLang's Mamba cache finaliser):
-        the request gets a private slot (allocated when it holds none; when the
-        pool is empty one state is evicted with the best node locked meanwhile)
-        and ``req.kv.mamba_cow_src_index`` names the node's slot (the copy itself
-        is the caller's, on its stream). Nothing when the node has no state."""
+        """Copy-on-write of the best match node ``best``'s device state (SGLang's
+        Mamba cache finaliser): the request gets a private slot (allocated when it
+        holds none; when the pool is empty one state is evicted with ``best``
+        locked meanwhile) and ``req.kv.mamba_cow_src_index`` names the node's
+        slot (the copy itself is the caller's, on its stream). Nothing when the
+        node has no device state (none, or on the host only)."""
         with self._mutex:
             nodes = self._engine.st.nodes
             s = int(_k_resolve(nodes, self._engine.meta, best))

@@ -711,3 +711,48 @@ def test_a_refill_with_a_bad_staged_state_is_refused_before_any_change():
         c.insert_host(root, RadixKey([1, 2, 3, 4]), h, swa_host_value=np.array([0]))
     _same_state(before, c._snapshot())
     assert c.mamba_pool_host.available_size() == 4
+
+
+class _CowKv:
+    """SGLang's ``Req.kv`` fields a ``cow_mamba`` match reads and writes."""
+
+    def __init__(self, idx=None):
+        self.mamba_pool_idx = idx
+        self.mamba_cow_src_index = None
+        self.mamba_needs_clear = True
+
+
+def test_copy_on_write_past_the_device_match_copies_nothing():
+    """Issue 33: the match continues past the last device node onto a host-only node.
+    SGLang copies only the best match node's *device* state; that node's state is on
+    the host only, so nothing happens: no source named, no slot taken (the old code
+    copied the last device node's state into a fresh slot)."""
+    env = Env(states=4)
+    _, s_deep = env.ins(range(1, 9))
+    _, s_top = env.ins(range(1, 5))       # split: [1..4] (takes this state) + [5..8]
+    env.cache.check_hicache_events()      # both backed up (write-through) and acked
+    env.cache.flush_pending_backups()
+    env.cache.writing_check()
+    # demote the leaf [5..8] (Full KV and state to the host only)
+    r = env.cache.evict(EvictParams(num_tokens=4))
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (4, 1)
+    assert env.cache.all_mamba_values_flatten().tolist() == [s_top]
+    free_before = env.ma.available_size()
+    req = SimpleNamespace(kv=_CowKv())
+    m = env.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(1, 9))),
+                                                 cow_mamba=True, req=req))
+    # the device match ends at [1..4] (its state on the device); the best node is [5..8]
+    assert (m.device_prefix_len, m.host_hit_length, m.mamba_host_hit_length) == (4, 4, 1)
+    assert m.best_match_node != m.last_device_node
+    assert req.kv.mamba_pool_idx is None and req.kv.mamba_cow_src_index is None
+    assert req.kv.mamba_needs_clear is True
+    assert env.ma.available_size() == free_before
+    # a match ending on [1..4] itself still copies its device state
+    req2 = SimpleNamespace(kv=_CowKv())
+    m2 = env.cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(1, 5))),
+                                                  cow_mamba=True, req=req2))
+    assert m2.best_match_node == m2.last_device_node
+    assert int(req2.kv.mamba_cow_src_index[0]) == s_top
+    assert req2.kv.mamba_pool_idx is not None and req2.kv.mamba_needs_clear is False
+    env.caller.append(int(req2.kv.mamba_pool_idx))
+    env.partition()

@@ -87,7 +87,10 @@ frees host states (``ComponentType.MAMBA``) or Full host tokens; a load sets the
 request's ``mamba_host_hit_length`` from its match and sometimes lets the request
 hold a state slot already; ``load_back`` also runs on a Mamba-only host hit; a
 storage refill mostly stages the state at its end (committed as SGLang's prefetch
-commit: the refill's node takes it unless it has a host state, ``mamba_exist``).
+commit: the refill's node takes it unless it has a host state, ``mamba_exist``);
+``cow`` matches with ``cow_mamba=True`` and a request (holding a slot or not), as
+the scheduler does on a hybrid SSM model: the source is the best match node's
+device state, none when the match ended past the device on a host-only state.
 Compared as well: two more slot bijections (device states, host states; frees in
 order and as multisets), the state transfers of each submitted backup / load as
 (host state, device state) pairs, ``mamba_exist``, the state the request holds
@@ -342,6 +345,9 @@ MUTANTS = {
     "prefetch-swa-short-window-kept": ("p4-swa8-wt-lru", dict(prefetch_window_one=True)),
     # storage prefetch: the staged Mamba state is freed instead of given to the node
     "prefetch-state-dropped": ("p1-mamba-wt-lru", dict(prefetch_state_dropped=True)),
+    # Mamba: a cow_mamba match copies the last device node's state, not the best match
+    # node's device state (issue 33)
+    "mamba-cow-from-device-node": ("p1-mamba-wt-lru", dict(cow_from_device_node=True)),
 }
 
 SELFTEST_OPS = 2000
@@ -353,6 +359,7 @@ QUOTAS = (None, None, None, 1, 2, 4, 8)  # mem_quota in pages (None: no quota)
 WEIGHTS = dict(insert=7, match=3, lock=1, unlock=1, evict=3, evict_host=1, flush=2, wcheck=2,
                step=1, load=4, load_back=1, ready=2, lcheck=2, hlock=1, hunlock=1, wdrain=1,
                insert_host=2)
+MAMBA_WEIGHTS = dict(cow=2)  # the Mamba configurations' own ops (the others' streams unchanged)
 
 
 # --------------------------------------------------------------------------- the two sides
@@ -483,6 +490,16 @@ class FlatSide:
             c.match_prefix = lambda params: match0(params)._replace(mamba_host_hit_length=0)
         if mut.get("no_request_state"):
             c._holds_state = staticmethod(lambda kv: True)
+        if mut.get("cow_from_device_node"):
+            match_c = c.match_prefix
+
+            def cow_from_device_node(params):  # the copy-on-write of issue 33's old code
+                if not getattr(params, "cow_mamba", False):
+                    return match_c(params)
+                m = match_c(flatradix.MatchPrefixParams(key=params.key))
+                c._cow_mamba(params.req, m.last_device_node)
+                return m
+            c.match_prefix = cow_from_device_node
         if mut.get("swa_host_hit_zero"):
             match_s = c.match_prefix
             c.match_prefix = lambda params: match_s(params)._replace(swa_host_hit_length=0)
@@ -614,6 +631,12 @@ class FlatSide:
     def match(self, toks):
         return self.cache.match_prefix(self.fr.MatchPrefixParams(
             key=self.fr.RadixKey(np.asarray(toks, dtype=np.int64))))
+
+    def match_cow(self, toks, state=None):
+        from .hicache_peer import cow_match
+
+        return cow_match(self.fr.MatchPrefixParams, self.fr.RadixKey(
+            np.asarray(toks, dtype=np.int64)), self.cache.match_prefix, state)
 
     def path_device_indices(self, node, n):
         return np.asarray(self.cache.path_device_indices(node))[:n].tolist() if n else []
@@ -834,6 +857,9 @@ class SglSide:
 
     def match(self, toks):
         return self.h.match(toks)
+
+    def match_cow(self, toks, state=None):
+        return self.h.match_cow(toks, state)
 
     def path_device_indices(self, node, n):
         return self.h.path_device_indices(node, n)
@@ -1286,6 +1312,11 @@ class Executor:
     # ----------------------------------------------------------- ops
     def _match(self, what, toks):
         ma, mb = self._both(what, lambda: self.a.match(toks), lambda: self.b.match(toks))
+        return self._match_compare(what, toks, ma, mb)
+
+    def _match_compare(self, what, toks, ma, mb):
+        """Compare two sides' ``MatchResult`` of ``toks`` (fields, device indices,
+        nodes, ``is_backuped``)."""
         compare(f"{what}.fields(device_prefix_len,host_hit_length,full_kv_hit_length,...)",
                 _match_fields(ma), _match_fields(mb))
         n = ma.device_prefix_len
@@ -1327,6 +1358,44 @@ class Executor:
 
     def op_match(self, toks):
         self._match("match", toks)
+
+    def op_cow(self, toks, held):
+        """``match_prefix(MatchPrefixParams(key, cow_mamba=True, req=req))`` as SGLang's
+        scheduler calls it on a hybrid SSM model: the best match node's *device* state
+        is named as the copy's source and the request gets a slot when it holds none
+        (one state evicted first when the pool is empty, the best node locked
+        meanwhile); nothing when that node's state is not on the device (it may lie
+        past the device match, on the host only). ``held``: the request holds a state
+        slot already. Compared: the match, the request's slot, the source slot (both
+        through the state bijection), ``mamba_needs_clear``; a failed allocation
+        (SGLang asserts, flatradix raises RuntimeError) on both sides alike, then the
+        match is compared by a second, plain one."""
+        sa = sb = None
+        if held:
+            sa, sb = self._state("cow.req_state")
+            self._drain("cow.req_state")
+        (ma, ka), (mb, kb) = self._both("cow", lambda: self.a.match_cow(toks, sa),
+                                        lambda: self.b.match_cow(toks, sb))
+        self._drain("cow")
+        compare("cow.alloc_failed", ma is None, mb is None)
+        if ma is None:
+            self.stats["cow_alloc_failed"] += 1
+            if sa is not None:
+                self._free_state("cow.req_state_free", sa, sb)
+            self._match("cow.rematch", toks)
+            return
+        self._match_compare("cow", toks, ma, mb)
+        (dst_a, src_a, clear_a), (dst_b, src_b, clear_b) = ka, kb
+        if (src_a is None) != (src_b is None):
+            raise Divergence("cow.mamba_cow_src_index", f"first={src_a} second={src_b}")
+        if src_a is not None:
+            compare("cow.mamba_cow_src_index", src_a, self.mdev.to_a("cow", [src_b])[0])
+            self.stats["cow_copies"] += 1
+            self.stats["cow_slot_taken"] += sa is None
+        elif ma.best_match_node != ma.last_device_node:
+            self.stats["cow_past_device_match"] += 1
+        compare("cow.mamba_needs_clear", clear_a, clear_b)
+        self._req_state_done("cow", dst_a, dst_b)
 
     def _anchor_depth(self, m):
         """The tokens up to a match's ``last_host_node``: ``device_prefix_len +
@@ -1858,8 +1927,9 @@ class Generator:
                       for _ in range(rng.choice((2, 3, 4)))]
         self.swa = cfg.get("swa_window") is not None
         self.mamba = bool(cfg.get("mamba"))
-        self.kinds = list(WEIGHTS)
-        self.weights = [WEIGHTS[k] for k in self.kinds]
+        weights = dict(WEIGHTS, **(MAMBA_WEIGHTS if self.mamba else {}))
+        self.kinds = list(weights)
+        self.weights = [weights[k] for k in self.kinds]
 
     def key(self, tail=False):
         r, P = self.rng, self.P
@@ -1881,6 +1951,8 @@ class Generator:
             return ("insert", self.key(), r.random() < 0.5, r.randrange(3))
         if kind == "match":
             return ("match", self.key(tail=True))
+        if kind == "cow":
+            return ("cow", self.key(tail=True), r.random() < 0.25)
         if kind == "insert_host":
             op = ("insert_host", self.key(), r.randint(1, 4), r.choice((0, 0, 1, 2, 4)))
             if self.swa or self.mamba:  # the components' staging (hybrid only: the Full

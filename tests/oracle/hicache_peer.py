@@ -90,6 +90,30 @@ def _slot(x):
     return None if x is None else int(x)
 
 
+def _slot1(x):
+    """A one-element slot (tensor, array or int) as an int; None stays None."""
+    if x is None:
+        return None
+    return int(x.reshape(-1)[0]) if hasattr(x, "reshape") else int(x)
+
+
+def cow_match(params_cls, key, match_prefix, state=None):
+    """``match_prefix(params_cls(key, cow_mamba=True, req=req))`` for a request that
+    holds Mamba slot ``state`` (None: none); ``(MatchResult, (the request's slot,
+    mamba_cow_src_index, mamba_needs_clear))``, or ``(None, the same)`` when the
+    slot allocation failed (SGLang's assertion, flatradix's RuntimeError: the match
+    itself ran)."""
+    req = SimpleNamespace(kv=_ReqKV(state), session=None)  # not a streaming session's
+    try:
+        m = match_prefix(params_cls(key=key, cow_mamba=True, req=req))
+    except (AssertionError, RuntimeError) as e:
+        if "alloc mamba cache" not in str(e):
+            raise
+        m = None
+    kv = req.kv
+    return m, (_slot1(kv.mamba_pool_idx), _slot1(kv.mamba_cow_src_index), kv.mamba_needs_clear)
+
+
 def sgl():
     """Import SGLang once, publish server args, install the pinning double."""
     global _S
@@ -499,6 +523,12 @@ class SglHiCache:
 
     def match(self, tokens):
         return self.cache.match_prefix(self.S.MatchPrefixParams(key=self.key(tokens)))
+
+    def match_cow(self, tokens, state=None):
+        """``cow_match`` on this cache (``state``: the request's Mamba slot or None)."""
+        idx = None if state is None else self.torch.tensor(state, dtype=self.torch.int64)
+        return cow_match(self.S.MatchPrefixParams, self.key(tokens), self.cache.match_prefix,
+                         idx)
 
     def path_device_indices(self, node, n):
         return self.cache.path_device_indices(node)[:n].tolist() if n else []

@@ -47,7 +47,8 @@ MUTANTS = ("wt-threshold-off-by-one", "load-back-threshold-ignored", "backup-no-
            "insert-host-as-write-back", "mamba-no-state-backup", "mamba-host-hit-zero",
            "mamba-no-request-state", "swa-host-hit-zero", "swa-backup-no-window",
            "swa-load-no-window", "swa-window-larger", "swa-host-evict-no-state-cascade",
-           "prefetch-swa-short-window-kept", "prefetch-state-dropped")
+           "prefetch-swa-short-window-kept", "prefetch-state-dropped",
+           "mamba-cow-from-device-node")
 
 
 @pytest.fixture(scope="module")
