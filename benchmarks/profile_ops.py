@@ -5,14 +5,14 @@ A developer tool for the engine owner, not a benchmark of record. It runs the
 peer comparison's workload (SGLang benchmark shape, own allocator, page 1) and
 splits each operation's wall time into
 
-* kernel:    time inside the ``_k_*`` kernel calls made by ``flatradix.cache``
+* kernel:    time inside the kernel calls made through the engine (``Engine.k``)
              (Numba dispatch + unboxing of the array arguments + compiled code);
   dispatch:  the part of it a trivial call costs (same arrays, empty key / stale id);
 * allocator: time inside ``TokenToKVPoolAllocator.free``;
 * façade:    the rest (validation, casting, locking, result objects, copies).
 
-The kernels are wrapped in place (``flatradix.cache._k_*``); the wrapper's own
-cost is measured and subtracted. Then ``cProfile`` lists the façade functions
+The engine's kernel callers are wrapped (each cache built while a ``KernelClock``
+is on gets timed ones); the wrapper's own cost is measured and subtracted. Then ``cProfile`` lists the façade functions
 with the most own time for match_prefix and insert.
 
     python benchmarks/profile_ops.py [--num-seqs 5000] [--no-cprofile]
@@ -48,21 +48,22 @@ else:
     from . import engines as E
     from . import workloads as W
 
-from flatradix import cache as cache_mod  # noqa: E402
+from flatradix import engine as engine_mod  # noqa: E402
 
 
 class KernelClock:
-    """Wraps every ``_k_*`` name in ``flatradix.cache`` with a timer."""
+    """Times every kernel call of the caches built while it is on (it wraps the
+    callers ``Engine.k`` is made of: ``engine._caller``)."""
 
     def __init__(self):
         self.seconds = 0.0
         self.calls = 0
-        self.orig = {}
-        for name in dir(cache_mod):
-            if name.startswith("_k_"):
-                f = getattr(cache_mod, name)
-                self.orig[name] = f
-                setattr(cache_mod, name, self._wrap(f))
+        self.orig = engine_mod._caller
+
+        def timed_caller(eng, k, spec, _orig=self.orig):
+            return self._wrap(_orig(eng, k, spec))
+
+        engine_mod._caller = timed_caller
 
     def _wrap(self, f):
         def timed(*a):
@@ -74,8 +75,7 @@ class KernelClock:
         return timed
 
     def restore(self):
-        for k, f in self.orig.items():
-            setattr(cache_mod, k, f)
+        engine_mod._caller = self.orig
 
 
 def wrapper_overhead():
@@ -120,23 +120,23 @@ def breakdown(name, fn, items, kc, fclock, wrap_cost):
 
 def dispatch_floor(cache):
     """µs of a kernel call that does no work (empty key / stale id): the fixed cost."""
-    K = cache_mod
+    k = cache._engine.k
     units = np.empty(0, np.int64)
     out = {}
     reps = 20000
     t0 = perf_counter()
     for _ in range(reps):
-        K._k_match(*cache._engine.st, units, 0, 0, cache._engine.out)
+        k.match_prefix(units, 0, 0, cache._engine.out)
     out["match"] = (perf_counter() - t0) / reps * 1e6
     stale = (1 << 40) | 1
     t0 = perf_counter()
     for _ in range(reps):
-        K._k_inc(cache._engine.st.nodes, cache._engine.st.heap, cache._engine.meta, stale, 0)
+        k.inc_lock_ref(stale, 0)
     out["inc_lock_ref"] = (perf_counter() - t0) / reps * 1e6
     # the same no-op match, unwrapped and with its arguments packed once, through
     # Numba's dispatcher and through the compiled overload's entry point (which
     # skips the dispatcher's type resolution): what the dispatcher adds
-    from flatradix.kernels.match import match_prefix as dispatcher  # (K's may be wrapped)
+    from flatradix.kernels.match import match_prefix as dispatcher  # (k's may be wrapped)
 
     args = (*cache._engine.st, units, 0, 0, cache._engine.out)
     dispatcher(*args)

@@ -16,28 +16,11 @@ import numpy as np
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 from . import inspection
 from ._cast import _NID_END, _NID_MIN, as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
-from .engine import Engine, node_id
+from .engine import Engine
 from .errors import CacheInvariantError, LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
 from .executor import execute
 from .kernels import layout as L
-from .kernels.check import sanity_check as _k_check
-from .kernels.evict import evict as _k_evict
-from .kernels.evict import evict_end as _k_evict_end
-from .kernels.evict import evict_next as _k_evict_next
-from .kernels.evict import evict_start as _k_evict_start
-from .kernels.insert import insert as _k_insert
-from .kernels.lock import check_dec as _k_check_dec
-from .kernels.lock import dec_lock_ref as _k_dec
-from .kernels.lock import dec_lock_ref_batch as _k_dec_batch
-from .kernels.lock import inc_lock_ref_batch as _k_inc_batch
-from .kernels.lock import inc_lock_ref as _k_inc
-from .kernels.lock import release_window as _k_release_window
-from .kernels.match import match_prefix as _k_match
-from .kernels.match import match_prefix_batch as _k_match_batch
-from .kernels.host import swa_host_hit as _k_swa_host_hit
-from .kernels.query import path_device_indices as _k_path
-from .kernels.query import resolve_slot as _k_resolve
 from .hicache import HiCacheMixin
 from .requests import RequestCachingMixin
 from .values import ValueBridge, is_swa_allocator
@@ -535,10 +518,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 ns = eng.ns.intern(nk)
             if want_path:
                 eng.ensure_out(2 * n)
-            st, plen, target, exist = eng.call(_k_insert, units, value, n, ns, inserted_len,
-                                               priority, limit, prev, cursor,
-                                               _TRACK if track else 0, mamba_slot,
-                                               n if want_path else 0)
+            st, plen, target, exist = eng.k.insert(units, value, n, ns, inserted_len, priority,
+                                                   limit, prev, cursor, _TRACK if track else 0,
+                                                   mamba_slot, n if want_path else 0)
             if st == L.E_BAD_VALUE:
                 if new_ns:
                     eng.ns.forget(nk)
@@ -570,13 +552,13 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         nid = as_node_id(node, name)
         if self.disable:
             return nid
-        nodes = self._engine.st.nodes
-        s = int(_k_resolve(nodes, self._engine.meta, nid))
+        eng = self._engine
+        s = inspection.slot(eng, nid)
         if s < 0:
             raise self._stale(nid, name)
-        if s != L.ROOT and nodes[s, L.FULL_LOCK] - nodes[s, L.CHILD_LOCK] < 1:
+        if s != L.ROOT and inspection.anchored_locks(eng, s) < 1:
             raise LockRefError(f"{name}={nid} holds no lock to release (lock_ref="
-                               f"{int(nodes[s, L.FULL_LOCK])}, all of it held by locks on "
+                               f"{inspection.lock_ref(eng, s)}, all of it held by locks on "
                                "its descendants)")
         return nid
 
@@ -591,8 +573,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         skip, boundary = self._receipt(nid, receipt, f"{name}.receipt")
         if swa_released:
             skip |= self._early_mask
-        st_ = self._engine.st  # (callers hold the cache lock: _check_last_node)
-        st, slot = _k_check_dec(st_.nodes, st_.meta, nid, skip, boundary)
+        # (callers hold the cache lock: _check_last_node)
+        st, slot = self._engine.k.check_dec(nid, skip, boundary)
         if st == L.E_LOCK_UNDERFLOW:
             self._raise_underflow(int(slot), nid)
         return nid
@@ -649,11 +631,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         # writes the matched indices straight into it (no scratch + copy).
         idx = np.empty(n, dtype=np.int64)
         with self._mutex:
-            r = _k_match(*eng.st, units, n, ns, idx)
-            if r[0] == L.E_CAPACITY:   # a split needs a node slot: grow, then again
-                r = eng.call_tree(_k_match, units, n, ns, idx)
-            st, plen, best, visited, full_hit, host_hit, hbest = r
-            shost = 0 if self._host_swa is None else _k_swa_host_hit(*eng.st, hbest)
+            st, plen, best, visited, full_hit, host_hit, hbest = eng.k.match_prefix(units, n, ns,
+                                                                                    idx)
+            shost = 0 if self._host_swa is None else eng.k.swa_host_hit(hbest)
             mhost = self._mamba_host_hit(hbest) if self._host_mamba is not None else 0
         if plen < n:
             idx = idx[:plen]
@@ -705,11 +685,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         slot (the copy itself is the caller's, on its stream). Nothing when the
         node has no device state (none, or on the host only)."""
         with self._mutex:
-            nodes = self._engine.st.nodes
-            s = int(_k_resolve(nodes, self._engine.meta, best))
-            if s < 0 or not nodes[s, L.FLAGS] & L.F_HAS(L.MAMBA):
+            eng = self._engine
+            s = inspection.slot(eng, best)
+            src = -1 if s < 0 else inspection.device_state(eng, s)
+            if src < 0:
                 return
-            src = int(nodes[s, L.MAMBA_SLOT])
             kv = req.kv
             if not self._holds_state(kv):
                 alloc = self._vals.mamba
@@ -926,8 +906,8 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                 done, swa_done, m_done, parts = self._evict_write_back(num, mamba_num, swa_num)
                 phase = -1
             while phase >= 0:
-                st, f, w, m, phase = _k_evict(*eng.st, num - done, swa_num - swa_done,
-                                              mamba_num - m_done, phase, eng.out, eng.acts)
+                st, f, w, m, phase = eng.k.evict(num - done, swa_num - swa_done,
+                                                 mamba_num - m_done, phase)
                 done += f
                 swa_done += w
                 m_done += m
@@ -952,8 +932,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         c = self._check_component(component)
         num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
         with self._mutex:
-            st_ = self._engine.st
-            if _k_evict_start(st_.nodes, st_.heap, st_.meta, c, num) != L.OK:
+            if self._engine.k.evict_start(c, num) != L.OK:
                 raise RuntimeError("device eviction already in progress")
 
     def evict_device_next_node(self, component=ComponentType.FULL):
@@ -974,7 +953,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         c = self._check_component(component)
         eng = self._engine
         with self._mutex:
-            st, nid, f, w, m = eng.call(_k_evict_next, c)
+            st, nid, f, w, m = eng.k.evict_next(c)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
             if st == L.E_NEED_BACKUP:  # write-back: back the victim up, then demote / drop it
@@ -1032,7 +1011,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """Close the open round of ``component`` (idempotent); returns the units it evicted."""
         c = self._check_component(component)
         with self._mutex:
-            return int(_k_evict_end(self._engine.meta, c))
+            return int(self._engine.k.evict_end(c))
 
     def evict_for_alloc(self, params):
         """Evict until the allocator can serve an allocation.
@@ -1101,8 +1080,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         skip_mask = ((L.C_SWA if ComponentType.SWA in skip else 0)
                      | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
         with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st_ = self._engine.st
-            st, delta, boundary = _k_inc(st_.nodes, st_.heap, st_.meta, nid, skip_mask)
+            st, delta, boundary = self._engine.k.inc_lock_ref(nid, skip_mask)
         if st == L.E_STALE:
             raise self._stale(nid)
         if self._swa and not skip_mask & L.C_SWA:
@@ -1201,8 +1179,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """One ``dec_lock_ref`` kernel call on a checked release; its refusal raised
         (``_dec_error``), nothing changed then."""
         with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st_ = self._engine.st
-            st, x = _k_dec(st_.nodes, st_.heap, st_.meta, nid, skip_mask, boundary)
+            st, x = self._engine.k.dec_lock_ref(nid, skip_mask, boundary)
             if st != L.OK:
                 self._dec_error(st, x, nid)
 
@@ -1212,7 +1189,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         if st == L.E_NOT_ANCHORED:
             slot = int(x)
             raise LockRefError(f"no lock is anchored at node {nid}: its lock_ref="
-                               f"{int(self._engine.st.nodes[slot, L.FULL_LOCK])} is held by "
+                               f"{inspection.lock_ref(self._engine, slot)} is held by "
                                "locks on its descendants (release the node that was locked)")
         if st == L.E_LOCK_UNDERFLOW:
             self._raise_underflow(int(x), nid)
@@ -1220,19 +1197,19 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         raise self._stale(nid)
 
     def _raise_underflow(self, slot, nid, what="segment release", name=None, comp=None):
-        nodes = self._engine.st.nodes
+        eng = self._engine
         if comp is not None:  # the kernel says which check failed (a batch's dry run)
             comp, what = {L.FULL: ("FULL", what), L.SWA: ("SWA", what),
                           L.MAMBA: ("Mamba", "release")}[comp]
-        elif nodes[slot, L.FULL_LOCK] <= 0:
+        elif inspection.lock_ref(eng, slot) <= 0:
             comp = "FULL"
-        elif self._mamba and nodes[slot, L.LOCK_COL(L.MAMBA)] <= 0:
+        elif self._mamba and inspection.lock_ref(eng, slot, L.MAMBA) <= 0:
             comp = "Mamba"
             what = "release"
         else:
             comp = "SWA"
         where = f"{name}: " if name else ""
-        raise LockRefError(f"{where}{comp} {what} hit lock_ref=0 on node {node_id(nodes, slot)} "
+        raise LockRefError(f"{where}{comp} {what} hit lock_ref=0 on node {inspection.nid(eng, slot)} "
                            f"(releasing node {nid}: unlock without lock, twice, or without "
                            "skip_swa after release_swa)")
 
@@ -1245,8 +1222,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             # Full-only: the receipt holds nothing but the node (what inc_lock_ref's
             # to_dec_params() would give), so skip building the IncLockRefResult
             with self._mutex:  # the arrays are read under the lock: a growth replaces them
-                st_ = self._engine.st
-                st, _, _ = _k_inc(st_.nodes, st_.heap, st_.meta, nid, 0)
+                st, _, _ = self._engine.k.inc_lock_ref(nid, 0)
             if st == L.E_STALE:
                 raise self._stale(nid)
             return TreeLock(nid, DecLockRefParams(nid, (), {}, {}))
@@ -1291,7 +1267,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             skip, boundary = self._receipt(nid, lock.receipt, "lock.receipt")
             eng = self._engine
             with self._mutex:
-                st, x = eng.call(_k_release_window, nid, boundary, skip)
+                st, x = eng.k.release_window(nid, boundary, skip)
                 if st == L.E_STALE:
                     raise self._stale(nid, "lock.node")
                 if st == L.E_LOCK_UNDERFLOW:
@@ -1369,7 +1345,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             buf = eng.batch_buffers(total)
             keys, out = buf[0, :total], buf[1, :total]
             np.concatenate(parts, out=keys)
-            _, packed = eng.call_tree(_k_match_batch, keys, offs, lens, nss, out, res)
+            _, packed = eng.k.match_prefix_batch(keys, offs, lens, nss, out, res)
             idx = out[:packed].copy()  # the packed matched indices (the scratch is reused)
         pos = np.zeros(k + 1, dtype=np.int64)
         np.cumsum(res[:, 0], out=pos[1:])
@@ -1380,10 +1356,10 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         shosts = mhosts = None
         if self._host_swa is not None or mamba_host:  # host hits, all under one lock
             with self._mutex:
-                st = eng.st
                 hb = res[:, 5].tolist()
                 if self._host_swa is not None:
-                    shosts = [_k_swa_host_hit(*st, h) for h in hb]
+                    hit = eng.k.swa_host_hit
+                    shosts = [hit(h) for h in hb]
                 if mamba_host:
                     mhosts = [self._mamba_host_hit(h) for h in hb]
         results = []
@@ -1421,8 +1397,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                      | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
         out = np.empty((nids.shape[0], 2), dtype=np.int64)
         with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st_ = self._engine.st
-            st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, skip_mask, out)
+            st, bad = self._engine.k.inc_lock_ref_batch(nids, skip_mask, out)
         if st == L.E_STALE:
             raise self._stale(int(nids[bad]), f"nodes[{bad}]")
         swa = self._swa and not skip_mask & L.C_SWA
@@ -1464,8 +1439,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """One ``dec_lock_ref_batch`` kernel call on checked arguments (int64 arrays);
         its refusals raised as ``dec_lock_ref_batch`` documents, nothing changed."""
         with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st_ = self._engine.st
-            st, i, x, comp = _k_dec_batch(st_.nodes, st_.heap, st_.meta, nids, skips, bounds)
+            st, i, x, comp = self._engine.k.dec_lock_ref_batch(nids, skips, bounds)
             if st == L.E_NOT_ANCHORED:
                 raise LockRefError(f"nodes[{i}]: no lock is anchored at node {int(nids[i])} "
                                    "(its lock_ref is held by locks on its descendants, or the batch "
@@ -1483,8 +1457,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             # Full-only: each receipt holds nothing but its node (see ``lock``)
             out = np.empty((nids.shape[0], 2), dtype=np.int64)
             with self._mutex:  # the arrays are read under the lock: a growth replaces them
-                st_ = self._engine.st
-                st, bad = _k_inc_batch(st_.nodes, st_.heap, st_.meta, nids, 0, out)
+                st, bad = self._engine.k.inc_lock_ref_batch(nids, 0, out)
             if st == L.E_STALE:
                 raise self._stale(int(nids[bad]), f"nodes[{bad}]")
             return [TreeLock(nid, DecLockRefParams(nid, (), {}, {})) for nid in nids.tolist()]
@@ -1631,7 +1604,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
 
     def _slot(self, node, name="node"):
         nid = as_node_id(node, name)
-        s = int(_k_resolve(self._engine.st.nodes, self._engine.meta, nid))
+        s = inspection.slot(self._engine, nid)
         if s < 0:
             raise self._stale(nid, name)
         return s
@@ -1641,10 +1614,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         nid = as_node_id(node, "node")
         eng = self._engine
         with self._mutex:
-            st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, nid, eng.out)
-            if st == L.E_CAPACITY:
-                eng.ensure_out(n)
-                st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, nid, eng.out)
+            st, n = eng.k.path_device_indices(nid)
             if st == L.E_STALE:
                 raise self._stale(nid)
             return self._vals.out(eng.out[:n].copy())
@@ -1683,11 +1653,11 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         partition checks do that). Raises ``CacheInvariantError``
         (an ``AssertionError``) naming the failed check and node. O(tree)."""
         with self._mutex:
-            code, slot = _k_check(*self._engine.st)
+            code, slot = self._engine.k.sanity_check()
             if code != 0:
                 from .kernels import check
 
-                nid = None if slot < 0 else node_id(self._engine.st.nodes, int(slot))
+                nid = None if slot < 0 else inspection.nid(self._engine, int(slot))
                 raise CacheInvariantError(
                     f"Sanity check FAILED: code {int(code)} on node {nid} "
                     f"(see flatradix.kernels.check: {check.__doc__.split(chr(10))[0]})")

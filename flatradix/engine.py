@@ -1,21 +1,29 @@
-"""The engine: the tree's state arrays, their growth, namespaces, and the call-and-grow helper.
+"""The engine: the tree's state arrays, their growth, namespaces, and the one way to call a kernel.
 
 ``Engine`` owns every array the kernels mutate (``TreeArrays``: ``nodes, ctab,
 pool, heap, meta``, in the order every entry kernel takes them first) and the
-two scratch outputs (``out``, ``acts``), and calls kernels through one helper
-that grows what a kernel reports too small (``E_CAPACITY`` with
-``meta[M_NEED_*]``) and calls again. Nothing here knows the public API: the
-façade (``flatradix.cache``) validates, calls the engine, and hands the
-actions to the executor (``flatradix.executor``). See ``kernels/layout.py``
-for the arrays' layout.
+two scratch outputs (``out``, ``acts``). Every entry kernel is called through
+``Engine.k`` (one callable per kernel, by the kernel's name), which passes the
+engine's arrays the kernel takes and, for a kernel whose ``E_CAPACITY`` means
+"nothing changed", grows what it reports too small (``meta[M_NEED_*]``) and
+calls again: growth and retry live here only. Nothing here knows the public
+API: the façade (``flatradix.cache``) validates, calls the engine, and hands the
+actions to the executor (``flatradix.executor``); an SGLang TreeCore adapter
+drives the same calls (``docs/architecture.md``, "The core API"). See
+``kernels/layout.py`` for the arrays' layout.
 """
 
+import operator
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
+# every entry kernel module (each registers its kernels in ``_jit.SPECS``)
+from .kernels import check, evict, hashing, host, insert, lock, match, query  # noqa: F401
 from .kernels import layout as L
+from .kernels._jit import SPECS, STATE
 from .kernels.actions import ACT_NCOL
 from .kernels.children import rebuild_children as _k_rebuild_children
 from .kernels.state import compact_pool as _k_compact
@@ -171,9 +179,10 @@ class Engine:
         meta[L.M_SWA_WINDOW] = swa_window
         meta[L.M_MAMBA_PATH_CAP] = mamba_path_cap
         meta[L.M_SWA_UUID_NEXT] = 1
-        self.st = TreeArrays(nodes, ctab, pool, heap, meta)
         self.out = np.zeros(OUT_MIN, dtype=np.int64)
         self.acts = np.zeros((ACTS_MIN, ACT_NCOL), dtype=np.int64)
+        self.k = _Kernels()
+        self.st = TreeArrays(nodes, ctab, pool, heap, meta)
         self.batch = np.zeros((2, 0), dtype=np.int64)  # match_prefix_batch: keys, indices
         self.root = int(_k_reset(nodes, ctab, meta))
         self._gaps, self._gap_i = None, 0  # the gap pass under way (``_next_gap``)
@@ -182,8 +191,18 @@ class Engine:
         self.gap_passes = self.compactions = 0
 
     @property
+    def st(self):
+        """The tree arrays (``TreeArrays``); replaced, never resized in place, by a growth."""
+        return self._st
+
+    @st.setter
+    def st(self, arrays):
+        self._st = arrays
+        self.k.bind(self)
+
+    @property
     def meta(self):
-        return self.st.meta
+        return self._st.meta
 
     def enable_host(self, policy, threshold):
         """Turn the host tier on (HiCache): the pool gains its last column, the
@@ -210,24 +229,6 @@ class Engine:
         return self.root
 
     # ------------------------------------------------------------------ calls
-    def call(self, kernel, *args):
-        """``kernel(*arrays, *args, out, acts)``; on ``E_CAPACITY`` grow what it
-        reports and call again (a kernel answers it before changing anything).
-        Returns the kernel's result tuple (status first)."""
-        while True:
-            r = kernel(*self.st, *args, self.out, self.acts)
-            if r[0] != L.E_CAPACITY:
-                return r
-            self.grow()
-
-    def call_tree(self, kernel, *args):
-        """``kernel(*arrays, *args)`` (no scratch: ``match_prefix``), with the same retry."""
-        while True:
-            r = kernel(*self.st, *args)
-            if r[0] != L.E_CAPACITY:
-                return r
-            self.grow()
-
     def actions(self):
         """The rows the last call wrote to ``acts`` (a view, valid until the next call)."""
         return self.acts[:int(self.st.meta[L.M_NACTS])]
@@ -380,3 +381,94 @@ class Engine:
         """Copy of the whole state, for "unchanged after an error" tests."""
         return {name: arr.copy() for name, arr in self.st._asdict().items()} | {
             "ns": dict(self.ns.ids), "root": self.root}
+
+
+_PICK = {name: i for i, name in enumerate(STATE)}
+E_CAPACITY = L.E_CAPACITY
+
+
+class _Kernels:
+    """``Engine.k``: the entry kernels, one attribute per kernel name, each called
+    with the caller's arguments only (``eng.k.inc_lock_ref(nid, skip)``).
+
+    A kernel never answering ``E_CAPACITY`` and taking no scratch is a
+    ``functools.partial`` over the engine's current arrays (no Python frame on the
+    hot path; rebound whenever ``Engine.st`` is replaced). The others read the
+    arrays at each call: a ``"retry"`` kernel is called again after
+    ``Engine.grow()`` until it answers something else (the caller never sees
+    ``E_CAPACITY``), a ``"resume"`` kernel returns its ``E_CAPACITY`` to the caller
+    (which executes the call's actions, calls ``Engine.grow()`` and calls again).
+    The engine's own kernels over arrays it is building (``state.reset_tree``,
+    ``state.compact_pool``, ``state.pool_gaps``, ``children.rebuild_children``) are
+    called by the engine itself. A pool kernel (``kernels/slots.py``: no tree array)
+    is not here."""
+
+    _partials = None
+
+    def bind(self, eng):
+        """(Re)bind to ``eng``'s current arrays: every kernel the first time, the
+        partials after (the closures read the arrays at each call)."""
+        if self._partials is None:
+            self._partials = []
+            for k, spec in SPECS.items():
+                if not spec.state or spec.engine_only:
+                    continue
+                if hasattr(self, spec.name):
+                    raise RuntimeError(f"two entry kernels named {spec.name}")
+                setattr(self, spec.name, _caller(eng, k, spec))
+                if spec.on_capacity is None and not spec.scratch:
+                    self._partials.append((k, spec))
+            return
+        for k, spec in self._partials:
+            setattr(self, spec.name, _caller(eng, k, spec))
+
+
+def _caller(eng, k, spec):
+    if spec.on_capacity is None and not spec.scratch:
+        st = eng.st
+        arrays = st if spec.state == STATE else tuple(st[_PICK[n]] for n in spec.state)
+        return partial(k, *arrays)
+    if spec.state != STATE:
+        pick = operator.itemgetter(*(_PICK[n] for n in spec.state))
+        if len(spec.state) == 1:
+            pick1 = pick
+            pick = lambda t: (pick1(t),)  # noqa: E731
+    else:
+        pick = None
+    retry = spec.on_capacity == "retry"
+    sc = spec.scratch
+    grow = eng.grow
+    # (one closure per shape, so a call costs one Python frame and no lookups)
+    if pick is None and sc == ("out", "acts"):
+        def call(*args):
+            while True:
+                r = k(*eng._st, *args, eng.out, eng.acts)
+                if not retry or r[0] != E_CAPACITY:
+                    return r
+                grow()
+    elif pick is None and sc == ("out",):
+        def call(*args):
+            while True:
+                r = k(*eng._st, *args, eng.out)
+                if not retry or r[0] != E_CAPACITY:
+                    return r
+                grow()
+    elif pick is None and not sc:
+        def call(*args):
+            while True:
+                r = k(*eng._st, *args)
+                if not retry or r[0] != E_CAPACITY:
+                    return r
+                grow()
+    else:
+        def call(*args):
+            while True:
+                t = eng._st
+                extra = (eng.out, eng.acts)[:len(sc)] if sc[:1] == ("out",) else (eng.acts,)
+                r = k(*(t if pick is None else pick(t)), *args, *extra)
+                if not retry or r[0] != E_CAPACITY:
+                    return r
+                grow()
+    call.__name__ = call.__qualname__ = spec.name
+    call.__doc__ = k.__doc__
+    return call

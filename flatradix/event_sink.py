@@ -14,7 +14,6 @@ import numpy as np
 
 from .engine import node_id
 from .kernels import layout as L
-from .kernels.hashing import hash_node as _k_hash_node
 
 
 #: Event medium per action ``aux`` (``kernels/actions.py``: MEDIUM_GPU, MEDIUM_CPU).
@@ -69,8 +68,7 @@ class EventSink:
         nodes, pool = eng.st.nodes, eng.st.pool
         nk = eng.ns.key_of(int(nodes[slot, L.NS]))
         seed, has_seed = self._seed(nk)
-        _k_hash_node(nodes, pool, eng.st.meta, node_id(nodes, slot), seed, has_seed,
-                     self._msg, self._state, self._w)
+        eng.k.hash_node(node_id(nodes, slot), seed, has_seed, self._msg, self._state, self._w)
         off, n = int(nodes[slot, L.KEY_OFF]), int(nodes[slot, L.KEY_LEN])
         p = int(nodes[slot, L.PARENT])
         parent_hash = None

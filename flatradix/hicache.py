@@ -40,15 +40,11 @@ from .types import (
     ComponentType, DecLockRefResult, EvictParams, IncLockRefResult, InitLoadBackParams,
     InsertResult,
 )
+from . import inspection as Q
 from .executor import execute
-from .kernels import host as K
 from .kernels import layout as L
-from .kernels.evict import evict_end as _k_evict_end
+from .kernels.host import E_HOST_STATE
 from .kernels.insert import BACKUP_NO_STATE as _BACKUP_NO_STATE
-from .kernels.lock import dec_lock_ref as _k_dec
-from .kernels.evict import evict_next as _k_evict_next
-from .kernels.evict import evict_start as _k_evict_start
-from .kernels.query import resolve_slot as _k_resolve
 from .kernels.slots import slots_alloc as _k_slots_alloc
 from .kernels.slots import slots_first_unheld as _k_slots_first_unheld
 from .kernels.slots import slots_free as _k_slots_free
@@ -62,19 +58,6 @@ def _np64(x):
     if hasattr(x, "cpu"):  # a torch tensor
         x = x.cpu().numpy()
     return np.ascontiguousarray(x, dtype=np.int64)
-
-
-_STATE_BITS = L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST
-
-
-def state_host_only(flags):
-    """A node's FLAGS: its Mamba state is on the host only (``mamba.host_only``)."""
-    return (flags & _STATE_BITS) == L.F_HAS_MAMBA_HOST
-
-
-def state_needs_backup(flags):
-    """A node's FLAGS: a device state with no host copy (``mamba.needs_backup``)."""
-    return (flags & _STATE_BITS) == L.F_HAS(L.MAMBA)
 
 
 class _Declined(Exception):
@@ -366,7 +349,7 @@ class HiCacheMixin:
         was committed."""
         if self._transfer is None:
             return True
-        st, n = self._call_out(K.node_device_values, slot)
+        st, n = self._engine.k.node_device_values(slot)
         assert st == L.OK, st
         try:
             self._transfer(kind, self._vals.out(self._engine.out[:n].copy()), host)
@@ -431,16 +414,6 @@ class HiCacheMixin:
             if self._host is not None and self._transfer_error is not None:
                 self._raise_transfer_error()
 
-    def _call_out(self, kernel, *args):
-        """``kernel(*arrays, *args, out)`` (a host kernel writing only ``out``); on
-        ``E_CAPACITY`` grow ``out`` and call again (it changed nothing)."""
-        eng = self._engine
-        while True:
-            r = kernel(*eng.st, *args, eng.out)
-            if r[0] != L.E_CAPACITY:
-                return r
-            eng.grow()
-
     # ------------------------------------------------------------------ backup
     def _run_backup(self, s, aux=0):
         """Back up the node in slot ``s`` (an insert's ``A_BACKUP`` row, run when the
@@ -457,21 +430,19 @@ class HiCacheMixin:
         Mamba state is left out (it came with the insert's commit, after SGLang
         ran this backup). Under the cache lock."""
         eng = self._engine
-        nodes = eng.st.nodes
-        nid = int(nodes[s, L.GEN]) << 32 | int(s)
-        st, _, k = self._call_out(K.backup_plan, nid)
+        st, _, k = eng.k.backup_plan(Q.nid(eng, s))
         if st != L.OK or k == 0:
             return
         chain = eng.out[:k].tolist()
         mamba = self._host_mamba is not None
         for c in chain:
-            f = int(eng.st.nodes[c, L.FLAGS])
-            n = 0 if f & L.F_HAS_FULL_HOST else int(eng.st.nodes[c, L.KEY_LEN])
-            state = mamba and state_needs_backup(f) and not (c == s and aux == _BACKUP_NO_STATE)
+            n = 0 if Q.has(eng, c, L.FULL, L.HOST) else Q.key_len(eng, c)
+            state = mamba and Q.state_needs_backup(eng, c) and not (
+                c == s and aux == _BACKUP_NO_STATE)
             wnodes, wdev = self._swa_backup_plan(c)
             if n == 0 and not state and not wnodes.size:
                 continue  # nothing left to back up on this node
-            cid = int(eng.st.nodes[c, L.GEN]) << 32 | int(c)
+            cid = Q.nid(eng, c)
             r = self._backup_node(c, n, state, wnodes, wdev, cid, True)
             if r is not True:
                 break  # no host room, or a failed copy: this node and the rest stay unbacked
@@ -484,7 +455,7 @@ class HiCacheMixin:
         if self._host_swa is None:
             return _EMPTY, _EMPTY
         eng = self._engine
-        _, wu, wk = self._call_out(K.swa_backup_plan, slot)
+        _, wu, wk = eng.k.swa_backup_plan(slot)
         if not wu:
             return _EMPTY, _EMPTY
         return eng.out[wu:wu + wk].copy(), eng.out[:wu].copy()
@@ -515,14 +486,15 @@ class HiCacheMixin:
             self._free_backup_slots(None, hstate, hswa)
             return None
         if (state and not self._copy_slots(
-                "backup_state", np.array([self._engine.st.nodes[c, L.MAMBA_SLOT]],
+                "backup_state", np.array([Q.device_state(self._engine, c)],
                                          dtype=np.int64), hstate)) \
                 or (hswa.size and not self._copy_slots(
                     "backup_swa", self._vals.out(self._vals.swa_of(wdev)), hswa)):
             self._free_backup_slots(host if n else None, hstate, hswa)
             return None
-        st, _, boundary = self._call_out(K.backup_commit, c, host, -1 if hstate is None
-                                         else int(hstate[0]), wnodes, hswa, ack, lock)
+        st, _, boundary = self._engine.k.backup_commit(c, host, -1 if hstate is None
+                                                       else int(hstate[0]), wnodes, hswa, ack,
+                                                       lock)
         assert st == L.OK, st
         self.ongoing_write_through[ack] = ack
         if boundary:
@@ -553,11 +525,8 @@ class HiCacheMixin:
         its place among the insert's backups, as SGLang's action): the cap's
         tombstones, their state slots freed. Under the cache lock."""
         eng = self._engine
-        while True:
-            st, _ = K.path_cap(*eng.st, s, eng.out, eng.acts)
-            if st == L.OK:
-                break
-            eng.grow()
+        st, _ = eng.k.path_cap(s)
+        assert st == L.OK, st
         execute(eng.actions(), eng.out, None, self._vals, self._sink)
 
     def flush_pending_backups(self):
@@ -591,8 +560,8 @@ class HiCacheMixin:
                 for ack in self._write_acks.popleft():
                     del self.ongoing_write_through[ack]
                     # write-through holds a device lock until the ack; write-back none
-                    st, _ = eng.call(K.backup_ack, ack, ack, self._hicache_policy != "write_back",
-                                     self._wt_swa.pop(ack, 0))
+                    st, _ = eng.k.backup_ack(ack, ack, self._hicache_policy != "write_back",
+                                             self._wt_swa.pop(ack, 0))
                     assert st == L.OK, st
                     execute(eng.actions(), eng.out, None, None, self._sink)
 
@@ -623,7 +592,7 @@ class HiCacheMixin:
         with self._mutex:
             stamp = swa_stamp = 0
             if self._host is not None:
-                st, stamp, swa_stamp = K.host_lock(*self._engine.st, nid)
+                st, stamp, swa_stamp = self._engine.k.host_lock(nid)
                 if st == L.E_STALE:
                     raise self._stale(nid)
             else:
@@ -666,7 +635,7 @@ class HiCacheMixin:
                 return DecLockRefResult()
             # checks the id too; on a Mamba cache the node's Mamba host lock goes as well,
             # on an SWA cache the SWA host window
-            st, _ = K.host_unlock(*self._engine.st, nid, int(stamp or 0), int(swa_stamp or 0))
+            st, _ = self._engine.k.host_unlock(nid, int(stamp or 0), int(swa_stamp or 0))
         if st == L.E_STALE:
             raise self._stale(nid)
         if st != L.OK:
@@ -762,24 +731,23 @@ class HiCacheMixin:
         staging = self._prefetch_staging(swa_host_value, mamba_host_value, n)
         eng = self._engine
         with self._mutex:
-            nodes = eng.st.nodes
-            slot = int(_k_resolve(nodes, eng.meta, nid))
+            slot = Q.slot(eng, nid)
             if slot < 0:
                 raise self._stale(nid)
             ns = eng.ns.get(nk)
-            if slot != L.ROOT and (ns is None or int(nodes[slot, L.NS]) != ns):
+            if slot != L.ROOT and (ns is None or Q.namespace(eng, slot) != ns):
                 raise ValueError("key: its namespace (extra_key, cache_salt) is not the anchor "
                                  "node's")
             if ns is None:
                 ns = eng.ns.intern(nk)
-            st, plen, inserted, dropped = eng.call(K.insert_host, nid, units, host, n, ns)
+            st, plen, inserted, dropped = eng.k.insert_host(nid, units, host, n, ns)
             assert st == L.OK, st
             execute(eng.actions(), eng.out, None, None, self._sink)
             exist = False
             if staging is not None:  # the walk's actions ran first, as SGLang's
                 vals, n_swa, mamba_at = staging
-                st, exist = eng.call(K.prefetch_commit, nid, -1 if dropped else inserted, n,
-                                     vals, n_swa, mamba_at)
+                st, exist = eng.k.prefetch_commit(nid, -1 if dropped else inserted, n, vals,
+                                                  n_swa, mamba_at)
                 assert st == L.OK, st
                 execute(eng.actions(), eng.out, vals, None, self._sink,
                         host_swa=self._host_swa, host_mamba=self._host_mamba)
@@ -834,7 +802,7 @@ class HiCacheMixin:
     def is_backuped(self, node):
         """Whether ``node`` holds a Full host value (SGLang ``is_backuped``)."""
         s = self._slot(node)
-        return bool(self._engine.st.nodes[s, L.FLAGS] & L.F_HAS_FULL_HOST)
+        return Q.has(self._engine, s, L.FULL, L.HOST)
 
     # ------------------------------------------------------------------ load back
     def init_load_back(self, params):
@@ -892,7 +860,7 @@ class HiCacheMixin:
     def _path_units(self, top, until):
         """Full units from node ``top`` up to (not including) node ``until`` or the root."""
         with self._mutex:
-            return int(K.path_units(*self._engine.st, top, -1 if until is None else until))
+            return int(self._engine.k.path_units(top, -1 if until is None else until))
 
     def load_back(self, node, mem_quota=None, req=None):
         """SGLang ``load_back``: restore the host-only nodes from ``node`` up to
@@ -936,7 +904,7 @@ class HiCacheMixin:
         when the pool is empty), the copies, the commit."""
         eng = self._engine
         with self._mutex:
-            st, units, _ = self._call_out(K.load_plan, nid)
+            st, units, _ = eng.k.load_plan(nid)
             if st == L.E_STALE:
                 raise self._stale(nid, name)
             if host_only and st == L.OK and units == 0:
@@ -949,13 +917,13 @@ class HiCacheMixin:
             wnodes = whost = _EMPTY
             pinned = False
             if self._host_swa is not None:  # the host-only SWA data within the window
-                wst, wu, wk = self._call_out(K.swa_load_plan, nid)
-                pinned = wst == K.E_HOST_STATE  # write-back: another load pins one of them
+                wst, wu, wk = eng.k.swa_load_plan(nid)
+                pinned = wst == E_HOST_STATE  # write-back: another load pins one of them
                 if wu:
                     whost = eng.out[:wu].copy()
                     wnodes = eng.out[wu:wu + wk].copy()
             # both pins in one kernel (what inc_host_lock_ref + inc_lock_ref take)
-            _, delta, stamp, swa_host_stamp, swa_stamp = K.load_lock(*eng.st, nid)
+            _, delta, stamp, swa_host_stamp, swa_stamp = eng.k.load_lock(nid)
             stamps = (stamp, swa_host_stamp, swa_stamp)
             slot = nid & 0xFFFFFFFF
             new_req_slot = None
@@ -970,12 +938,12 @@ class HiCacheMixin:
                                            "pool is empty and nothing is evictable")
                     kv.mamba_pool_idx = self._vals.mamba_out(new_req_slot)[0]
                 restore = mamba and st == L.OK and self._state_host_only(slot)
-                if pinned or (restore and self._hicache_policy == "write_back" and int(
-                        eng.st.nodes[slot, L.LOAD_PENDING]) not in (0, nid)):
+                if pinned or (restore and self._hicache_policy == "write_back"
+                              and Q.load_pending(eng, slot) not in (0, nid)):
                     # SGLang: a node of the spec (the state's, or one of the SWA
                     # window's) is pinned by another load-back: the whole spec is
                     # rejected (the caller recomputes)
-                    st, restore = K.E_HOST_STATE, False
+                    st, restore = E_HOST_STATE, False
                 if st != L.OK:
                     units = 0
                     wnodes = _EMPTY
@@ -1028,7 +996,7 @@ class HiCacheMixin:
                         return 0, False
                     raise
                 load_id = nid if units else 0   # aux data alone: no Full marks
-                st, _, at = eng.call(K.load_commit, nid, dev, load_id, dstate, wnodes, wdev)
+                st, _, at = eng.k.load_commit(nid, dev, load_id, dstate, wnodes, wdev)
                 assert st == L.OK, st
                 if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
                     self._vals.set_swa_mapping(eng.out[at:at + wdev.shape[0]].copy(), wdev)
@@ -1060,7 +1028,7 @@ class HiCacheMixin:
         return None if d is None else _np64(d)
 
     def _state_host_only(self, slot):
-        return state_host_only(int(self._engine.st.nodes[slot, L.FLAGS]))
+        return Q.state_host_only(self._engine, slot)
 
     def _state_device_alloc(self):
         """One Mamba device state slot (an int), one state evicted first when the
@@ -1084,7 +1052,7 @@ class HiCacheMixin:
         if units and not self._copy_slots("load", self._vals.out(dev), host):
             return False
         if dstate >= 0:
-            hs = np.array([self._engine.st.nodes[slot, L.MAMBA_HOST_SLOT]], dtype=np.int64)
+            hs = np.array([Q.host_state(self._engine, slot)], dtype=np.int64)
             targets = [dstate]
             if kv is not None and kv.mamba_pool_idx is not None:
                 targets.append(int(kv.mamba_pool_idx))
@@ -1099,10 +1067,10 @@ class HiCacheMixin:
         node's Mamba locks too). Under the cache lock."""
         eng = self._engine
         stamp, swa_host_stamp, swa_stamp = stamps
-        st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, swa_stamp)
+        st, x = eng.k.dec_lock_ref(nid, 0, swa_stamp)
         assert st == L.OK, (st, x)
         if stamp or self._host_mamba is not None or self._host_swa is not None:
-            st, _ = K.host_unlock(*eng.st, nid, stamp, swa_host_stamp)
+            st, _ = eng.k.host_unlock(nid, stamp, swa_host_stamp)
             assert st == L.OK, st
 
     def ready_to_load_host_cache(self):
@@ -1135,7 +1103,7 @@ class HiCacheMixin:
                 for nid in self._load_acks.popleft():
                     load_id, stamps = self.ongoing_load_back.pop(nid)
                     # the ack, the path lock's and the host lock's release, in one kernel
-                    st, x = K.load_finish(*eng.st, nid, load_id, *stamps)
+                    st, x = eng.k.load_finish(nid, load_id, *stamps)
                     if st != L.OK:
                         e = self._load_finish_error(nid, stamps, st, x)
                         error = error or e   # the other loads of the ack complete all the same
@@ -1150,15 +1118,15 @@ class HiCacheMixin:
         cache lock."""
         eng = self._engine
         stamp, swa_host_stamp, swa_stamp = stamps
-        assert st != K.E_HOST_STATE and st != L.E_STALE, st
-        K.load_ack(*eng.st, nid, nid)
+        assert st != E_HOST_STATE and st != L.E_STALE, st
+        eng.k.load_ack(nid, nid)
         if x < 0:  # the host lock was taken: release the path lock
-            _k_dec(eng.st.nodes, eng.st.heap, eng.st.meta, nid, 0, swa_stamp)
+            eng.k.dec_lock_ref(nid, 0, swa_stamp)
             return LockRefError(f"loading_check: the load-back's host lock on node {nid} was "
                                 "released by another call (a dec_host_lock_ref too many)")
         if stamp or swa_host_stamp:
             # the path lock was taken: release the host lock if its segment holds it
-            K.host_unlock(*eng.st, nid, stamp, swa_host_stamp)
+            eng.k.host_unlock(nid, stamp, swa_host_stamp)
         return LockRefError(f"loading_check: the load-back's path lock on node {nid} was "
                             "released by another call (an unlock too many)")
 
@@ -1172,10 +1140,10 @@ class HiCacheMixin:
         False when no host slots could be found (host eviction included; for the
         state: one host state evicted first). Under the cache lock."""
         s = nid & 0xFFFFFFFF
-        nodes = self._engine.st.nodes
-        state = self._host_mamba is not None and state_needs_backup(int(nodes[s, L.FLAGS]))
+        eng = self._engine
+        state = self._host_mamba is not None and Q.state_needs_backup(eng, s)
         wnodes, wdev = self._swa_backup_plan(s)
-        r = self._backup_node(s, int(nodes[s, L.KEY_LEN]), state, wnodes, wdev, nid, False)
+        r = self._backup_node(s, Q.key_len(eng, s), state, wnodes, wdev, nid, False)
         if r is None:
             self._raise_transfer_error()  # the victim stays on the device, unbacked
         if not r:
@@ -1200,7 +1168,7 @@ class HiCacheMixin:
         if self.ongoing_write_through:  # another backup may cover the node: finish it
             self.writing_check(write_back=True)
         self._write_back_backup(nid)
-        st, k, m = eng.call(K.finish_swa_eviction, nid)
+        st, k, m = eng.k.finish_swa_eviction(nid)
         assert st == L.OK, st
         # swa_out given: the caller frees the slots (a step of its round)
         execute(eng.actions(), eng.out, None, None if swa_out is not None else self._vals,
@@ -1218,14 +1186,13 @@ class HiCacheMixin:
         device states freed, SWA units freed)``."""
         eng = self._engine
         s = nid & 0xFFFFFFFF
-        had_state = self._mamba and bool(int(eng.st.nodes[s, L.FLAGS]) & L.F_HAS(L.MAMBA))
-        swa_units = (int(eng.st.nodes[s, L.KEY_LEN])
-                     if self._swa and int(eng.st.nodes[s, L.FLAGS]) & L.F_HAS_SWA_DEV else 0)
+        had_state = self._mamba and Q.has(eng, s, L.MAMBA)
+        swa_units = Q.key_len(eng, s) if self._swa and Q.has(eng, s, L.SWA) else 0
         if self._write_back_backup(nid):
-            st, n = eng.call(K.demote_leaf, nid)
+            st, n = eng.k.demote_leaf(nid)
             assert st == L.OK, st
         else:
-            st, n, _ = eng.call(K.drop_subtree, nid)
+            st, n, _ = eng.k.drop_subtree(nid)
             assert st == L.OK, st
         freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
                         mamba_out=mamba_out, host_mamba=self._host_mamba, host_swa=self._host_swa,
@@ -1244,7 +1211,7 @@ class HiCacheMixin:
         if self.ongoing_write_through:  # another backup may cover the node: finish it
             self.writing_check(write_back=True)
         self._write_back_backup(nid)
-        st, k = eng.call(K.finish_state_eviction, nid)
+        st, k = eng.k.finish_state_eviction(nid)
         assert st == L.OK, st
         execute(eng.actions(), eng.out, None, self._vals if mamba_out is None else None,
                 self._sink, mamba_out=mamba_out)
@@ -1271,14 +1238,13 @@ class HiCacheMixin:
 
     def _write_back_round(self, c, num):
         eng = self._engine
-        st_ = eng.st
-        if _k_evict_start(st_.nodes, st_.heap, st_.meta, c, num) != L.OK:
+        if eng.k.evict_start(c, num) != L.OK:
             raise RuntimeError("device eviction already in progress")
         done = w_done = m_done = 0
         parts = []
         try:
             while True:
-                st, nid, f, w, m = eng.call(_k_evict_next, c)
+                st, nid, f, w, m = eng.k.evict_next(c)
                 if st == L.E_NEED_BACKUP:
                     n, freed, k, ws = self._write_back_victim(nid, self._vals)
                     done += n
@@ -1301,7 +1267,7 @@ class HiCacheMixin:
                 w_done += w
                 m_done += m
         finally:
-            _k_evict_end(eng.meta, c)
+            eng.k.evict_end(c)
         return done, w_done, m_done, parts
 
     # ------------------------------------------------------------------ host eviction
@@ -1340,13 +1306,13 @@ class HiCacheMixin:
             return self._evict_host_units(n)
 
     def _evict_host_units(self, n):
-        return self._evict_host_with(K.evict_host, n)
+        return self._evict_host_with(self._engine.k.evict_host, n)
 
     def _evict_host_swa(self, n):
-        return self._evict_host_with(K.evict_host_aux, n, L.SWA)
+        return self._evict_host_with(self._engine.k.evict_host_aux, n, L.SWA)
 
     def _evict_host_states(self, n):
-        return self._evict_host_with(K.evict_host_aux, n, L.MAMBA)
+        return self._evict_host_with(self._engine.k.evict_host_aux, n, L.MAMBA)
 
     def _evict_host_with(self, kernel, n, *args):
         """Run a host-eviction kernel (``(status, freed, ...)``; ``args`` before the
@@ -1356,7 +1322,7 @@ class HiCacheMixin:
         eng = self._engine
         done = 0
         while True:
-            r = kernel(*eng.st, *args, n - done, eng.out, eng.acts)
+            r = kernel(*args, n - done)
             done += r[1]
             execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
                     host_mamba=self._host_mamba, host_swa=self._host_swa)
@@ -1367,7 +1333,7 @@ class HiCacheMixin:
     # ------------------------------------------------------------------ sizes
     def host_total_size(self):
         """Tokens holding a Full host copy."""
-        return int(self._engine.st.meta[L.M_HOST_TOTAL])
+        return int(self._engine.meta[L.M_HOST_TOTAL])
 
     def all_host_values_flatten(self):
         """Every node's Full host slots, concatenated in DFS order (int64 numpy)."""
@@ -1378,12 +1344,12 @@ class HiCacheMixin:
 
     def host_evictable_size(self):
         """Tokens of the evictable host leaves (what ``evict_host`` can free now)."""
-        return int(self._engine.st.meta[L.M_HOST_EVICTABLE])
+        return int(self._engine.meta[L.M_HOST_EVICTABLE])
 
     def swa_host_total_size(self):
         """Tokens holding an SWA host value (0 without SWA on the host tier)."""
-        return int(self._engine.st.meta[L.M_SWA_HOST_TOTAL])
+        return int(self._engine.meta[L.M_SWA_HOST_TOTAL])
 
     def mamba_host_total_size(self):
         """Mamba states held on the host (0 without Mamba on the host tier)."""
-        return int(self._engine.st.meta[L.M_MAMBA_HOST_TOTAL])
+        return int(self._engine.meta[L.M_MAMBA_HOST_TOTAL])

@@ -1,9 +1,15 @@
-"""Inspection: read-only views of the tree for debugging and tests.
+"""Node queries and inspection: read-only views of the tree, the only place above
+the kernels that reads the node table.
 
-``node_info``, ``pretty_print``, ``all_values_flatten`` and the DFS they share;
-none changes anything and none is on a hot path (each is O(tree) or
-O(len(node))). Node ids are packed and unpacked by ``engine.node_id`` /
-``engine.slot_of`` only.
+The node queries (``slot``, ``nid``, ``flags``, ``key_len``, ``lock_ref``,
+``anchored_locks``, ``device_state``, ``state_host_only``, ``state_needs_backup``,
+``has``) read one field of one live node, O(1), and are what the façade and the
+host tier use instead of indexing ``nodes[...]`` (``docs/architecture.md``, "The
+core API"); an SGLang TreeCore adapter reads nodes through them too. The views
+(``node_info``, ``pretty_print``, ``all_values_flatten`` and the DFS they share)
+are for debugging and tests: none changes anything and none is on a hot path
+(each is O(tree) or O(len(node))). Node ids are packed and unpacked by
+``engine.node_id`` / ``engine.slot_of`` only.
 """
 
 import numpy as np
@@ -16,6 +22,84 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _NAMES = {L.FULL: "full", L.SWA: "swa", L.MAMBA: "mamba"}
 
 
+# ------------------------------------------------------------------ node queries
+def slot(engine, nid):
+    """The slot of node ``nid``, or -1 when it names no live node."""
+    return int(engine.k.resolve_slot(nid))
+
+
+def nid(engine, s):
+    """The NodeId of the live node in slot ``s``."""
+    return node_id(engine.st.nodes, s)
+
+
+def flags(engine, s):
+    """The node's ``FLAGS`` (``kernels/layout.py``: value-presence bits)."""
+    return int(engine.st.nodes[s, L.FLAGS])
+
+
+def has(engine, s, c, t=L.DEVICE):
+    """Whether component ``c`` holds a value on tier ``t`` at the node."""
+    return bool(engine.st.nodes[s, L.FLAGS] & L.F_HAS(c, t))
+
+
+def key_len(engine, s):
+    """The node's edge length in units."""
+    return int(engine.st.nodes[s, L.KEY_LEN])
+
+
+def lock_ref(engine, s, c=L.FULL, t=L.DEVICE):
+    """The node's lock count of component ``c`` on tier ``t``."""
+    return int(engine.st.nodes[s, L.LOCK_COL(c, t)])
+
+
+def anchored_locks(engine, s):
+    """Full locks anchored at the node itself (its lock_ref less its children's)."""
+    nodes = engine.st.nodes
+    return int(nodes[s, L.FULL_LOCK] - nodes[s, L.CHILD_LOCK])
+
+
+def namespace(engine, s):
+    """The node's namespace id (``Engine.ns``)."""
+    return int(engine.st.nodes[s, L.NS])
+
+
+def load_pending(engine, s):
+    """The load id of a load-back restoring the node while in flight, else 0."""
+    return int(engine.st.nodes[s, L.LOAD_PENDING])
+
+
+def device_state(engine, s):
+    """The node's Mamba device state slot, -1 when it holds none."""
+    nodes = engine.st.nodes
+    return int(nodes[s, L.MAMBA_SLOT]) if nodes[s, L.FLAGS] & L.F_HAS(L.MAMBA) else -1
+
+
+def host_state(engine, s):
+    """The node's Mamba host state slot, -1 when it holds none."""
+    nodes = engine.st.nodes
+    return int(nodes[s, L.MAMBA_HOST_SLOT]) if nodes[s, L.FLAGS] & L.F_HAS_MAMBA_HOST else -1
+
+
+_STATE_BITS = L.F_HAS(L.MAMBA) | L.F_HAS_MAMBA_HOST
+
+
+def state_host_only(engine, s):
+    """The node's Mamba state is on the host only (a load-back restores it)."""
+    return (int(engine.st.nodes[s, L.FLAGS]) & _STATE_BITS) == L.F_HAS_MAMBA_HOST
+
+
+def state_needs_backup(engine, s):
+    """The node holds a Mamba device state with no host copy."""
+    return (int(engine.st.nodes[s, L.FLAGS]) & _STATE_BITS) == L.F_HAS(L.MAMBA)
+
+
+def meta(engine, field):
+    """``meta[field]`` as an int (``L.M_*``: counters and configuration)."""
+    return int(engine.st.meta[field])
+
+
+# ------------------------------------------------------------------ views
 def dfs(nodes):
     """``(slot, depth)`` of every live node in DFS (stack) order from the root."""
     stack = [(L.ROOT, 0)]

@@ -125,7 +125,7 @@ def repoint_child_entry(nodes, ctab, pool, meta, old, new):
     ctab[i, CT_CHILD] = new
 
 
-@kernel
+@kernel(engine_only=True)
 def rebuild_children(nodes, ctab, pool, meta):
     """Refill an empty (all ``CT_EMPTY``) ``ctab`` from the node table. O(nodes)."""
     meta[M_CT_LIVE] = 0

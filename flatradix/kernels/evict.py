@@ -136,7 +136,7 @@ def _aux_walk(nodes, ctab, pool, heap, meta, c, want, have, out, acts):
     return False, f, w, m
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="resume")
 def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, num_mamba, phase, out, acts):
     """Evict until ``num_full`` Full units, ``num_swa`` SWA units and ``num_mamba``
     Mamba states are freed or nothing evictable is left: the Full walk first
@@ -278,7 +278,7 @@ def _aux_cursor(nodes, meta, c, lst):
     return x
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
     """One step of the open round of ``component``.
 

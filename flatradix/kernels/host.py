@@ -54,7 +54,7 @@ E_HOST_STATE = 20
 E_HOST_LEN = 21
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def backup_plan(nodes, ctab, pool, heap, meta, nid, out):
     """The nodes a write-through backup of node ``nid`` covers (SGLang
     ``_build_backup_kv_action``): ``nid`` and its ancestors up to the first one
@@ -109,7 +109,7 @@ def needs_aux_backup(nodes, meta, s, out):
     return False
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def swa_backup_plan(nodes, ctab, pool, heap, meta, slot, out):
     """The SWA part of the backup of the live node in ``slot`` (SGLang's SWA
     ``build_hicache_transfers(BACKUP_HOST)``, read just before its commit): the
@@ -181,7 +181,7 @@ def _reverse(a, lo, hi):
         hi -= 1
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def node_device_values(nodes, ctab, pool, heap, meta, slot, out):
     """The Full device indices of the live node in ``slot`` to ``out[:len]`` (a
     backup transfer's source, read before its commit). Returns ``(status, len)``;
@@ -201,7 +201,7 @@ def node_device_values(nodes, ctab, pool, heap, meta, slot, out):
     return OK, n
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, swa_nodes, swa_host,
                   ack_id, lock, out):
     """Commit the backup of the node in ``slot`` (one node of a ``backup_plan``
@@ -275,7 +275,7 @@ def backup_commit(nodes, ctab, pool, heap, meta, slot, host_slots, state_host, s
     return OK, n, boundary
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def backup_ack(nodes, ctab, pool, heap, meta, nid, ack_id, unlock, swa_boundary, out, acts):
     """Complete backup ``ack_id`` of node ``nid`` (SGLang ``finish_write_through``):
     clear the pending mark on ``nid`` and the ancestors carrying it (a split while
@@ -349,7 +349,7 @@ def _host_only_path(nodes, s):
     return OK, units, k
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def load_plan(nodes, ctab, pool, heap, meta, nid, out):
     """What a load-back to node ``nid`` copies (SGLang ``build_load_back_spec``):
     the host-only nodes from ``nid`` up to the first device node, root-first;
@@ -379,7 +379,7 @@ def load_plan(nodes, ctab, pool, heap, meta, nid, out):
     return OK, units, k
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def swa_load_plan(nodes, ctab, pool, heap, meta, nid, out):
     """The SWA part of a load-back to node ``nid`` (``swa.collect_host_only``): their SWA
     host slots, root-first, to ``out[:units]``, their slots, root-first, to
@@ -408,7 +408,7 @@ def swa_load_plan(nodes, ctab, pool, heap, meta, nid, out):
     return OK, units, k
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def load_commit(nodes, ctab, pool, heap, meta, nid, dev_slots, load_id, state_slot, swa_nodes,
                 swa_dev, out, acts):
     """Commit the load-back ``load_plan(nid)`` planned: its nodes take
@@ -648,7 +648,7 @@ def _reclaim_duplicates(nodes, pool, heap, meta, num_units, freed, out, acts):
     return False, freed
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="resume")
 def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
     """Free host units until ``num_units`` are freed or nothing is left (SGLang
     ``evict_host`` for Full, §8.5): under write-back first the host copies of
@@ -675,7 +675,7 @@ def evict_host(nodes, ctab, pool, heap, meta, num_units, out, acts):
     return OK, freed
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="resume")
 def evict_host_aux(nodes, ctab, pool, heap, meta, c, num, out, acts):
     """Free host data of auxiliary component ``c`` (SWA or MAMBA) until ``num`` are
     freed or none is left (SGLang ``evict_host(n, c)``, the component's
@@ -737,7 +737,7 @@ def swa_host_hit(nodes, ctab, pool, heap, meta, nid):
     return swa.host_hit_length(nodes, meta, s)
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def finish_state_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Resume a write-back Mamba round after ``evict_next`` answered
     ``E_NEED_STATE_BACKUP`` for node ``nid`` and the caller tried its backup
@@ -765,7 +765,7 @@ def finish_state_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
     return OK, 1
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def finish_swa_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Resume a write-back SWA round after ``evict_next`` answered
     ``E_NEED_STATE_BACKUP`` for node ``nid`` and the caller tried its backup
@@ -797,7 +797,7 @@ def finish_swa_eviction(nodes, ctab, pool, heap, meta, nid, out, acts):
     return OK, n, m
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def path_cap(nodes, ctab, pool, heap, meta, slot, out, acts):
     """SGLang's ``MambaEvictExcessPathStates`` for the live node in ``slot``, run
     where an insert's ``A_PATH_CAP`` row stands (with the host tier the cap runs
@@ -819,7 +819,7 @@ def path_cap(nodes, ctab, pool, heap, meta, slot, out, acts):
     return OK, mamba.evict_excess_path_states(nodes, meta, slot, out, acts)
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Demote node ``nid`` now that its write-back backup is done (SGLang
     ``demote``): it must be an evictable device leaf with a host copy
@@ -848,7 +848,7 @@ def demote_leaf(nodes, ctab, pool, heap, meta, nid, out, acts):
     return OK, n
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def drop_subtree(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Write-back fallback when the backup of device leaf ``nid`` found no host
     memory (SGLang ``drop_subtree_no_host``): delete its host-only descendants
@@ -1040,7 +1040,7 @@ def _host_unlock_apply(nodes, heap, meta, s, k):
         a = nodes[a, PARENT]
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def insert_host(nodes, ctab, pool, heap, meta, nid, key, host_value, n, ns, out, acts):
     """SGLang ``insert_host`` (spec §8.6, the storage-prefetch refill): add
     ``key[:n]`` (n page-aligned) with ``host_value[:n]`` (int64 host slots, one per
@@ -1133,7 +1133,7 @@ def insert_host(nodes, ctab, pool, heap, meta, nid, key, host_value, n, ns, out,
     return OK, prefix, node_id(nodes, leaf), 0
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def prefetch_commit(nodes, ctab, pool, heap, meta, anchor_nid, target_nid, total, staging,
                     n_swa, mamba_at, out, acts):
     """The aux components' part of a storage prefetch, after ``insert_host`` (SGLang's

@@ -43,7 +43,7 @@ def unevict(nodes, pool, heap, meta, s, value, start):
     dup_update(nodes, meta, s)
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, priority, limit, prev,
            cursor, flags, mamba_slot, out_base, out, acts):
     """Insert ``key[:n]`` -> ``value[:n]`` (n page-aligned, > 0) in namespace ``ns``.

@@ -79,7 +79,7 @@ def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
     return OK, delta
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def release_window(nodes, ctab, pool, heap, meta, nid, boundary, skip, out, acts):
     """Early release of the SWA window segment of a lock on ``nid`` (SGLang
     ``dec_swa_lock_only``); the Full lock stays. A segment node whose SWA lock

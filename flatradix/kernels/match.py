@@ -99,7 +99,7 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     return best_len, best, visited, length, hbest_len, hbest
 
 
-@kernel
+@kernel(on_capacity="retry")
 def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     """Walk ``key[:n]`` (n page-aligned, > 0) in namespace ``ns``.
 
@@ -138,7 +138,7 @@ def match_prefix(nodes, ctab, pool, heap, meta, key, n, ns, out):
     return 0, plen, node_id(nodes, best), vid, full_hit, hlen - plen, node_id(nodes, hbest)
 
 
-@kernel
+@kernel(on_capacity="retry")
 def match_prefix_batch(nodes, ctab, pool, heap, meta, keys, offs, lens, nss, out, res):
     """``match_prefix`` of ``k`` keys in order, as ``k`` single calls would do them.
 

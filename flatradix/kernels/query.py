@@ -2,18 +2,18 @@
 
 from ._jit import kernel
 from .layout import E_CAPACITY, E_STALE, F_HAS_FULL_DEV, FLAGS, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
-from .state import resolve
+from .state import need, resolve
 from .tree import copy_values
 
 
-@kernel
+@kernel(scratch="out", on_capacity="retry")
 def path_device_indices(nodes, pool, meta, nid, out):
     """KV indices on the path root -> ``nid``, written to ``out``. Returns ``(status, n)``.
 
     With a host tier only the device part of the path counts: host-only nodes
     (below every device node of the path) are skipped.
     ``(E_CAPACITY, n)`` when ``out`` is shorter than the path's ``n`` units
-    (nothing written).
+    (nothing written; ``meta[M_NEED_OUT]`` says so).
     """
     s = resolve(nodes, meta, nid)
     if s < 0:
@@ -26,6 +26,7 @@ def path_device_indices(nodes, pool, meta, nid, out):
         n += nodes[a, KEY_LEN]
         a = nodes[a, PARENT]
     if n > out.shape[0]:
+        need(meta, 0, 0, n, 0)
         return E_CAPACITY, n
     end = n
     a = s

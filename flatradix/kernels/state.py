@@ -176,7 +176,7 @@ def _make_root(nodes, meta):
     return s
 
 
-@kernel
+@kernel(engine_only=True)
 def reset_tree(nodes, ctab, meta):
     """Drop every node (all their ids go stale), then lay out a new root and empty
     the auxiliary LRU lists (their sentinel slots follow the root).
@@ -240,7 +240,7 @@ def reset_tree(nodes, ctab, meta):
     return node_id(nodes, s)
 
 
-@kernel
+@kernel(engine_only=True)
 def compact_pool(nodes, pool, new_pool, meta):
     """Move every live edge span to the front, back to back, in pool order, and
     repoint KEY_OFF; rows past the new top are free again. ``new_pool`` is
@@ -303,7 +303,7 @@ def live_spans(nodes, meta):
     return slots, offs, np.argsort(offs, kind="mergesort")
 
 
-@kernel
+@kernel(engine_only=True)
 def pool_gaps(nodes, meta, cap, min_len, gaps):
     """The pool's dead row ranges a gap pass can fill, in increasing order: the
     complement of the live spans in ``[0, cap)``, each at least ``min_len`` rows,

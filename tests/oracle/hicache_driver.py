@@ -504,16 +504,10 @@ class FlatSide:
             match_s = c.match_prefix
             c.match_prefix = lambda params: match_s(params)._replace(swa_host_hit_length=0)
         if mut.get("swa_no_window_backup") or mut.get("swa_no_window_load"):
-            from flatradix import hicache as H
-
-            call_out = c._call_out
-            plan = H.K.swa_backup_plan if mut.get("swa_no_window_backup") else H.K.swa_load_plan
-
-            def no_window(kernel, *a):  # the backup / load plan finds no SWA data to copy
-                if kernel is plan:
-                    return L.OK, 0, 0
-                return call_out(kernel, *a)
-            c._call_out = no_window
+            # the backup / load plan finds no SWA data to copy (the engine's caller of
+            # that kernel replaced)
+            plan = "swa_backup_plan" if mut.get("swa_no_window_backup") else "swa_load_plan"
+            setattr(c._engine.k, plan, lambda *a: (L.OK, 0, 0))
         if mut.get("swa_no_state_cascade"):
             evict_swa = c._evict_host_swa
 
