@@ -13,10 +13,9 @@ _compile_notice.install()   # one line on stderr when a run compiles kernels
 
 from .cache import UnifiedRadixCache
 from .errors import CacheInvariantError, LockRefError, NodeAccessError
-from .hicache import HostKVPool
 from .pools import (
-    HybridReqToTokenPool, MambaSlotAllocator, ReqToTokenPool, SWATokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
+    HostKVPool, HybridReqToTokenPool, MambaSlotAllocator, ReqToTokenPool,
+    SWATokenToKVPoolAllocator, TokenToKVPoolAllocator,
 )
 from .requests import Req
 from .transfer import KVTransfer

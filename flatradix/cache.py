@@ -19,10 +19,10 @@ from ._cast import _NID_END, _NID_MIN, as_count, as_flag, as_int, as_int64, as_n
 from .engine import Engine
 from .errors import CacheInvariantError, LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
-from .executor import execute
+from .executor import Executor
 from .kernels import layout as L
-from .hicache import HiCacheMixin
-from .requests import RequestCachingMixin
+from .hicache import HostTier
+from .requests import RequestCachingMixin, holds_state
 from .values import ValueBridge, is_swa_allocator
 from .types import (
     ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult, EvictStep,
@@ -146,7 +146,7 @@ def _cat_or_empty(parts):
     return np.concatenate(parts) if parts else _EMPTY.copy()
 
 
-class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
+class UnifiedRadixCache(RequestCachingMixin):
     """Prefix cache of KV indices keyed by token ids (SGLang 0.5.23 ``UnifiedRadixCache``).
 
     Parameters
@@ -422,6 +422,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         self._root = self._engine.root
         if self._sink is not None:
             self._sink.cleared()
+        self._executor = Executor(self._vals, self._sink)
+        #: the host tier (HiCache), off until ``init_hicache``
+        self._hicache = HostTier(self)
 
     @property
     def mutex(self):
@@ -532,15 +535,14 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if new_ns and len(eng.ns.ids) > eng.ns.gc_at:
                 # after the insert: a refused call changes nothing
                 eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
-            out = eng.out
-            backups = path_cap = None
-            if self._host is not None:  # backups run amid the rows (engine calls): copy out
+            if self._hicache.on:  # backups run amid the rows (engine calls): copy them
                 out = eng.out[:max(n if want_path else 0, int(eng.meta[L.M_NOUT]))].copy()
-                backups = self._run_backup
-                path_cap = self._run_path_cap
-            freed = execute(eng.actions(), out, value, self._vals, self._sink,
-                            keep_own=keep_own, adopted=adopted, backups=backups,
-                            path_cap=path_cap)
+                freed = self._hicache.run_with_barriers(eng.actions().copy(), out, value,
+                                                        keep_own, adopted)
+            else:
+                out = eng.out
+                freed = self._executor.run(eng.actions(), out, value, keep_own=keep_own,
+                                           adopted=adopted)
             path = out[:n] if want_path else None
         return plen, target, freed, path, adopted, bool(exist)
 
@@ -633,8 +635,9 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         with self._mutex:
             st, plen, best, visited, full_hit, host_hit, hbest = eng.k.match_prefix(units, n, ns,
                                                                                     idx)
-            shost = 0 if self._host_swa is None else eng.k.swa_host_hit(hbest)
-            mhost = self._mamba_host_hit(hbest) if self._host_mamba is not None else 0
+            h = self._hicache
+            shost = 0 if h.swa_pool_host is None else eng.k.swa_host_hit(hbest)
+            mhost = 0 if h.mamba_pool_host is None else h.mamba_host_hit(hbest)
         if plen < n:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
@@ -661,11 +664,6 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         aligned = full_hit // grid * grid
         return aligned if aligned > boundary else None
 
-    def _mamba_host_hit(self, hbest):
-        """SGLang's ``mamba_host_hit_length``: 1 when the best match node's state is
-        on the host only (a load-back restores it), else 0."""
-        return 1 if self._state_host_only(int(hbest) & 0xFFFFFFFF) else 0
-
     def _check_cow(self, params):
         """Validate a ``cow_mamba`` match's request (before anything changes)."""
         if not self._mamba:
@@ -691,7 +689,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             if src < 0:
                 return
             kv = req.kv
-            if not self._holds_state(kv):
+            if not holds_state(kv):
                 alloc = self._vals.mamba
                 dst = alloc.alloc(1)
                 if dst is None:
@@ -804,24 +802,24 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         track = bool(params.track_adopted_ranges)
         plen, target, dup, _, adopted, exist = self._insert_units(
             units, value, n, nk, prev, inserted_len, priority, limit, name, cursor=cursor,
-            track=track and (self._swa or self._host is not None), mamba_slot=mamba_slot)
+            track=track and (self._swa or self._hicache.on), mamba_slot=mamba_slot)
         if params.value is not None:
             self._vals.note_kind(params.value)
         if mamba_slot >= 0 and not exist:
             self._vals.mamba_owned.add(mamba_slot)
         dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
         if track:
-            if self._swa or self._host is not None:
+            if self._swa or self._hicache.on:
                 adopted = {ComponentType(c): r for c, r in adopted.items()}
             else:  # only components that adopted something appear (SGLang: {} when none)
                 adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
         result = InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
                               duplicate_indices=dup_out, mamba_exist=exist,
                               swa_branch_inserted=branch_inserted)
-        if self._host is not None:
+        if self._hicache.on:
             # a backup's copy failed: raised once all is done, carrying the insert's
             # result (a Mamba caller frees its slot on mamba_exist)
-            self._raise_transfer_error(result)
+            self._hicache.raise_transfer_error(result)
         return result
 
     def _swa_params(self, params):
@@ -898,27 +896,26 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         if self.disable or (num == 0 and swa_num == 0 and mamba_num == 0):
             return EvictResult(0, 0, 0, self._vals.empty() if no_alloc else None)
         eng = self._engine
-        parts = []
+        want = [0] * L.N_COMPONENTS  # per component (counts indexed by component)
+        want[L.FULL], want[L.SWA], want[L.MAMBA] = num, swa_num, mamba_num
         with self._mutex:
-            done = swa_done = m_done = 0
-            phase = 0
-            if self._hicache_policy == "write_back":  # SGLang's step-wise rounds
-                done, swa_done, m_done, parts = self._evict_write_back(num, mamba_num, swa_num)
-                phase = -1
-            while phase >= 0:
-                st, f, w, m, phase = eng.k.evict(num - done, swa_num - swa_done,
-                                                 mamba_num - m_done, phase)
-                done += f
-                swa_done += w
-                m_done += m
-                parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
-                if st == L.OK:
-                    break
-                eng.grow()  # out / acts too small for the next victim: grow, go on
-        if no_alloc:
-            return EvictResult(done, swa_done, m_done, self._vals.out(
-                np.concatenate(parts) if len(parts) > 1 else parts[0]))
-        return EvictResult(done, swa_done, m_done, None)
+            if self._hicache.policy == "write_back":  # SGLang's step-wise rounds
+                done, parts = self._hicache.write_back_evict(want)
+            else:
+                done, parts = [0] * L.N_COMPONENTS, []
+                phase = 0
+                while True:
+                    st, f, w, m, phase = eng.k.evict(num - done[L.FULL], swa_num - done[L.SWA],
+                                                     mamba_num - done[L.MAMBA], phase)
+                    done[L.FULL] += f
+                    done[L.SWA] += w
+                    done[L.MAMBA] += m
+                    parts.append(self._executor.run(eng.actions(), eng.out))
+                    if st == L.OK:
+                        break
+                    eng.grow()  # out / acts too small for the next victim: grow, go on
+        freed = self._vals.out(_cat_or_empty(parts)) if no_alloc else None
+        return EvictResult(done[L.FULL], done[L.SWA], done[L.MAMBA], freed)
 
     def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
         """Open a step-wise eviction round of ``num_tokens`` units for ``component``
@@ -952,49 +949,35 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         """
         c = self._check_component(component)
         eng = self._engine
+        # the controller frees the step's slots: the executor runs the events only and
+        # collects the slots per component
+        collect = [[] for _ in range(L.N_COMPONENTS)]
         with self._mutex:
             st, nid, f, w, m = eng.k.evict_next(c)
             if st == L.E_NO_WALK:
                 raise RuntimeError("no device eviction in progress: call evict_device_start first")
-            if st == L.E_NEED_BACKUP:  # write-back: back the victim up, then demote / drop it
-                mf, sf = [], []
-                n, freed, k, ws = self._write_back_victim(nid, None, mf, sf)
-                if mf:  # the controller frees them: the tree holds them no more
-                    self._vals.mamba_owned.difference_update(mf[0].tolist())
-                return EvictStep(int(nid), self._vals.out(freed), n, True,
-                                 swa_freed_indices=self._vals.out(_cat_or_empty(sf)),
-                                 swa_num_tokens=ws,
-                                 mamba_freed_indices=(self._mamba_slots(mf[0]) if mf
-                                                      else self._mamba_empty()), mamba_num=k)
-            if st == L.E_NEED_STATE_BACKUP:  # write-back: back the node up, then tombstone
-                mf, sf = [], []
-                if c == L.SWA:
-                    ws, k = self._swa_victim(nid, w, sf, mf)
-                else:
-                    ws, k = 0, self._state_victim(nid, mf)
-                if mf:
-                    self._vals.mamba_owned.difference_update(mf[0].tolist())
-                return EvictStep(None, self._vals.empty(), 0, True,
-                                 swa_freed_indices=self._vals.out(_cat_or_empty(sf)),
-                                 swa_num_tokens=ws,
-                                 mamba_freed_indices=(self._mamba_slots(mf[0]) if mf
-                                                      else self._mamba_empty()), mamba_num=k)
-            rows = eng.actions()
-            # the controller frees the step's slots: execute the events only
-            mamba_freed, swa_out = [], []
-            freed = execute(rows, eng.out, None, None, self._sink, mamba_out=mamba_freed,
-                            swa_out=swa_out)
-            if mamba_freed:  # the controller frees them: the tree holds them no more
-                self._vals.mamba_owned.difference_update(mamba_freed[0].tolist())
-            swa_freed = _cat_or_empty(swa_out)
-        if f == 0 and w == 0 and m == 0:
-            return EvictStep(None, self._vals.empty(), 0, False, swa_freed_indices=self._vals.empty(),
-                             mamba_freed_indices=self._mamba_empty())
-        return EvictStep(None if nid < 0 else int(nid), self._vals.out(freed), int(f), True,
-                         swa_freed_indices=self._vals.out(swa_freed), swa_num_tokens=int(w),
-                         mamba_freed_indices=(self._mamba_slots(mamba_freed[0]) if mamba_freed
-                                              else self._mamba_empty()),
-                         mamba_num=int(m))
+            if st == L.E_NEED_BACKUP or st == L.E_NEED_STATE_BACKUP:
+                # write-back: back the victim up, then demote / drop it (a leaf) or
+                # tombstone its SWA data / state (an internal node)
+                nid, counts, freed = self._hicache.write_back_step(c, st, nid, w, collect)
+            else:
+                freed = self._executor.run(eng.actions(), eng.out, free=False, collect=collect)
+                if f == 0 and w == 0 and m == 0:
+                    return EvictStep(None, self._vals.empty(), 0, False,
+                                     swa_freed_indices=self._vals.empty(),
+                                     mamba_freed_indices=self._mamba_empty())
+                nid = None if nid < 0 else int(nid)
+                counts = [0] * L.N_COMPONENTS
+                counts[L.FULL], counts[L.SWA], counts[L.MAMBA] = int(f), int(w), int(m)
+            states = _cat_or_empty(collect[L.MAMBA])
+            if states.size:  # the controller frees them: the tree holds them no more
+                self._vals.mamba_owned.difference_update(states.tolist())
+        return EvictStep(nid, self._vals.out(freed), counts[L.FULL], True,
+                         swa_freed_indices=self._vals.out(_cat_or_empty(collect[L.SWA])),
+                         swa_num_tokens=counts[L.SWA],
+                         mamba_freed_indices=(self._mamba_slots(states) if self._mamba
+                                              else None),
+                         mamba_num=counts[L.MAMBA])
 
     def _mamba_empty(self):
         return self._mamba_slots(_EMPTY) if self._mamba else None
@@ -1272,7 +1255,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
                     raise self._stale(nid, "lock.node")
                 if st == L.E_LOCK_UNDERFLOW:
                     self._raise_underflow(int(x), nid, "window release")
-                execute(eng.actions(), eng.out, None, self._vals, self._sink)
+                self._executor.run(eng.actions(), eng.out)
         lock.swa_released = True
 
     # ------------------------------------------------------------------ batches
@@ -1352,16 +1335,17 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         idx = self._vals.out(idx)
         swa = self._swa
         mamba = self._mamba
-        mamba_host = self._host_mamba is not None
+        host = self._hicache
+        mamba_host = host.mamba_pool_host is not None
         shosts = mhosts = None
-        if self._host_swa is not None or mamba_host:  # host hits, all under one lock
+        if host.swa_pool_host is not None or mamba_host:  # host hits, all under one lock
             with self._mutex:
                 hb = res[:, 5].tolist()
-                if self._host_swa is not None:
+                if host.swa_pool_host is not None:
                     hit = eng.k.swa_host_hit
                     shosts = [hit(h) for h in hb]
                 if mamba_host:
-                    mhosts = [self._mamba_host_hit(h) for h in hb]
+                    mhosts = [host.mamba_host_hit(h) for h in hb]
         results = []
         for i, ((plen, best, vis, full_hit, host_hit, hbest), p0) in enumerate(
                 zip(res.tolist(), pos[:-1].tolist())):
@@ -1680,18 +1664,7 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
         with self._mutex:
             self._root = self._engine.reset()
             self._vals.mamba_owned.clear()
-            if self._host is not None:
-                self._host.clear()
-                if self._host_mamba is not None:
-                    self._host_mamba.clear()
-                if self._host_swa is not None:
-                    self._host_swa.clear()
-                self.ongoing_write_through.clear()
-                self._wt_swa.clear()
-                self.ongoing_load_back.clear()
-                self._write_queue, self._load_queue = [], []
-                self._write_acks.clear()
-                self._load_acks.clear()
+            self._hicache.clear()
             if self._sink is not None:
                 self._sink.cleared()
 
@@ -1720,9 +1693,58 @@ class UnifiedRadixCache(HiCacheMixin, RequestCachingMixin):
             return self._engine.snapshot()
 
 
-# the host tier's wrappers of the request path keep the request path's documentation
-HiCacheMixin.checkpoint.__doc__ = RequestCachingMixin.checkpoint.__doc__
-HiCacheMixin.release_kv_cache.__doc__ = RequestCachingMixin.release_kv_cache.__doc__
+    # the request path's inserts back nodes up too: a failed copy is raised at the end
+    # of the whole call (the insert's frees, the unlock and the row release done)
+    def checkpoint(self, req, up_to, *, finished=False):
+        try:
+            return super().checkpoint(req, up_to, finished=finished)
+        finally:
+            if self._hicache.on:
+                self._hicache.raise_transfer_error()
+
+    def release_kv_cache(self, req, checkpoint=True):
+        try:
+            return super().release_kv_cache(req, checkpoint)
+        finally:
+            if self._hicache.on:
+                self._hicache.raise_transfer_error()
+
+    checkpoint.__doc__ = RequestCachingMixin.checkpoint.__doc__
+    release_kv_cache.__doc__ = RequestCachingMixin.release_kv_cache.__doc__
+
+
+def _host_method(name):
+    """The cache's public host-tier method ``name``: ``HostTier.<name>`` of its host
+    tier (``cache._hicache``), with that docstring."""
+    def method(self, *args, **kwargs):
+        return getattr(self._hicache, name)(*args, **kwargs)
+
+    impl = getattr(HostTier, name)
+    method.__name__ = name
+    method.__qualname__ = f"UnifiedRadixCache.{name}"
+    method.__doc__ = impl.__doc__
+    method.__wrapped__ = impl  # (inspect.signature shows the real parameters)
+    return method
+
+
+def _host_property(name):
+    impl = getattr(HostTier, name, None)
+
+    def get(self):
+        return getattr(self._hicache, name)
+
+    def set_(self, value):
+        setattr(self._hicache, name, value)
+
+    doc = impl.__doc__ if isinstance(impl, property) else f"The host tier's ``{name}``."
+    return property(get, set_ if name == "load_back_threshold" else None, doc=doc)
+
+
+for _name in HostTier.API:
+    setattr(UnifiedRadixCache, _name, _host_method(_name))
+for _name in HostTier.PROPERTIES:
+    setattr(UnifiedRadixCache, _name, _host_property(_name))
+del _name
 
 
 def _plain_lock(lk):

@@ -2,21 +2,29 @@
 
 "The tree decides, the cache executes" (SGLang 0.5.23 ``cache_action.py``): every
 mutating kernel appends rows to the action buffer (``kernels/actions.py``) and
-the façade calls ``execute`` right after it, before anything else touches the
-tree (pool rows named by ``A_REMOVED`` are intact until then). Rows run in
+the controller runs them right after the call, before anything else touches
+the tree (pool rows named by ``A_REMOVED`` are intact until then). Rows run in
 order. Frees are batched per pool -- one call for the SWA peers, then one for
 the Full slots -- which keeps each pool's free order: SGLang frees a slot's SWA
 peer before or after its Full slot, and neither free reads what the other
 writes (the Full free never touches the mapping). The one action that reads
 the mapping, ``A_SWA_RECOVER_LOCKED``, only touches slots no pending free holds.
+
+The executor runs no kernel. The two *barrier* rows, ``A_BACKUP`` and
+``A_PATH_CAP`` (an insert's backups and its Mamba per-path cap, which SGLang
+runs at their place among the insert's actions), are the controller's: it cuts
+the rows at them (``segments``), runs each segment here and the barrier itself
+in between (the host tier's ``run_barrier``).
 """
 
 import numpy as np
 
 from .kernels import actions as A
-from .kernels.layout import MAMBA, SWA
+from .kernels.layout import FULL, MAMBA, N_COMPONENTS, SWA
 
 _EMPTY = np.empty(0, dtype=np.int64)
+#: The row kinds the controller runs itself, between segments.
+BARRIERS = (A.A_BACKUP, A.A_PATH_CAP)
 
 
 def _cat(parts):
@@ -26,116 +34,120 @@ def _cat(parts):
 
 
 assert (A.ACT_KIND, A.ACT_COMP, A.ACT_SRC, A.ACT_OFF, A.ACT_LEN, A.ACT_AUX,
-        A.ACT_NCOL) == (0, 1, 2, 3, 4, 5, 6), "execute unpacks the action columns in this order"
+        A.ACT_NCOL) == (0, 1, 2, 3, 4, 5, 6), "the executor unpacks the action columns in this order"
 
 
-def execute(rows, out, value_in, vals, sink, keep_own=False, adopted=None, mamba_out=None,
-            host=None, backups=None, host_mamba=None, path_cap=None, host_swa=None,
-            swa_out=None):
-    """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, a view of the engine's ``acts``).
+def segments(rows):
+    """``rows`` cut after each barrier row: a list of ``(segment, barrier)`` pairs
+    (``barrier``: that row as a tuple ``(kind, comp, src, off, len, aux)``, None after
+    the last segment). ``rows`` must be a copy when the barriers make engine calls."""
+    kinds = rows[:, A.ACT_KIND]
+    at = np.flatnonzero((kinds == A.A_BACKUP) | (kinds == A.A_PATH_CAP)).tolist()
+    out = []
+    start = 0
+    for i in at:
+        out.append((rows[start:i], tuple(rows[i].tolist())))
+        start = i + 1
+    out.append((rows[start:], None))
+    return out
 
-    ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
-    array (``SRC_IN`` rows), or None; ``vals``: the ``ValueBridge`` (allocator)
-    or None to free nothing (the caller frees); ``sink``: the ``EventSink`` or
-    None. ``keep_own`` (request path): a slot of an ``SRC_IN`` free equal to the
-    tree's own slot at its position (``out[pos]``, the path the insert wrote)
-    is the same KV, not a duplicate, and is kept. ``adopted``: a dict
-    ``{component: [(start, end), ...]}`` that ``A_ADOPTED`` reports are added to
-    (coalesced as SGLang's ``record_adopted_range``). ``mamba_out``: a list the
-    Mamba state slots freed are appended to when ``vals`` is None (a step-wise
-    round: the controller frees them); with ``vals`` they go to its Mamba
-    allocator. ``swa_out``: the same for the Full slots of ``A_FREE_SLOT(SWA)``
-    rows (whose SWA peers the controller frees).
 
-    ``host``: the host pool (``flatradix.hicache.HostKVPool``) Full ``A_FREE_HOST`` rows are
-    freed to (host eviction), ``host_mamba`` the Mamba host state pool (Mamba rows),
-    ``host_swa`` the SWA host pool (SWA rows); a row whose pool is not given is an error
-    (``AssertionError``: a host slot is never dropped); ``backups``: called with the node
-    slot of each ``A_BACKUP`` row when the row is reached (the façade backs the node up
-    there, as SGLang's insert does at that barrier; it makes engine calls, so ``out`` must
-    then be a copy); ``path_cap``: called with the node slot of an ``A_PATH_CAP`` row (the
-    façade runs the Mamba per-path cap there). Event rows carry their medium (``A_STORED`` /
-    ``A_REMOVED`` ``aux``).
+class Executor:
+    """Runs action rows for one cache: ``vals`` (the ``ValueBridge``: allocator
+    frees), ``sink`` (the ``EventSink`` or None), and ``host_pools``, the host
+    pools indexed by component (``HostKVPool``; None without that pool: set by the
+    host tier)."""
 
-    Returns the Full slots freed, concatenated in row order (int64, owned): what
-    the caller frees itself when no allocator is attached.
-    """
-    if rows.shape[0] == 0:
-        return _EMPTY
-    full = []
-    swa = []
-    mamba = None
-    host_frees = {}   # component -> (its host pool, its slots): one free per pool and call
-    # one tolist() instead of per-field numpy scalar reads (column order: actions.ACT_*)
-    for kind, comp, src, off, n, aux in rows.tolist():
-        if kind == A.A_STORED:
-            if sink is not None:
-                sink.stored(off, aux)
-            continue
-        if kind == A.A_REMOVED:
-            if sink is not None:
-                sink.removed(off, n, aux)
-            continue
-        if kind == A.A_BACKUP:
-            if backups is not None:  # run now: its events fall at the walk's position
-                backups(off, aux)
-            continue
-        if kind == A.A_PATH_CAP:
-            if path_cap is None:
-                raise AssertionError("A_PATH_CAP row with no path_cap callable given")
-            path_cap(off)
-            continue
-        if kind == A.A_ADOPTED:
-            if adopted is not None:
-                _adopt(adopted, comp, off, off + n)
-            continue
-        v = value_in[off:off + n] if src == A.SRC_IN else out[off:off + n]
-        if kind == A.A_SWA_RECOVER_LOCKED:
-            incoming = value_in[aux:aux + n]
-            if vals is not None:
-                vals.swa_recover_locked(v, incoming)
-            full.append(incoming)
-            continue
-        if keep_own and src == A.SRC_IN and v.size:
-            own = v == out[off:off + v.size]
-            if own.any():
-                v = v[~own]
-        if kind == A.A_FREE_KV:
-            if vals is not None and vals.swa:
-                swa.append(v)
-            full.append(v)
-        elif kind == A.A_FREE_KV_FULL_ONLY:
-            full.append(v)
-        elif kind == A.A_FREE_HOST:
-            if comp not in host_frees:
-                pool = host_mamba if comp == MAMBA else host_swa if comp == SWA else host
-                if pool is None:
-                    raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool "
-                                         "given")
-                host_frees[comp] = (pool, [])
-            host_frees[comp][1].append(v)
-        elif kind == A.A_FREE_SLOT:
-            if comp == MAMBA:  # state slots: their own pool
-                if mamba is None:
-                    mamba = []
-                mamba.append(v)
+    def __init__(self, vals, sink):
+        self.vals = vals
+        self.sink = sink
+        self.host_pools = [None] * N_COMPONENTS
+
+    def run(self, rows, out, value_in=None, *, free=True, collect=None, keep_own=False,
+            adopted=None):
+        """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, e.g. ``Engine.actions()``).
+
+        ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
+        array (``SRC_IN`` rows), or None. ``free`` False: no device slot is freed
+        (a step-wise round: the controller frees them); the Full slots are
+        returned as always, the other components' go to ``collect[c]`` (a list per
+        component, each gathering int64 arrays: SWA the Full slots whose SWA peers
+        the caller frees, MAMBA the state slots). ``keep_own`` (request path): a
+        slot of an ``SRC_IN`` free equal to the tree's own slot at its position
+        (``out[pos]``, the path the insert wrote) is the same KV, not a duplicate,
+        and is kept. ``adopted``: a dict ``{component: [(start, end), ...]}`` that
+        ``A_ADOPTED`` reports are added to (coalesced as SGLang's
+        ``record_adopted_range``). ``A_FREE_HOST`` rows go to ``host_pools[comp]``
+        (an ``AssertionError`` when that pool is absent: a host slot is never
+        dropped); a barrier row is an ``AssertionError`` (``segments``). Event rows
+        carry their medium (``A_STORED`` / ``A_REMOVED`` ``aux``).
+
+        Returns the Full slots freed, concatenated in row order (int64, owned):
+        what the caller frees itself when no allocator is attached.
+        """
+        if rows.shape[0] == 0:
+            return _EMPTY
+        sink = self.sink
+        vals = self.vals if free else None
+        per = [[] for _ in range(N_COMPONENTS)]   # device slots to free, per component
+        host_frees = {}   # component -> its slots: one free per host pool and call
+        # one tolist() instead of per-field numpy scalar reads (column order: actions.ACT_*)
+        for kind, comp, src, off, n, aux in rows.tolist():
+            if kind == A.A_STORED:
+                if sink is not None:
+                    sink.stored(off, aux)
+                continue
+            if kind == A.A_REMOVED:
+                if sink is not None:
+                    sink.removed(off, n, aux)
+                continue
+            if kind == A.A_ADOPTED:
+                if adopted is not None:
+                    _adopt(adopted, comp, off, off + n)
+                continue
+            if kind in BARRIERS:
+                raise AssertionError(f"barrier row {kind} given to Executor.run (cut the rows "
+                                     "with executor.segments)")
+            v = value_in[off:off + n] if src == A.SRC_IN else out[off:off + n]
+            if kind == A.A_SWA_RECOVER_LOCKED:
+                incoming = value_in[aux:aux + n]
+                if vals is not None:
+                    vals.swa_recover_locked(v, incoming)
+                per[FULL].append(incoming)
+                continue
+            if keep_own and src == A.SRC_IN and v.size:
+                own = v == out[off:off + v.size]
+                if own.any():
+                    v = v[~own]
+            if kind == A.A_FREE_KV:
+                if vals is not None and vals.swa:
+                    per[SWA].append(v)
+                per[FULL].append(v)
+            elif kind == A.A_FREE_KV_FULL_ONLY:
+                per[FULL].append(v)
+            elif kind == A.A_FREE_HOST:
+                if self.host_pools[comp] is None:
+                    raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool")
+                host_frees.setdefault(comp, []).append(v)
+            elif kind == A.A_FREE_SLOT:
+                per[comp].append(v)
             else:
-                (swa if comp == SWA else full).append(v)
+                raise AssertionError(f"unhandled action kind {kind}")
+        for comp, parts in host_frees.items():
+            self.host_pools[comp].free(np.concatenate(parts) if len(parts) > 1 else parts[0])
+        freed_full = _cat(per[FULL])
+        if vals is not None:
+            vals.free_split(freed_full, _cat(per[SWA]) if per[SWA] else _EMPTY)
+            if per[MAMBA]:
+                vals.free_mamba(_cat(per[MAMBA]))
         else:
-            raise AssertionError(f"unhandled action kind {kind}")
-    for pool, parts in host_frees.values():
-        pool.free(np.concatenate(parts) if len(parts) > 1 else parts[0])  # (copies them)
-    freed_full = _cat(full)
-    if vals is not None:
-        vals.free_split(freed_full, _cat(swa) if swa else _EMPTY)
-        if mamba is not None:
-            vals.free_mamba(_cat(mamba))
-    else:
-        if mamba is not None and mamba_out is not None:
-            mamba_out.append(_cat(mamba))
-        if swa and swa_out is not None:
-            swa_out.append(_cat(swa))
-    return freed_full
+            for comp in range(N_COMPONENTS):
+                if comp != FULL and per[comp]:
+                    if collect is None:
+                        raise AssertionError(f"component {comp}'s slots freed with free=False "
+                                             "and nowhere to collect them")
+                    collect[comp].append(_cat(per[comp]))
+        return freed_full
 
 
 def _adopt(adopted, comp, start, end):
@@ -147,4 +159,3 @@ def _adopt(adopted, comp, start, end):
         ranges[-1] = (min(lo, start), max(hi, end))
     else:
         ranges.append((start, end))
-

@@ -41,13 +41,13 @@ from .types import (
     InsertResult,
 )
 from . import inspection as Q
-from .executor import execute
+from .executor import segments
+from .kernels.actions import A_BACKUP
 from .kernels import layout as L
 from .kernels.host import E_HOST_STATE
 from .kernels.insert import BACKUP_NO_STATE as _BACKUP_NO_STATE
-from .kernels.slots import slots_alloc as _k_slots_alloc
-from .kernels.slots import slots_first_unheld as _k_slots_first_unheld
-from .kernels.slots import slots_free as _k_slots_free
+from .pools import HostKVPool
+from .requests import holds_state
 from .transfer import KVTransfer
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -60,6 +60,13 @@ def _np64(x):
     return np.ascontiguousarray(x, dtype=np.int64)
 
 
+def _counts(full=0, swa=0, mamba=0):
+    """Counts per component (a list indexed by component id)."""
+    out = [0] * L.N_COMPONENTS
+    out[L.FULL], out[L.SWA], out[L.MAMBA] = int(full), int(swa), int(mamba)
+    return out
+
+
 class _Declined(Exception):
     """A load-back given up after its slots were taken (they go back)."""
 
@@ -68,72 +75,59 @@ class _Declined(Exception):
 MAX_HOST_SIZE = 1 << 40
 
 
-class HostKVPool:
-    """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
-    ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
-    ``n`` are free, ``free(indices)`` (1-D integers; O(freed), one kernel pass;
-    ``ValueError``, nothing freed, for a slot outside the pool, not handed out or
-    given twice; ``TypeError`` for non-integers),
-    ``all_held(idx)`` (that check alone), ``available_size()``, ``clear()``.
-    Slots are handed out lowest first after a ``clear``; then the last batch
-    freed goes out first, in the order it was given. The free stack and the free marks are
-    ``kernels/slots.py``'s, shared with ``TokenToKVPoolAllocator`` (valid slots
-    ``0..size-1`` here)."""
+class HostTier:
+    """The host tier a ``UnifiedRadixCache`` owns (``cache._hicache``; off until
+    ``init_hicache``). See the module docstring.
 
-    def __init__(self, size):
-        self.size = as_count(size, "size")
-        self.clear()
+    The cache exposes ``API`` (methods) and ``PROPERTIES`` as its own public
+    methods (delegating here, with these docstrings), and uses of this object only
+    what ``CACHE_USES`` lists. What this object uses of its cache (read once at
+    construction or called): ``_engine``, ``_vals``, ``_sink``, ``_mutex``,
+    ``_executor``, ``_swa``, ``_mamba``, ``page_size``, ``token_to_kv_pool_allocator``,
+    ``evict``, ``_stale``, ``_slot``, ``_key``.
+    """
 
-    def available_size(self):
-        return self._n
+    #: The cache's public host-tier methods (SGLang's names).
+    API = ("init_hicache", "flush_pending_backups", "writing_check", "check_hicache_events",
+           "inc_host_lock_ref", "dec_host_lock_ref", "insert_host", "is_backuped",
+           "init_load_back", "load_back", "ready_to_load_host_cache", "loading_check",
+           "evict_host", "host_total_size", "all_host_values_flatten", "host_evictable_size",
+           "swa_host_total_size", "mamba_host_total_size")
+    #: The cache's public host-tier attributes (read-only but ``load_back_threshold``).
+    PROPERTIES = ("enable_hicache", "hicache_write_policy", "mem_pool_host", "swa_pool_host",
+                  "mamba_pool_host", "load_back_threshold", "write_through_threshold",
+                  "ongoing_write_through", "ongoing_load_back")
+    #: What the cache's own code uses of this object.
+    CACHE_USES = ("on", "policy", "swa_pool_host", "mamba_pool_host", "run_with_barriers",
+                  "raise_transfer_error", "mamba_host_hit", "holds_state", "write_back_evict",
+                  "write_back_step", "clear")
 
-    def alloc(self, n):
-        n = as_count(n, "n")
-        if n > self._n:
-            return None
-        out = np.empty(n, dtype=np.int64)
-        if n:
-            _k_slots_alloc(self._free, self._n, self._mark, out)
-            self._n -= n
-        return out
+    def __init__(self, cache):
+        self._c = cache
+        self._engine = cache._engine
+        self._vals = cache._vals
+        self._sink = cache._sink
+        self._mutex = cache._mutex
+        self._ex = cache._executor
+        self._swa = cache._swa
+        self._mamba = cache._mamba
+        self._host = self._host_mamba = self._host_swa = None
+        self._hicache_policy = None
+        self._transfer = None
+        self._transfer_error = None
+        self.load_back_threshold = None
+        self.write_through_threshold = None
+        self.ongoing_write_through = self.ongoing_load_back = None
 
-    def free(self, indices):
-        # 1-D integers (list, numpy, torch): TypeError / ValueError naming ``indices``
-        idx = as_int64(indices, "indices")
-        k = idx.shape[0]
-        if k == 0:
-            return
-        code, _ = _k_slots_free(self._free, self._n, self._mark, idx, 0, self.size - 1, True)
-        if code != 0:
-            raise ValueError(f"indices: host slots outside 0..{self.size - 1}, not handed out, "
-                             "or given twice (a double free); nothing freed")
-        self._n += k
+    @property
+    def on(self):
+        """Whether the host tier is on (``init_hicache`` was called)."""
+        return self._host is not None
 
-    def all_held(self, idx):
-        """Whether every slot of ``idx`` (1-D integers: list, numpy, torch) lies in
-        the pool, is handed out, and appears once; False for anything else.
-        O(len(idx)), one kernel pass."""
-        try:
-            idx = as_int64(idx, "idx")
-        except (TypeError, ValueError):
-            return False
-        return idx.shape[0] == 0 or _k_slots_first_unheld(self._mark, idx, 0, self.size - 1)[0] == 0
-
-    def clear(self):
-        # Free stack, top at the end (slot 0 on top); mark[s] == 1 <=> slot s free.
-        self._free = np.arange(self.size - 1, -1, -1, dtype=np.int64)
-        self._mark = np.ones(self.size, dtype=np.uint8)
-        self._n = self.size
-
-
-class HiCacheMixin:
-    """The host-tier methods of ``UnifiedRadixCache`` (see the module docstring)."""
-
-    _host = None
-    _host_mamba = None
-    _host_swa = None
-    _hicache_policy = None
-    _transfer_error = None
+    @property
+    def policy(self):
+        """The write policy (``"write_through"``, ...), None while off."""
+        return self._hicache_policy
 
     def init_hicache(self, server_args=None, params=None, *, hicache_write_policy=None,
                      host_size=None, hicache_ratio=None, load_back_threshold=10,
@@ -191,7 +185,7 @@ class HiCacheMixin:
             if not 0 < ratio < float("inf"):
                 raise ValueError(f"hicache_ratio must be > 0 and finite, got {ratio}")
             # SGLang's host pool sizing: whole pages, one page more than the ratio gives
-            host_size = (int(dev * ratio) // self.page_size + 1) * self.page_size
+            host_size = (int(dev * ratio) // self._c.page_size + 1) * self._c.page_size
         if host_size is None:
             raise ValueError("init_hicache needs host_size (tokens) or hicache_ratio")
         host_size = as_count(host_size, "host_size")
@@ -226,12 +220,12 @@ class HiCacheMixin:
                 if swa_size < 1:
                     raise ValueError("swa_host_size must be >= 1")
             elif ratio is not None:
-                dev_swa = getattr(self.token_to_kv_pool_allocator, "size_swa", None)
+                dev_swa = getattr(self._c.token_to_kv_pool_allocator, "size_swa", None)
                 if not isinstance(dev_swa, (int, np.integer)):
                     raise ValueError("hicache_ratio needs an SWA allocator with a size_swa (or "
                                      "give swa_host_size)")
                 # SGLang sizes the SWA host pool as the Full one, over the SWA side
-                swa_size = (int(int(dev_swa) * ratio) // self.page_size + 1) * self.page_size
+                swa_size = (int(int(dev_swa) * ratio) // self._c.page_size + 1) * self._c.page_size
             else:
                 raise ValueError("init_hicache on an SWA cache needs swa_host_size (tokens) or "
                                  "hicache_ratio")
@@ -242,7 +236,7 @@ class HiCacheMixin:
                     raise ValueError("transfer: an SWA cache's KVTransfer needs "
                                      "device_swa_buffers and host_swa_buffers (the SWA pool "
                                      "is backed up and loaded too)")
-                size_swa = getattr(self.token_to_kv_pool_allocator, "size_swa", None)
+                size_swa = getattr(self._c.token_to_kv_pool_allocator, "size_swa", None)
                 if isinstance(size_swa, (int, np.integer)) and \
                         transfer.device_swa_rows <= size_swa:
                     raise ValueError(f"transfer: its device SWA buffers have "
@@ -289,6 +283,9 @@ class HiCacheMixin:
             self._host = HostKVPool(host_size)
             self._host_mamba = HostKVPool(state_size) if state_size is not None else None
             self._host_swa = HostKVPool(swa_size) if swa_size is not None else None
+            pools = self._ex.host_pools
+            pools[L.FULL], pools[L.SWA], pools[L.MAMBA] = (self._host, self._host_swa,
+                                                          self._host_mamba)
             self.load_back_threshold = thr
             self._transfer = transfer
             self._hicache_policy = policy
@@ -305,10 +302,24 @@ class HiCacheMixin:
             self._load_queue = []             # loads committed, not yet submitted
             self._load_acks = deque()
 
+    def clear(self):
+        """Empty the host pools and drop every pending backup / load (``reset``)."""
+        if self._host is None:
+            return
+        for pool in (self._host, self._host_mamba, self._host_swa):
+            if pool is not None:
+                pool.clear()
+        self.ongoing_write_through.clear()
+        self._wt_swa.clear()
+        self.ongoing_load_back.clear()
+        self._write_queue, self._load_queue = [], []
+        self._write_acks.clear()
+        self._load_acks.clear()
+
     def _full_slots(self):
         """The allocator's Full slots (an SWA allocator's Full side, ``size_full``:
         its ``size`` is the smaller of its two sides), or None."""
-        alloc = self.token_to_kv_pool_allocator
+        alloc = self._c.token_to_kv_pool_allocator
         n = getattr(alloc, "size_full", None)
         return getattr(alloc, "size", None) if n is None else n
 
@@ -385,7 +396,7 @@ class HiCacheMixin:
             h = self._host_mamba.alloc(1)
         return h
 
-    def _raise_transfer_error(self, insert_result=None):
+    def raise_transfer_error(self, insert_result=None):
         """Raise the first exception a transfer callable raised during this call
         (the state is consistent: that backup was not committed). An insert's
         result rides on it as ``insert_result`` (the insert itself is done)."""
@@ -398,21 +409,22 @@ class HiCacheMixin:
                     pass
             raise e
 
-    # the request path's inserts back nodes up too: a failed copy is raised at the end
-    # of the whole call (the insert's frees, the unlock and the row release done)
-    def checkpoint(self, req, up_to, *, finished=False):
-        try:
-            return super().checkpoint(req, up_to, finished=finished)
-        finally:
-            if self._host is not None and self._transfer_error is not None:
-                self._raise_transfer_error()
-
-    def release_kv_cache(self, req, checkpoint=True):
-        try:
-            return super().release_kv_cache(req, checkpoint)
-        finally:
-            if self._host is not None and self._transfer_error is not None:
-                self._raise_transfer_error()
+    def run_with_barriers(self, rows, out, value, keep_own, adopted):
+        """Execute an insert's action rows (a copy, and ``out`` a copy: the barriers
+        make engine calls) with its barriers run at their place: an ``A_BACKUP``
+        row's backup (``_run_backup``), an ``A_PATH_CAP`` row's per-path cap
+        (``_run_path_cap``), as SGLang runs those actions among the insert's.
+        Returns the Full slots freed (``Executor.run``). Under the cache lock."""
+        freed = []
+        for seg, barrier in segments(rows):
+            freed.append(self._ex.run(seg, out, value, keep_own=keep_own, adopted=adopted))
+            if barrier is not None:
+                kind, _, _, off, _, aux = barrier
+                if kind == A_BACKUP:
+                    self._run_backup(off, aux)
+                else:
+                    self._run_path_cap(off)
+        return np.concatenate(freed) if len(freed) > 1 else freed[0]
 
     # ------------------------------------------------------------------ backup
     def _run_backup(self, s, aux=0):
@@ -527,7 +539,7 @@ class HiCacheMixin:
         eng = self._engine
         st, _ = eng.k.path_cap(s)
         assert st == L.OK, st
-        execute(eng.actions(), eng.out, None, self._vals, self._sink)
+        self._ex.run(eng.actions(), eng.out)
 
     def flush_pending_backups(self):
         """Submit the queued backups as one transfer with one ack (SGLang
@@ -563,7 +575,7 @@ class HiCacheMixin:
                     st, _ = eng.k.backup_ack(ack, ack, self._hicache_policy != "write_back",
                                              self._wt_swa.pop(ack, 0))
                     assert st == L.OK, st
-                    execute(eng.actions(), eng.out, None, None, self._sink)
+                    self._ex.run(eng.actions(), eng.out, free=False)
 
     def check_hicache_events(self):
         """One scheduler step's HiCache poll (SGLang ``check_hicache_events``):
@@ -594,9 +606,9 @@ class HiCacheMixin:
             if self._host is not None:
                 st, stamp, swa_stamp = self._engine.k.host_lock(nid)
                 if st == L.E_STALE:
-                    raise self._stale(nid)
+                    raise self._c._stale(nid)
             else:
-                self._slot(nid)  # NodeAccessError for a stale id
+                self._c._slot(nid)  # NodeAccessError for a stale id
         uuids = {ComponentType.FULL: int(stamp)} if stamp else {}
         if self._host_swa is not None:
             uuids[ComponentType.SWA] = int(swa_stamp) or None
@@ -631,13 +643,13 @@ class HiCacheMixin:
         with self._mutex:
             if self._host is None or not (stamp or self._host_mamba is not None
                                           or self._host_swa is not None):
-                self._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
+                self._c._slot(nid)  # NodeAccessError for a stale id, also with an empty receipt
                 return DecLockRefResult()
             # checks the id too; on a Mamba cache the node's Mamba host lock goes as well,
             # on an SWA cache the SWA host window
             st, _ = self._engine.k.host_unlock(nid, int(stamp or 0), int(swa_stamp or 0))
         if st == L.E_STALE:
-            raise self._stale(nid)
+            raise self._c._stale(nid)
         if st != L.OK:
             raise LockRefError(f"dec_host_lock_ref: node {nid} holds no host lock of the "
                                f"receipt's segment (boundary {stamp}"
@@ -709,10 +721,10 @@ class HiCacheMixin:
         """
         self._check_host("insert_host")
         nid = as_node_id(node, "node")
-        units, n, nk, _ = self._key(key, "key")
+        units, n, nk, _ = self._c._key(key, "key")
         if n != units.shape[0]:
             raise ValueError(f"key: {units.shape[0]} units is not a multiple of page_size="
-                             f"{self.page_size} (storage refills whole pages)")
+                             f"{self._c.page_size} (storage refills whole pages)")
         host = as_int64(host_value, "host_value")
         if host.ndim != 1 or host.shape[0] != n:
             raise ValueError(f"host_value must be 1-D with one host slot per key unit ({n}), "
@@ -725,15 +737,15 @@ class HiCacheMixin:
             if isinstance(hash_value, (str, bytes)) or not hasattr(hash_value, "__len__"):
                 raise TypeError("hash_value must be a list of page hashes or None, got "
                                 f"{type(hash_value).__name__}")
-            if len(hash_value) != n // self.page_size:
+            if len(hash_value) != n // self._c.page_size:
                 raise ValueError(f"hash_value has {len(hash_value)} page hashes, the key "
-                                 f"{n // self.page_size} pages")
+                                 f"{n // self._c.page_size} pages")
         staging = self._prefetch_staging(swa_host_value, mamba_host_value, n)
         eng = self._engine
         with self._mutex:
             slot = Q.slot(eng, nid)
             if slot < 0:
-                raise self._stale(nid)
+                raise self._c._stale(nid)
             ns = eng.ns.get(nk)
             if slot != L.ROOT and (ns is None or Q.namespace(eng, slot) != ns):
                 raise ValueError("key: its namespace (extra_key, cache_salt) is not the anchor "
@@ -742,15 +754,14 @@ class HiCacheMixin:
                 ns = eng.ns.intern(nk)
             st, plen, inserted, dropped = eng.k.insert_host(nid, units, host, n, ns)
             assert st == L.OK, st
-            execute(eng.actions(), eng.out, None, None, self._sink)
+            self._ex.run(eng.actions(), eng.out, free=False)
             exist = False
             if staging is not None:  # the walk's actions ran first, as SGLang's
                 vals, n_swa, mamba_at = staging
                 st, exist = eng.k.prefetch_commit(nid, -1 if dropped else inserted, n, vals,
                                                   n_swa, mamba_at)
                 assert st == L.OK, st
-                execute(eng.actions(), eng.out, vals, None, self._sink,
-                        host_swa=self._host_swa, host_mamba=self._host_mamba)
+                self._ex.run(eng.actions(), eng.out, vals, free=False)
         return InsertResult(prefix_len=int(plen), total_len=n, mamba_exist=bool(exist),
                             inserted_host_node=None if inserted < 0 else int(inserted),
                             host_insert_dropped=bool(dropped))
@@ -769,9 +780,9 @@ class HiCacheMixin:
                                  "(init_hicache(swa_host_size=...) on an SWA cache)")
             swa_slots = as_int64(swa_host_value, "swa_host_value")
             n_swa = swa_slots.shape[0] if swa_slots.ndim == 1 else -1
-            if n_swa < 0 or n_swa % self.page_size or n_swa > n:
+            if n_swa < 0 or n_swa % self._c.page_size or n_swa > n:
                 raise ValueError(f"swa_host_value must be 1-D, whole pages of page_size="
-                                 f"{self.page_size} and at most the key's {n} units, got "
+                                 f"{self._c.page_size} and at most the key's {n} units, got "
                                  f"shape {tuple(swa_slots.shape)}")
             if not self._host_swa.all_held(swa_slots):
                 raise ValueError(f"swa_host_value: SWA host slots must lie in "
@@ -801,7 +812,7 @@ class HiCacheMixin:
 
     def is_backuped(self, node):
         """Whether ``node`` holds a Full host value (SGLang ``is_backuped``)."""
-        s = self._slot(node)
+        s = self._c._slot(node)
         return Q.has(self._engine, s, L.FULL, L.HOST)
 
     # ------------------------------------------------------------------ load back
@@ -834,7 +845,7 @@ class HiCacheMixin:
         given_last = getattr(req, "last_node", None) if req is not None else None
         if given_last is not None:
             given_last = as_node_id(given_last, "params.req.last_node")
-            self._slot(given_last, "params.req.last_node")  # NodeAccessError when stale
+            self._c._slot(given_last, "params.req.last_node")  # NodeAccessError when stale
         last = best if given_last is None else given_last
         state_hit = 0
         if self._host_mamba is not None and req is not None:
@@ -860,7 +871,7 @@ class HiCacheMixin:
     def _path_units(self, top, until):
         """Full units from node ``top`` up to (not including) node ``until`` or the root."""
         with self._mutex:
-            return int(self._engine.k.path_units(top, -1 if until is None else until))
+            return Q.path_units(self._engine, top, until)
 
     def load_back(self, node, mem_quota=None, req=None):
         """SGLang ``load_back``: restore the host-only nodes from ``node`` up to
@@ -888,12 +899,8 @@ class HiCacheMixin:
         if kv.mamba_pool_idx is not None:  # in the pool, handed out, not the tree's
             self._vals.mamba_slot(kv.mamba_pool_idx, f"{name}.kv.mamba_pool_idx")
 
-    @staticmethod
-    def _holds_state(kv):
-        """Whether a request's ``kv`` holds a Mamba state slot (SGLang's
-        ``holds_mamba``, else ``mamba_pool_idx is not None``)."""
-        holds = getattr(kv, "holds_mamba", None)
-        return kv.mamba_pool_idx is not None if holds is None else bool(holds)
+    #: whether a request's ``kv`` holds a Mamba state slot (``requests.holds_state``)
+    _holds_state = staticmethod(holds_state)
 
     def _load(self, nid, mem_quota, name="node", host_only=False, req=None):
         """Commit a load-back to node ``nid`` (checked ``mem_quota``); returns
@@ -906,7 +913,7 @@ class HiCacheMixin:
         with self._mutex:
             st, units, _ = eng.k.load_plan(nid)
             if st == L.E_STALE:
-                raise self._stale(nid, name)
+                raise self._c._stale(nid, name)
             if host_only and st == L.OK and units == 0:
                 return 0, False
             mamba = self._host_mamba is not None
@@ -951,7 +958,7 @@ class HiCacheMixin:
                         and not wnodes.size)
                         or (mem_quota is not None and units + delta > mem_quota)):
                     return 0, False
-                alloc = self.token_to_kv_pool_allocator
+                alloc = self._c.token_to_kv_pool_allocator
                 if alloc is None and (units or wnodes.size):
                     raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
                                      "device slots")
@@ -963,7 +970,7 @@ class HiCacheMixin:
                     if avail < units:
                         # a write-back victim's backup copy failure is raised here: the
                         # load is not made, its pins go back
-                        self.evict(units - avail)
+                        self._c.evict(units - avail)
                     dev = full_alloc.alloc(units)
                     if dev is None:
                         return 0, False
@@ -984,7 +991,7 @@ class HiCacheMixin:
                     if not self._load_copies(units, dev, host, slot, dstate, kv) or (
                             wdev.size and not self._copy_slots("load_swa", self._vals.out(wdev),
                                                                whost)):
-                        self._raise_transfer_error()
+                        self.raise_transfer_error()
                 except BaseException as e:
                     if units:
                         self._vals.free(dev)
@@ -1000,7 +1007,7 @@ class HiCacheMixin:
                 assert st == L.OK, st
                 if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
                     self._vals.set_swa_mapping(eng.out[at:at + wdev.shape[0]].copy(), wdev)
-                execute(eng.actions(), eng.out, None, None, self._sink)
+                self._ex.run(eng.actions(), eng.out, free=False)
                 if dstate >= 0:
                     self._vals.mamba_owned.add(dstate)
                 self.ongoing_load_back[nid] = (load_id, stamps)
@@ -1018,17 +1025,23 @@ class HiCacheMixin:
         """``n`` SWA device slots (int64 numpy), the SWA shortfall evicted first when
         the SWA side is short (SGLang's ``_evict_swa_for_device_alloc``); None when
         they cannot be found. Under the cache lock."""
-        side = self.token_to_kv_pool_allocator.swa_attn_allocator
+        side = self._c.token_to_kv_pool_allocator.swa_attn_allocator
         d = side.alloc(n)
         if d is None:
-            short = n - self.token_to_kv_pool_allocator.swa_available_size()
+            short = n - self._c.token_to_kv_pool_allocator.swa_available_size()
             if short > 0:
-                self.evict(EvictParams(num_tokens=0, swa_num_tokens=short))
+                self._c.evict(EvictParams(num_tokens=0, swa_num_tokens=short))
             d = side.alloc(n)
         return None if d is None else _np64(d)
 
     def _state_host_only(self, slot):
         return Q.state_host_only(self._engine, slot)
+
+    def mamba_host_hit(self, nid):
+        """SGLang's ``mamba_host_hit_length`` of a match whose best match node is
+        ``nid``: 1 when that node's state is on the host only (a load-back restores
+        it), else 0."""
+        return 1 if self._state_host_only(int(nid) & 0xFFFFFFFF) else 0
 
     def _state_device_alloc(self):
         """One Mamba device state slot (an int), one state evicted first when the
@@ -1037,7 +1050,7 @@ class HiCacheMixin:
         alloc = self._vals.mamba
         d = alloc.alloc(1)
         if d is None:
-            self.evict(EvictParams(num_tokens=0, mamba_num=1))
+            self._c.evict(EvictParams(num_tokens=0, mamba_num=1))
             d = alloc.alloc(1)
         if d is None:
             return None
@@ -1145,23 +1158,23 @@ class HiCacheMixin:
         wnodes, wdev = self._swa_backup_plan(s)
         r = self._backup_node(s, Q.key_len(eng, s), state, wnodes, wdev, nid, False)
         if r is None:
-            self._raise_transfer_error()  # the victim stays on the device, unbacked
+            self.raise_transfer_error()  # the victim stays on the device, unbacked
         if not r:
             return False
         self._write_queue.append(nid)
         self.writing_check(write_back=True)
         return True
 
-    def _swa_victim(self, nid, units, swa_out=None, mamba_out=None):
+    def _swa_victim(self, nid, units, collect=None):
         """A write-back SWA round's internal victim (``E_NEED_STATE_BACKUP`` with the
         ``units`` of unbacked SWA data in its window, SGLang's SWA
         ``InternalStateBackup``): that much SWA host room evicted first when the
         SWA host pool is short, the node backed up (``_write_back_backup``: its
         Full KV and that SWA data), then its SWA data tombstoned when it still
         qualifies (``host.finish_swa_eviction``; a Mamba state on it goes too).
-        Returns ``(SWA units, states)`` freed; with ``swa_out`` (a list) the Full
-        slots whose SWA peers the caller frees are appended instead of freeing
-        them (the state slots to ``mamba_out``). Under the cache lock."""
+        Returns what it freed per component; with ``collect`` (a list per
+        component) the caller frees the slots (``Executor.run``). Under the cache
+        lock."""
         eng = self._engine
         if self._host_swa.available_size() < units:
             self._evict_host_swa(units)
@@ -1170,20 +1183,34 @@ class HiCacheMixin:
         self._write_back_backup(nid)
         st, k, m = eng.k.finish_swa_eviction(nid)
         assert st == L.OK, st
-        # swa_out given: the caller frees the slots (a step of its round)
-        execute(eng.actions(), eng.out, None, None if swa_out is not None else self._vals,
-                self._sink, mamba_out=mamba_out, swa_out=swa_out)
-        return int(k), int(m)
+        self._ex.run(eng.actions(), eng.out, free=collect is None, collect=collect)
+        return _counts(swa=int(k), mamba=int(m))
 
-    def _write_back_victim(self, nid, vals, mamba_out=None, swa_out=None):
+    def _state_victim(self, nid, collect=None):
+        """A write-back Mamba round's internal victim (``E_NEED_STATE_BACKUP``,
+        SGLang's ``InternalStateBackup``): one host state evicted first when the
+        state pool is empty, the node backed up (``_write_back_backup``), then its
+        state tombstoned when it still qualifies (``host.finish_state_eviction``).
+        Returns what it freed per component (``collect`` as ``_swa_victim``). Under
+        the cache lock."""
+        eng = self._engine
+        if self._host_mamba.available_size() < 1:
+            self._evict_host_states(1)
+        if self.ongoing_write_through:  # another backup may cover the node: finish it
+            self.writing_check(write_back=True)
+        self._write_back_backup(nid)
+        st, k = eng.k.finish_state_eviction(nid)
+        assert st == L.OK, st
+        self._ex.run(eng.actions(), eng.out, free=collect is None, collect=collect)
+        return _counts(mamba=int(k))
+
+    def _write_back_victim(self, nid, collect=None):
         """The deferred demote of an evicted write-back victim: back it up and
         demote it, or, when the host is full, drop it with its host-only subtree
         (SGLang ``drop_subtree_no_host``; declined while any of it is locked or in
         flight: the node then stays on the device). Executes the step's actions
-        (``vals``: the allocator to free into, or None: the caller frees; the
-        state slots then go to ``mamba_out``, the Full slots whose SWA peers go
-        to ``swa_out``) and returns ``(device units freed, freed Full slots,
-        device states freed, SWA units freed)``."""
+        (``collect`` as ``_swa_victim``) and returns ``(what it freed per
+        component, the freed Full slots)``."""
         eng = self._engine
         s = nid & 0xFFFFFFFF
         had_state = self._mamba and Q.has(eng, s, L.MAMBA)
@@ -1194,81 +1221,65 @@ class HiCacheMixin:
         else:
             st, n, _ = eng.k.drop_subtree(nid)
             assert st == L.OK, st
-        freed = execute(eng.actions(), eng.out, None, vals, self._sink, host=self._host,
-                        mamba_out=mamba_out, host_mamba=self._host_mamba, host_swa=self._host_swa,
-                        swa_out=swa_out)
-        return int(n), freed, int(had_state and n > 0), swa_units if n > 0 else 0
+        freed = self._ex.run(eng.actions(), eng.out, free=collect is None, collect=collect)
+        n = int(n)
+        return _counts(n, swa_units if n > 0 else 0, int(had_state and n > 0)), freed
 
-    def _state_victim(self, nid, mamba_out=None):
-        """A write-back Mamba round's internal victim (``E_NEED_STATE_BACKUP``,
-        SGLang's ``InternalStateBackup``): one host state evicted first when the
-        state pool is empty, the node backed up (``_write_back_backup``), then its
-        state tombstoned when it still qualifies (``host.finish_state_eviction``).
-        Returns the device states freed. Under the cache lock."""
-        eng = self._engine
-        if self._host_mamba.available_size() < 1:
-            self._evict_host_states(1)
-        if self.ongoing_write_through:  # another backup may cover the node: finish it
-            self.writing_check(write_back=True)
-        self._write_back_backup(nid)
-        st, k = eng.k.finish_state_eviction(nid)
-        assert st == L.OK, st
-        execute(eng.actions(), eng.out, None, self._vals if mamba_out is None else None,
-                self._sink, mamba_out=mamba_out)
-        return int(k)
+    def write_back_step(self, c, st, nid, units, collect):
+        """One step of a step-wise round of component ``c`` under write-back that
+        ``evict_next`` answered ``st`` (``E_NEED_BACKUP``: the leaf victim ``nid``;
+        ``E_NEED_STATE_BACKUP``: the internal victim ``nid``, ``units`` its unbacked
+        SWA data). The slots go to ``collect`` (the controller frees them). Returns
+        ``(the deleted node's id or None, what it freed per component, the freed
+        Full slots)``. Under the cache lock."""
+        if st == L.E_NEED_BACKUP:
+            counts, freed = self._write_back_victim(nid, collect)
+            return int(nid), counts, freed
+        if c == L.SWA:
+            return None, self._swa_victim(nid, units, collect), _EMPTY
+        return None, self._state_victim(nid, collect), _EMPTY
 
-    def _evict_write_back(self, num, mamba_num=0, swa_num=0):
-        """``evict`` under write-back: SGLang's step-wise rounds (a victim's backup
-        runs before its demotion; an SWA or Mamba round's internal victim is backed
-        up before its tombstone): the Full round, then (SWA) the SWA round and
-        (Mamba) the state round for what the earlier rounds did not free. Returns
-        ``(units, SWA units, states, freed slots parts)``."""
-        done, w_done, m_done, parts = self._write_back_round(L.FULL, num)
-        for c, want in ((L.SWA, swa_num if self._swa else 0),
-                        (L.MAMBA, mamba_num if self._mamba else 0)):
-            have = w_done if c == L.SWA else m_done
-            if want > have:
-                d2, w2, m2, more = self._write_back_round(c, want - have)
-                done += d2  # a round's leaf victims free their Full KV too
-                w_done += w2
-                m_done += m2
-                parts += more
+    def write_back_evict(self, want):
+        """``evict`` under write-back (``want``: the units to free per component):
+        SGLang's step-wise rounds (a victim's backup runs before its demotion; an
+        SWA or Mamba round's internal victim is backed up before its tombstone):
+        the Full round, then each auxiliary component's round for what the earlier
+        rounds did not free. Returns ``(freed per component, freed slots parts)``."""
+        done, parts = self._write_back_round(L.FULL, want[L.FULL])
+        for c in range(L.N_COMPONENTS):
+            if c != L.FULL and want[c] > done[c]:
+                more, more_parts = self._write_back_round(c, want[c] - done[c])
+                for x in range(L.N_COMPONENTS):  # a leaf victim frees every component
+                    done[x] += more[x]
+                parts += more_parts
         self.writing_check(write_back=True)
-        return done, w_done, m_done, parts
+        return done, parts
 
     def _write_back_round(self, c, num):
         eng = self._engine
         if eng.k.evict_start(c, num) != L.OK:
             raise RuntimeError("device eviction already in progress")
-        done = w_done = m_done = 0
+        done = _counts()
         parts = []
         try:
             while True:
                 st, nid, f, w, m = eng.k.evict_next(c)
                 if st == L.E_NEED_BACKUP:
-                    n, freed, k, ws = self._write_back_victim(nid, self._vals)
-                    done += n
-                    w_done += ws
-                    m_done += k
+                    counts, freed = self._write_back_victim(nid)
                     parts.append(freed)
-                    continue
-                if st == L.E_NEED_STATE_BACKUP:
-                    if c == L.SWA:
-                        w2, m2 = self._swa_victim(nid, w)
-                        w_done += w2
-                        m_done += m2
-                    else:
-                        m_done += self._state_victim(nid)
-                    continue
-                parts.append(execute(eng.actions(), eng.out, None, self._vals, self._sink))
-                if f == 0 and w == 0 and m == 0:
-                    break
-                done += f
-                w_done += w
-                m_done += m
+                elif st == L.E_NEED_STATE_BACKUP:
+                    counts = (self._swa_victim(nid, w) if c == L.SWA
+                              else self._state_victim(nid))
+                else:
+                    parts.append(self._ex.run(eng.actions(), eng.out))
+                    if f == 0 and w == 0 and m == 0:
+                        break
+                    counts = _counts(f, w, m)
+                for x in range(L.N_COMPONENTS):
+                    done[x] += counts[x]
         finally:
             eng.k.evict_end(c)
-        return done, w_done, m_done, parts
+        return done, parts
 
     # ------------------------------------------------------------------ host eviction
     def evict_host(self, num_tokens, component_type=None):
@@ -1324,8 +1335,7 @@ class HiCacheMixin:
         while True:
             r = kernel(*args, n - done)
             done += r[1]
-            execute(eng.actions(), eng.out, None, None, self._sink, host=self._host,
-                    host_mamba=self._host_mamba, host_swa=self._host_swa)
+            self._ex.run(eng.actions(), eng.out, free=False)
             if r[0] == L.OK:
                 return done
             eng.grow()

@@ -94,6 +94,12 @@ def state_needs_backup(engine, s):
     return (int(engine.st.nodes[s, L.FLAGS]) & _STATE_BITS) == L.F_HAS(L.MAMBA)
 
 
+def path_units(engine, nid, until=None):
+    """The Full units from node ``nid`` up to (not including) node ``until`` (a node
+    id; None: the root)."""
+    return int(engine.k.path_units(nid, -1 if until is None else until))
+
+
 def meta(engine, field):
     """``meta[field]`` as an int (``L.M_*``: counters and configuration)."""
     return int(engine.st.meta[field])

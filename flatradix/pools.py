@@ -1,4 +1,4 @@
-"""CPU KV-slot allocator and request -> token table, on flat arrays.
+"""The pools: CPU KV-slot allocators, the request -> token table, the host KV pool.
 
 ``TokenToKVPoolAllocator`` keeps its free slots as an int64 stack: ``alloc``
 and ``free`` cost O(slots moved), never O(pool) (SGLang's ``free`` concatenates
@@ -716,3 +716,62 @@ class SWATokenToKVPoolAllocator:
         """Index of the first Full slot of ``idx`` (int64) that has an SWA peer, or -1."""
         bad = self.full_to_swa_index_mapping[idx] > 0
         return int(np.argmax(bad)) if bad.any() else -1
+
+
+class HostKVPool:
+    """A host KV pool of ``size`` token slots (flatradix's own; SGLang's
+    ``mem_pool_host`` role): ``alloc(n)`` -> int64 slots or None when fewer than
+    ``n`` are free, ``free(indices)`` (1-D integers; O(freed), one kernel pass;
+    ``ValueError``, nothing freed, for a slot outside the pool, not handed out or
+    given twice; ``TypeError`` for non-integers),
+    ``all_held(idx)`` (that check alone), ``available_size()``, ``clear()``.
+    Slots are handed out lowest first after a ``clear``; then the last batch
+    freed goes out first, in the order it was given. The free stack and the free marks are
+    ``kernels/slots.py``'s, shared with ``TokenToKVPoolAllocator`` (valid slots
+    ``0..size-1`` here). Used by the host tier (``flatradix.hicache``) for its
+    host pools; not thread-safe by itself (the cache's lock covers it)."""
+
+    def __init__(self, size):
+        self.size = as_count(size, "size")
+        self.clear()
+
+    def available_size(self):
+        return self._n
+
+    def alloc(self, n):
+        n = as_count(n, "n")
+        if n > self._n:
+            return None
+        out = np.empty(n, dtype=np.int64)
+        if n:
+            _k_alloc(self._free, self._n, self._mark, out)
+            self._n -= n
+        return out
+
+    def free(self, indices):
+        # 1-D integers (list, numpy, torch): TypeError / ValueError naming ``indices``
+        idx = as_int64(indices, "indices")
+        k = idx.shape[0]
+        if k == 0:
+            return
+        code, _ = _k_free(self._free, self._n, self._mark, idx, 0, self.size - 1, True)
+        if code != 0:
+            raise ValueError(f"indices: host slots outside 0..{self.size - 1}, not handed out, "
+                             "or given twice (a double free); nothing freed")
+        self._n += k
+
+    def all_held(self, idx):
+        """Whether every slot of ``idx`` (1-D integers: list, numpy, torch) lies in
+        the pool, is handed out, and appears once; False for anything else.
+        O(len(idx)), one kernel pass."""
+        try:
+            idx = as_int64(idx, "idx")
+        except (TypeError, ValueError):
+            return False
+        return idx.shape[0] == 0 or _k_first_unheld(self._mark, idx, 0, self.size - 1)[0] == 0
+
+    def clear(self):
+        # Free stack, top at the end (slot 0 on top); mark[s] == 1 <=> slot s free.
+        self._free = np.arange(self.size - 1, -1, -1, dtype=np.int64)
+        self._mark = np.ones(self.size, dtype=np.uint8)
+        self._n = self.size

@@ -198,6 +198,13 @@ def _seq_len(req, attr):
     return len(x)
 
 
+def holds_state(kv):
+    """Whether a request's ``kv`` holds a Mamba state slot (SGLang's ``holds_mamba``,
+    else ``mamba_pool_idx is not None``)."""
+    holds = getattr(kv, "holds_mamba", None)
+    return kv.mamba_pool_idx is not None if holds is None else bool(holds)
+
+
 class RequestCachingMixin:
     """Mixed into ``UnifiedRadixCache``: needs ``req_to_token_pool`` and an allocator."""
 

@@ -15,7 +15,8 @@ from flatradix import (
     EvictParams, InsertParams, MatchPrefixParams, RadixKey, TokenToKVPoolAllocator,
     UnifiedRadixCache,
 )
-from flatradix.hicache import HostKVPool
+from flatradix import inspection as Q
+from flatradix.pools import HostKVPool
 from flatradix.kernels import layout as L
 
 pytest.importorskip("msgspec")
@@ -859,7 +860,7 @@ class AuxHostTierRules(RuleBasedStateMachine):
         toks = self._toks(b, cut)
         anchor = c.match_prefix(MatchPrefixParams(key=RadixKey(list(toks[:at])))).last_host_node \
             if at and len(toks) >= at else c.root_node_handle()
-        depth = c._path_units(anchor, None)
+        depth = Q.path_units(c._engine, anchor)
         if depth >= len(toks):
             return
         h = c.mem_pool_host.alloc(len(toks) - depth)

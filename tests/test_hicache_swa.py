@@ -303,7 +303,7 @@ def test_a_failed_swa_backup_copy_commits_nothing():
         calls.append(kind)
         if kind == "backup_swa":
             raise OSError("copy failed")
-    c._transfer = transfer
+    c._hicache._transfer = transfer
     with pytest.raises(OSError):
         env.ins(range(1, 9))
     assert calls == ["backup", "backup_swa"]

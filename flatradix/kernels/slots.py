@@ -1,5 +1,5 @@
 """Slot allocator kernels (``flatradix.pools.TokenToKVPoolAllocator``, slots
-``1..size``, and ``flatradix.hicache.HostKVPool``, slots ``0..size-1``).
+``1..size``, and ``flatradix.pools.HostKVPool``, slots ``0..size-1``).
 
 ``stack[:top]`` holds the free slots (the top is the end); ``mark[s] == 1`` iff
 slot ``s`` is free. Valid slots are ``lo..hi`` (inclusive). One pass each,

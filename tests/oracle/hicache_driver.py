@@ -436,23 +436,25 @@ class FlatSide:
             self._logged(c.mamba_pool_host, "s")
         if self.swa:
             self._logged(c.swa_pool_host, "v")
-        # ---- self-test mutants (never in a real configuration)
+        # ---- self-test mutants (never in a real configuration); the host tier's
+        # internals are its object's (``c._hicache``)
+        h = c._hicache
         if mut.get("wt_threshold_delta"):
             c._engine.st.meta[L.M_WT_THRESHOLD] += mut["wt_threshold_delta"]
         if mut.get("ignore_lbt"):
             c.load_back_threshold = 0
         if mut.get("backup_no_host_evict"):
-            run_backup = c._run_backup
+            run_backup = h._run_backup
 
-            def no_host_evict(*a):  # (slot, aux): the executor passes both
-                c._evict_host_units = lambda n: 0
+            def no_host_evict(*a):  # (slot, aux): the barrier passes both
+                h._evict_host_units = lambda n: 0
                 try:
                     return run_backup(*a)
                 finally:
-                    del c._evict_host_units
-            c._run_backup = no_host_evict
+                    del h._evict_host_units
+            h._run_backup = no_host_evict
         if mut.get("wb_no_reclaim"):
-            evict_units = c._evict_host_units
+            evict_units = h._evict_host_units
 
             def no_reclaim(n):  # host eviction as under write-through: no duplicate reclaim
                 meta = c._engine.st.meta
@@ -461,9 +463,9 @@ class FlatSide:
                     return evict_units(n)
                 finally:
                     meta[L.M_HOST] = L.HOST_WRITE_BACK
-            c._evict_host_units = no_reclaim
+            h._evict_host_units = no_reclaim
         if mut.get("wb_always_drop"):
-            c._write_back_backup = lambda nid: False
+            h._write_back_backup = lambda nid: False
         if mut.get("insert_host_as_wb"):
             insert_host = c.insert_host
 
@@ -476,20 +478,20 @@ class FlatSide:
                     meta[L.M_HOST] = old
             c.insert_host = as_write_back
         if self.mamba:  # count SGLang's InternalStateBackup steps (write-back)
-            state_victim = c._state_victim
+            state_victim = h._state_victim
 
             def counted(*a, **k):
                 self.state_victims += 1
                 return state_victim(*a, **k)
             self.state_victims = 0
-            c._state_victim = counted
+            h._state_victim = counted
         if mut.get("no_state_backup"):
-            c._state_host_alloc = lambda: None
+            h._state_host_alloc = lambda: None
         if mut.get("mamba_host_hit_zero"):
             match0 = c.match_prefix
             c.match_prefix = lambda params: match0(params)._replace(mamba_host_hit_length=0)
         if mut.get("no_request_state"):
-            c._holds_state = staticmethod(lambda kv: True)
+            h._holds_state = lambda kv: True
         if mut.get("cow_from_device_node"):
             match_c = c.match_prefix
 
@@ -509,7 +511,7 @@ class FlatSide:
             plan = "swa_backup_plan" if mut.get("swa_no_window_backup") else "swa_load_plan"
             setattr(c._engine.k, plan, lambda *a: (L.OK, 0, 0))
         if mut.get("swa_no_state_cascade"):
-            evict_swa = c._evict_host_swa
+            evict_swa = h._evict_host_swa
 
             def no_cascade(n):  # the internal nodes' host states hidden from the kernel
                 nodes = c._engine.st.nodes
@@ -520,7 +522,7 @@ class FlatSide:
                     return evict_swa(n)
                 finally:  # the kernel may have grown the arrays (rows keep their numbers)
                     c._engine.st.nodes[hidden, L.FLAGS] |= L.F_HAS_MAMBA_HOST
-            c._evict_host_swa = no_cascade
+            h._evict_host_swa = no_cascade
         if mut.get("prefetch_window_one") or mut.get("prefetch_state_dropped"):
             refill = c.insert_host
 
@@ -636,7 +638,7 @@ class FlatSide:
         return np.asarray(self.cache.path_device_indices(node))[:n].tolist() if n else []
 
     def node_depth(self, node):
-        return self.cache._path_units(node, None)
+        return self.fr.inspection.path_units(self.cache._engine, node)
 
     def _req(self, last_node, mamba_host_hit=0, state=None, swa_host_hit=0):
         from .hicache_peer import _ReqKV
