@@ -924,7 +924,7 @@ def profile_flatradix(wl, policy, repeats=2, comp=FULL):
     import flatradix.engine as FE
     import flatradix.hicache as FH
     import flatradix.requests as FRQ
-    from flatradix.kernels import host as KH
+    from flatradix.core import host as KH
 
     acc = {"calls": 0, "kernel": 0.0, "exec": 0.0, "by": {}}
     patched = []

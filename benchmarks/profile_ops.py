@@ -136,7 +136,7 @@ def dispatch_floor(cache):
     # the same no-op match, unwrapped and with its arguments packed once, through
     # Numba's dispatcher and through the compiled overload's entry point (which
     # skips the dispatcher's type resolution): what the dispatcher adds
-    from flatradix.kernels.match import match_prefix as dispatcher  # (k's may be wrapped)
+    from flatradix.core.match import match_prefix as dispatcher  # (k's may be wrapped)
 
     args = (*cache._engine.st, units, 0, 0, cache._engine.out)
     dispatcher(*args)

@@ -2,8 +2,8 @@
 
 Numba's cache does not notice changes in *other* modules a cached function
 calls (numba#8396), and our kernels span several modules. So the cache
-directory is keyed by a hash of every ``kernels/*.py`` and ``components/*.py``
-source: an edited or upgraded kernel package never loads a stale object file.
+directory is keyed by a hash of every ``kernels/*.py``, ``components/*.py`` and
+``core/*.py`` source: an edited or upgraded kernel package never loads a stale object file.
 
 Start-up (:func:`defer_scipy_blas`): Numba's first dispatch in a process imports
 ``numba.np.arraymath``, whose module body imports ``scipy.linalg.cython_blas``
@@ -28,7 +28,7 @@ import numba
 def _source_hash():
     h = hashlib.sha256()
     here = pathlib.Path(__file__).parent
-    for sub in ("kernels", "components"):
+    for sub in ("kernels", "components", "core"):
         for f in sorted((here / sub).glob("*.py")):
             h.update(f"{sub}/{f.name}".encode())
             h.update(f.read_bytes())

@@ -7,7 +7,6 @@ runs under one re-entrant lock (the kernels hold the GIL; see
 ``docs/architecture.md``).
 """
 
-import math
 import threading
 from collections.abc import Mapping
 
@@ -15,135 +14,29 @@ import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 from . import inspection
-from ._cast import _NID_END, _NID_MIN, as_count, as_flag, as_int, as_int64, as_node_id, is_torch, key_units
+from ._cast import as_count, as_flag, as_int, as_int64, as_node_id, key_units
 from .engine import Engine
-from .errors import CacheInvariantError, LockRefError, NodeAccessError, ReceiptError
+from .errors import LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
+from . import batch, eviction, views
+from .batch import _plain_lock
+from .config import FULL_ONLY, _component, validate
 from .executor import Executor
 from .kernels import layout as L
 from .hicache import HostTier
 from .requests import RequestCachingMixin, holds_state
-from .values import ValueBridge, is_swa_allocator
+from .values import ValueBridge
 from .types import (
-    ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, EvictResult, EvictStep,
-    IncLockRefResult, InsertParams, InsertResult, MatchPrefixParams, MatchResult,
-    RadixKey, TreeLock,
+    ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, IncLockRefResult,
+    InsertParams, InsertResult, MatchPrefixParams, MatchResult, RadixKey, TreeLock,
 )
 
-_EMPTY = np.empty(0, dtype=np.int64)
 _I64 = np.dtype(np.int64)
 _DEFAULT_NS = (None, None)   # the namespace of a key without extra_key / cache_salt
 _PLAIN_RECEIPTS = (IncLockRefResult, DecLockRefParams)
 _tuple_new = tuple.__new__
-_TRACK = 1  # kernels/insert.py: TRACK_ADOPTED
+_TRACK = 1  # core/insert.py: TRACK_ADOPTED
 assert len(MatchResult._fields) == 14  # the positional tuples below build all 14 fields
-_POLICY_DEFAULTS = {"slru": {"protected_threshold": 2},
-                    "tlru": {"threshold": 0, "next_prompt_estimate": 0}}
-#: Largest accepted page_size (tokens per page); real models use <= 1024.
-MAX_PAGE_SIZE = 1 << 20
-#: Largest accepted initial node_capacity: a slot must fit the low 32 bits of a NodeId.
-MAX_NODE_CAPACITY = 1 << 31
-#: Largest accepted initial pool_capacity (rows of 16 bytes or more each).
-MAX_POOL_CAPACITY = 1 << 40
-#: Default pool_capacity without an allocator (rows; grown by doubling on demand).
-POOL_CAPACITY_DEFAULT = 1 << 16
-#: Pool rows reserved per Full KV slot of the allocator when pool_capacity is not
-#: given: at least half the pool is then dead rows whenever its top reaches its end
-#: (a gap pass, or an in-place compaction, reclaims them).
-POOL_ROWS_PER_SLOT = 2
-#: Largest pool_capacity taken from an allocator's size (rows): a 4M-token KV pool's;
-#: larger trees grow past it by doubling.
-POOL_CAPACITY_AUTO_MAX = 1 << 23
-
-
-def _auto_pool_capacity(allocator):
-    """The pool rows a cache reserves when ``pool_capacity`` is not given:
-    ``POOL_ROWS_PER_SLOT`` x the allocator's Full KV slots (``size_full``, else
-    ``size``), within ``[POOL_CAPACITY_DEFAULT, POOL_CAPACITY_AUTO_MAX]``; the
-    default without one. At most ``size`` device tokens are cached, so the pool
-    then never grows for them (a growth copies every live row into fresh memory
-    in one call: a latency spike), and the dead rows reclaimed each time the top
-    reaches the end (by a gap pass, ``Engine.grow_tree``, or else an in-place
-    compaction moving the live rows, O(size)) are at least ``size`` (4 x, before
-    gap passes, gave a third of the compactions, but twice the fresh memory to
-    fault in: slower on a 3,000-request replay). The array is zero-filled lazily by the OS: its pages become resident
-    as rows are appended (16 bytes a row for a Full-only cache without events)."""
-    if allocator is None:
-        return POOL_CAPACITY_DEFAULT
-    for name in ("size_full", "size"):
-        try:
-            size = getattr(allocator, name, None)
-        except Exception:  # a property that fails: the allocator's business, not ours
-            size = None
-        if size is not None:
-            break
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
-        return POOL_CAPACITY_DEFAULT
-    return int(min(max(POOL_ROWS_PER_SLOT * int(size), POOL_CAPACITY_DEFAULT),
-                   POOL_CAPACITY_AUTO_MAX))
-
-
-#: Eviction counts above this are clamped to it (it exceeds any tree; kernels take int64).
-_COUNT_CLAMP = 1 << 62
-
-
-def _components(components):
-    """``components`` as a tuple of ComponentType (TypeError / ValueError naming it)."""
-    if isinstance(components, (str, bytes)) or not hasattr(components, "__iter__"):
-        raise TypeError(f"components must be a tuple of ComponentType, got "
-                        f"{type(components).__name__}")
-    out = []
-    for c in components:
-        try:
-            out.append(ComponentType(c))
-        except (ValueError, TypeError):
-            raise ValueError(f"components: {c!r} is not a ComponentType "
-                             f"({', '.join(m.name for m in ComponentType)})") from None
-    return tuple(out)
-
-
-#: The default component set (compared by identity: ``tree_components`` may replace it).
-_FULL_ONLY = (ComponentType.FULL,)
-#: The component sets a cache can be built with, in SGLang's order.
-_COMPONENT_SETS = ((ComponentType.FULL,), (ComponentType.FULL, ComponentType.SWA),
-                   (ComponentType.FULL, ComponentType.MAMBA),
-                   (ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA))
-#: Largest accepted sliding_window_size (tokens).
-MAX_WINDOW = 1 << 40
-
-
-def _check_device(device):
-    """``device``: ``"cpu"`` or a CUDA device torch can see (``TypeError`` /
-    ``ValueError`` naming it)."""
-    if is_torch(device):
-        device = str(device)
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a str (or torch.device), got {type(device).__name__}")
-    if device == "cpu":
-        return
-    kind, _, index = device.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    try:
-        import torch
-    except ImportError:
-        raise ValueError(f"device={device!r} needs torch with CUDA (torch is not installed)") from None
-    if not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: torch sees no CUDA device on this machine")
-    if index and int(index) >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r}: torch sees {torch.cuda.device_count()} CUDA devices")
-
-
-def _component(component, name="component"):
-    try:
-        return ComponentType(component)
-    except (ValueError, TypeError):
-        raise ValueError(f"{name} must be a ComponentType, got {component!r}") from None
-
-
-def _cat_or_empty(parts):
-    """int64 concatenation of ``parts`` (a list of arrays), empty when none."""
-    return np.concatenate(parts) if parts else _EMPTY.copy()
 
 
 class UnifiedRadixCache(RequestCachingMixin):
@@ -259,130 +152,19 @@ class UnifiedRadixCache(RequestCachingMixin):
     may have evicted them (lock first, then use them).
     """
 
-    def __init__(self, page_size=1, components=_FULL_ONLY, eviction_policy="lru",
+    def __init__(self, page_size=1, components=FULL_ONLY, eviction_policy="lru",
                  token_to_kv_pool_allocator=None, req_to_token_pool=None, device="cpu",
                  is_eagle=False, eviction_policy_config=None, disable=False,
                  enable_kv_cache_events=False, node_capacity=1024, pool_capacity=None,
                  kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None,
                  mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False,
                  mamba_max_states_per_path=-1, enable_mamba_extra_buffer_lazy=False):
-        if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
-            raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
-        self.page_size = int(page_size)
-        if not 1 <= self.page_size <= MAX_PAGE_SIZE:
-            raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {self.page_size}")
-        if tree_components is not None:
-            if components is not _FULL_ONLY and _components(components) != _components(
-                    tree_components):
-                raise ValueError("components and tree_components disagree (give one of them)")
-            components = tree_components
-        comps = _components(components)
-        if comps not in _COMPONENT_SETS:
-            raise ValueError(f"components must be (FULL,), (FULL, SWA), (FULL, MAMBA) or "
-                             f"(FULL, SWA, MAMBA), got {comps}")
-        self.components = comps
-        self._swa = ComponentType.SWA in comps
-        if self._swa:
-            if sliding_window_size is None:
-                raise ValueError("sliding_window_size is required with ComponentType.SWA")
-            if isinstance(sliding_window_size, bool) or not isinstance(
-                    sliding_window_size, (int, np.integer)):
-                raise TypeError("sliding_window_size must be an int, got "
-                                f"{type(sliding_window_size).__name__}")
-            if not 1 <= sliding_window_size <= MAX_WINDOW:
-                raise ValueError(f"sliding_window_size must be in [1, {MAX_WINDOW}], got "
-                                 f"{sliding_window_size}")
-            if not is_swa_allocator(token_to_kv_pool_allocator):
-                raise TypeError("token_to_kv_pool_allocator: an SWA cache needs an SWA allocator "
-                                "(flatradix.SWATokenToKVPoolAllocator or SGLang's "
-                                "SWATokenToKVPoolAllocator), got "
-                                f"{type(token_to_kv_pool_allocator).__name__}")
-            alloc_page = getattr(token_to_kv_pool_allocator, "page_size", self.page_size)
-            if alloc_page != self.page_size:
-                raise ValueError(f"token_to_kv_pool_allocator.page_size={alloc_page} differs from "
-                                 f"page_size={self.page_size}")
-        elif sliding_window_size is not None:
-            raise ValueError("sliding_window_size given, but components has no ComponentType.SWA")
-        self._window = int(sliding_window_size) if self._swa else 0
-        self._mamba = ComponentType.MAMBA in comps
-        chunk = as_int(mamba_cache_chunk_size, "mamba_cache_chunk_size")
-        if chunk < 1:
-            raise ValueError(f"mamba_cache_chunk_size must be >= 1, got {chunk}")
-        extra = as_flag(enable_mamba_extra_buffer, "enable_mamba_extra_buffer")
-        lazy = as_flag(enable_mamba_extra_buffer_lazy, "enable_mamba_extra_buffer_lazy")
-        if lazy and not (self._mamba and extra):
-            raise ValueError("enable_mamba_extra_buffer_lazy needs ComponentType.MAMBA and "
-                             "enable_mamba_extra_buffer=True (it is the extra buffer's lazy "
-                             "variant)")
-        path_cap = as_int(mamba_max_states_per_path, "mamba_max_states_per_path")
-        if path_cap == 0 or path_cap < -1:
-            raise ValueError("mamba_max_states_per_path must be -1 (unlimited) or >= 1, got "
-                             f"{path_cap}")
-        if path_cap != -1 and not self._mamba:
-            raise ValueError(f"mamba_max_states_per_path={path_cap} given, but components has "
-                             "no ComponentType.MAMBA")
-        disable_flag = as_flag(disable, "disable")
-        if self._mamba:
-            malloc = getattr(req_to_token_pool, "mamba_allocator", None)
-            if malloc is None or not all(callable(getattr(malloc, m, None))
-                                         for m in ("alloc", "free", "available_size")):
-                raise TypeError("req_to_token_pool: a Mamba cache needs a request pool with a "
-                                "mamba_allocator (alloc, free, available_size): "
-                                "flatradix.HybridReqToTokenPool or SGLang's "
-                                f"HybridReqToTokenPool, got {type(req_to_token_pool).__name__}")
-            pool_extra = getattr(req_to_token_pool, "enable_mamba_extra_buffer", None)
-            if pool_extra is not None and bool(pool_extra) != extra:
-                raise ValueError(f"enable_mamba_extra_buffer={extra} but req_to_token_pool was "
-                                 f"built with enable_mamba_extra_buffer={bool(pool_extra)}: "
-                                 "the request path needs both alike (a pool with ping-pong "
-                                 "track buffers exactly when the cache caches their states)")
-            pool_lazy = getattr(req_to_token_pool, "enable_mamba_extra_buffer_lazy", None)
-            if pool_lazy is not None and bool(pool_lazy) != lazy:
-                raise ValueError(f"enable_mamba_extra_buffer_lazy={lazy} but req_to_token_pool "
-                                 "was built with enable_mamba_extra_buffer_lazy="
-                                 f"{bool(pool_lazy)}: build both alike")
-            if not extra and self.page_size != 1 and not disable_flag:
-                raise ValueError(f"page_size={self.page_size}: a Mamba cache without "
-                                 "enable_mamba_extra_buffer caches only sequence-end states and "
-                                 "needs page_size=1 (SGLang's rule)")
-        #: What a lock's early SWA release also released (SGLang: SWA and every
-        #: component of lower internal priority, i.e. Mamba), skipped by the final unlock.
-        self._early_mask = L.C_SWA | (L.C_MAMBA if self._mamba and self._swa else 0)
-        self.mamba_cache_chunk_size = chunk
-        self.enable_mamba_extra_buffer = extra
-        self.enable_mamba_extra_buffer_lazy = lazy
-        self._path_cap = path_cap
-        #: The grid a branching Mamba checkpoint lands on (tokens).
-        self.mamba_checkpoint_grid = chunk * self.page_size // math.gcd(chunk, self.page_size)
-        if not isinstance(eviction_policy, str) or eviction_policy.lower() not in L.POLICY_NAMES:
-            raise ValueError(f"eviction_policy must be one of {', '.join(L.POLICY_NAMES)}; "
-                             f"got {eviction_policy!r}")
-        self.eviction_policy = eviction_policy.lower()
-        if eviction_policy_config is not None and not isinstance(eviction_policy_config, Mapping):
-            raise TypeError(f"eviction_policy_config must be a dict or None, got "
-                            f"{type(eviction_policy_config).__name__}")
-        self._policy_cfg = self._policy_config(self.eviction_policy, eviction_policy_config or {})
-        if token_to_kv_pool_allocator is not None and not callable(
-                getattr(token_to_kv_pool_allocator, "free", None)):
-            raise TypeError("token_to_kv_pool_allocator must have a free(indices) method "
-                            f"(got {type(token_to_kv_pool_allocator).__name__})")
-        if req_to_token_pool is not None and not (
-                hasattr(req_to_token_pool, "req_to_token")
-                and callable(getattr(req_to_token_pool, "free", None))):
-            raise TypeError("req_to_token_pool must have .req_to_token and a free(row) method "
-                            f"(got {type(req_to_token_pool).__name__})")
-        _check_device(device)
-        ncap = as_count(node_capacity, "node_capacity")
-        if ncap > MAX_NODE_CAPACITY:
-            raise ValueError(f"node_capacity must be <= {MAX_NODE_CAPACITY}, got {ncap}")
-        pcap = (_auto_pool_capacity(token_to_kv_pool_allocator) if pool_capacity is None
-                else as_count(pool_capacity, "pool_capacity"))
-        if pcap > MAX_POOL_CAPACITY:
-            raise ValueError(f"pool_capacity must be <= {MAX_POOL_CAPACITY}, got {pcap}")
-        if kv_event_lora_names is not None:
-            from .events import lora_name_table  # TypeError / ValueError naming the argument
-
-            kv_event_lora_names = lora_name_table(kv_event_lora_names, "kv_event_lora_names")
+        ncap, pcap, kv_event_lora_names = validate(
+            self, page_size, components, eviction_policy, token_to_kv_pool_allocator,
+            req_to_token_pool, device, is_eagle, eviction_policy_config, disable, node_capacity,
+            pool_capacity, kv_event_lora_names, tree_components, sliding_window_size,
+            mamba_cache_chunk_size, enable_mamba_extra_buffer, mamba_max_states_per_path,
+            enable_mamba_extra_buffer_lazy)
         self.kv_event_lora_names = kv_event_lora_names
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.req_to_token_pool = req_to_token_pool
@@ -411,7 +193,7 @@ class UnifiedRadixCache(RequestCachingMixin):
                 policy_a=pa, policy_b=pb, events=self.enable_kv_cache_events,
                 components=(L.C_FULL | (L.C_SWA if self._swa else 0)
                             | (L.C_MAMBA if self._mamba else 0)), swa_window=self._window,
-                mamba_path_cap=path_cap,
+                mamba_path_cap=self._path_cap,
                 bigram=self.is_eagle, node_capacity=max(4, ncap), pool_capacity=max(64, pcap))
         except MemoryError as e:
             raise MemoryError(f"node_capacity={ncap}, pool_capacity={pcap}: cannot allocate the "
@@ -432,24 +214,6 @@ class UnifiedRadixCache(RequestCachingMixin):
         step (e.g. ``match_prefix`` + ``inc_lock_ref``). See the class docstring.
         (``lock(node)`` is SGLang's lock call, not this.)"""
         return self._mutex
-
-    # ------------------------------------------------------------------ setup
-    @staticmethod
-    def _policy_config(name, cfg):
-        allowed = _POLICY_DEFAULTS.get(name, {})
-        bad = set(cfg) - set(allowed)
-        if bad:
-            raise TypeError(f"eviction_policy_config: unknown keys {sorted(bad)} for policy "
-                            f"{name!r} (allowed: {sorted(allowed)})")
-        out = dict(allowed)
-        out.update(cfg)
-        for k, v in out.items():
-            as_int(v, f"eviction_policy_config[{k!r}]")
-        if name == "tlru" and not out["threshold"] >= 0:
-            raise ValueError("eviction_policy_config['threshold'] must be >= 0")
-        if name == "slru" and not out["protected_threshold"] >= 0:
-            raise ValueError("eviction_policy_config['protected_threshold'] must be >= 0")
-        return out
 
     # ------------------------------------------------------------------ request-path API
     # The request path (``requests.py``) uses the public API plus exactly these:
@@ -850,193 +614,6 @@ class UnifiedRadixCache(RequestCachingMixin):
                                  "SWA component")
         return cursor, branching
 
-    # ------------------------------------------------------------------ evict
-    def evict(self, params):
-        """Evict until ``num_tokens`` Full units (and ``swa_num_tokens`` SWA units) are freed.
-
-        ``params``: ``EvictParams`` or an int (``num_tokens``). The Full walk
-        deletes least-priority unlocked leaves; then, with SWA, the SWA walk takes
-        the least recently used SWA data not covered by a window lock: a victim
-        that is an unlocked leaf is deleted whole, any other loses its SWA data
-        only (a tombstone). Leaves deleted by one walk count for both components,
-        so the SWA walk is skipped when the Full walk freed enough SWA.
-        Freed KV indices go to the allocator (or ``EvictResult.evicted_indices``
-        -- the Full slots -- without one). Node-granular: may free more than
-        asked. Cost O(evicted nodes * log leaves), independent of the tree's
-        size. Asking for more than is evictable evicts everything evictable and
-        returns what that freed (never an error; counts above 2**62, e.g. 2**63,
-        are clamped). Raises ``TypeError`` for a non-int count and
-        ``ValueError`` for a negative one, before anything changes.
-        With Mamba, the Mamba walk then takes the least recently used states
-        not locked (``mamba_num``): an unlocked leaf is deleted whole, another
-        node loses its state only; states freed by the Full walk's deletions
-        count. ``mamba_num`` / ``swa_num_tokens`` are validated the same way on
-        a cache without that component, and ignored.
-        """
-        mamba_num = 0
-        if isinstance(params, EvictParams):
-            num = as_count(params.num_tokens, "params.num_tokens")
-            swa_num = 0
-            if params.swa_num_tokens != 0 or params.mamba_num != 0:
-                swa_num = as_count(params.swa_num_tokens, "params.swa_num_tokens")
-                mamba_num = as_count(params.mamba_num, "params.mamba_num")
-            if not self._swa:
-                swa_num = 0
-            if not self._mamba:
-                mamba_num = 0
-        elif isinstance(params, (int, np.integer)) and not isinstance(params, bool):
-            num = as_count(params, "params.num_tokens")
-            swa_num = 0
-        else:
-            raise TypeError(f"params must be an EvictParams or an int (params.num_tokens), got "
-                            f"{type(params).__name__}")
-        num, swa_num = min(num, _COUNT_CLAMP), min(swa_num, _COUNT_CLAMP)
-        mamba_num = min(mamba_num, _COUNT_CLAMP)
-        no_alloc = self.token_to_kv_pool_allocator is None
-        if self.disable or (num == 0 and swa_num == 0 and mamba_num == 0):
-            return EvictResult(0, 0, 0, self._vals.empty() if no_alloc else None)
-        eng = self._engine
-        want = [0] * L.N_COMPONENTS  # per component (counts indexed by component)
-        want[L.FULL], want[L.SWA], want[L.MAMBA] = num, swa_num, mamba_num
-        with self._mutex:
-            if self._hicache.policy == "write_back":  # SGLang's step-wise rounds
-                done, parts = self._hicache.write_back_evict(want)
-            else:
-                done, parts = [0] * L.N_COMPONENTS, []
-                phase = 0
-                while True:
-                    st, f, w, m, phase = eng.k.evict(num - done[L.FULL], swa_num - done[L.SWA],
-                                                     mamba_num - done[L.MAMBA], phase)
-                    done[L.FULL] += f
-                    done[L.SWA] += w
-                    done[L.MAMBA] += m
-                    parts.append(self._executor.run(eng.actions(), eng.out))
-                    if st == L.OK:
-                        break
-                    eng.grow()  # out / acts too small for the next victim: grow, go on
-        freed = self._vals.out(_cat_or_empty(parts)) if no_alloc else None
-        return EvictResult(done[L.FULL], done[L.SWA], done[L.MAMBA], freed)
-
-    def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
-        """Open a step-wise eviction round of ``num_tokens`` units for ``component``
-        (FULL, or SWA / MAMBA when configured; Mamba counts states).
-
-        Raises ``RuntimeError("device eviction already in progress")`` when one is
-        open for that component, ``ValueError`` for a component that is not
-        configured or a negative count, ``TypeError`` for a non-int count. Counts
-        above 2**62 are clamped (the round then runs until nothing evictable is left).
-        """
-        c = self._check_component(component)
-        num = min(as_count(num_tokens, "num_tokens"), _COUNT_CLAMP)
-        with self._mutex:
-            if self._engine.k.evict_start(c, num) != L.OK:
-                raise RuntimeError("device eviction already in progress")
-
-    def evict_device_next_node(self, component=ComponentType.FULL):
-        """One step of the open round; returns an ``EvictStep``.
-
-        Full: the least-priority evictable leaf is deleted. SWA: the round's cursor
-        is evicted (a leaf deleted whole, another node tombstoned: ``node_id``
-        None, ``made_progress`` True); the cursor starts at the least recently
-        used SWA data not covered by a window lock and each step moves it to the
-        next more recent unlocked entry, so a refresh between steps does not
-        change the next victim (SGLang §5.4; a cursor evicted or window-locked
-        since restarts at the least recent unlocked entry).
-        The step's slots are *not* freed by the cache: the controller frees
-        ``freed_indices`` (Full) and the SWA peers of ``swa_freed_indices``
-        (SGLang's "tree decides, cache executes"). ``made_progress`` False ends
-        the round (request met, or nothing evictable).
-        """
-        c = self._check_component(component)
-        eng = self._engine
-        # the controller frees the step's slots: the executor runs the events only and
-        # collects the slots per component
-        collect = [[] for _ in range(L.N_COMPONENTS)]
-        with self._mutex:
-            st, nid, f, w, m = eng.k.evict_next(c)
-            if st == L.E_NO_WALK:
-                raise RuntimeError("no device eviction in progress: call evict_device_start first")
-            if st == L.E_NEED_BACKUP or st == L.E_NEED_STATE_BACKUP:
-                # write-back: back the victim up, then demote / drop it (a leaf) or
-                # tombstone its SWA data / state (an internal node)
-                nid, counts, freed = self._hicache.write_back_step(c, st, nid, w, collect)
-            else:
-                freed = self._executor.run(eng.actions(), eng.out, free=False, collect=collect)
-                if f == 0 and w == 0 and m == 0:
-                    return EvictStep(None, self._vals.empty(), 0, False,
-                                     swa_freed_indices=self._vals.empty(),
-                                     mamba_freed_indices=self._mamba_empty())
-                nid = None if nid < 0 else int(nid)
-                counts = [0] * L.N_COMPONENTS
-                counts[L.FULL], counts[L.SWA], counts[L.MAMBA] = int(f), int(w), int(m)
-            states = _cat_or_empty(collect[L.MAMBA])
-            if states.size:  # the controller frees them: the tree holds them no more
-                self._vals.mamba_owned.difference_update(states.tolist())
-        return EvictStep(nid, self._vals.out(freed), counts[L.FULL], True,
-                         swa_freed_indices=self._vals.out(_cat_or_empty(collect[L.SWA])),
-                         swa_num_tokens=counts[L.SWA],
-                         mamba_freed_indices=(self._mamba_slots(states) if self._mamba
-                                              else None),
-                         mamba_num=counts[L.MAMBA])
-
-    def _mamba_empty(self):
-        return self._mamba_slots(_EMPTY) if self._mamba else None
-
-    def _mamba_slots(self, a):
-        """int64 state slots as the Mamba allocator's kind."""
-        if self._vals._mamba_numpy:
-            return a.copy()
-        import torch
-
-        return torch.from_numpy(a.copy())
-
-    def evict_device_end(self, component=ComponentType.FULL):
-        """Close the open round of ``component`` (idempotent); returns the units it evicted."""
-        c = self._check_component(component)
-        with self._mutex:
-            return int(self._engine.k.evict_end(c))
-
-    def evict_for_alloc(self, params):
-        """Evict until the allocator can serve an allocation.
-
-        ``params`` an int ``n``: until the allocator has ``n`` free slots (Full).
-        ``params`` an ``EvictParams`` (SGLang's meaning): its counts are the
-        allocation's *shortfalls*; evict until the allocator's available Full
-        (SWA) slots grew by ``num_tokens`` (``swa_num_tokens``) or nothing is
-        left. Needs an allocator with ``available_size()`` (SWA:
-        ``full_available_size()`` / ``swa_available_size()``). Returns an
-        ``EvictResult`` for an ``EvictParams``, the Full units evicted for an int
-        (0 when enough are free already; never an error). The check and the
-        eviction run under the cache's lock (other threads' frees through the
-        cache cannot interleave).
-        """
-        alloc = self.token_to_kv_pool_allocator
-        if isinstance(params, EvictParams):
-            num = as_count(params.num_tokens, "params.num_tokens")
-            swa_num = as_count(params.swa_num_tokens, "params.swa_num_tokens")
-            mnum = as_count(params.mamba_num, "params.mamba_num")
-            if alloc is None:
-                raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
-            # each freed slot raises the allocator's available size by one (a
-            # cascade's collateral frees count): evicting the shortfalls reaches it
-            return self.evict(EvictParams(num_tokens=num, swa_num_tokens=swa_num,
-                                          mamba_num=mnum))
-        num = as_count(params, "num_tokens")
-        if alloc is None:
-            raise ValueError("evict_for_alloc needs a token_to_kv_pool_allocator")
-        with self._mutex:
-            avail = alloc.full_available_size() if self._swa else alloc.available_size()
-            short = num - avail
-            if short <= 0:
-                return 0
-            return self.evict(EvictParams(num_tokens=short)).num_tokens_evicted
-
-    def _check_component(self, component):
-        c = _component(component)
-        if c not in self.components:
-            raise ValueError(f"component {component!r} is not configured")
-        return int(c)
-
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node, skip_lock_components=()):
         """Lock ``node`` against eviction; returns the receipt (``IncLockRefResult``).
@@ -1258,320 +835,46 @@ class UnifiedRadixCache(RequestCachingMixin):
                 self._executor.run(eng.actions(), eng.out)
         lock.swa_released = True
 
-    # ------------------------------------------------------------------ batches
-    def match_prefix_batch(self, params):
-        """``match_prefix`` of many keys in one kernel call (flatradix extension):
-        e.g. scoring a whole waiting queue for a longest-prefix-match policy.
+    # ------------------------------------------------------------------ evict (``eviction.py``)
+    evict = eviction.evict
+    evict_device_start = eviction.evict_device_start
+    evict_device_next_node = eviction.evict_device_next_node
+    _mamba_empty = eviction._mamba_empty
+    _mamba_slots = eviction._mamba_slots
+    evict_device_end = eviction.evict_device_end
+    evict_for_alloc = eviction.evict_for_alloc
+    _check_component = eviction._check_component
 
-        ``params``: a list (or tuple) of ``MatchPrefixParams`` / ``RadixKey``.
-        Returns the list of ``MatchResult`` that ``[match_prefix(p) for p in
-        params]`` returns, with the same effects on the tree (splits, recency), in
-        order. Each result's ``device_indices`` is a view of one array shared by
-        the batch. Every key is validated before anything changes (errors name
-        ``params[i].key``). A batch with a ``cow_mamba`` match runs as single
-        calls (a copy-on-write may evict a state before the next match).
-        O(total key length).
-        """
-        if not isinstance(params, (list, tuple)):
-            raise TypeError(f"params must be a list of MatchPrefixParams / RadixKey, got "
-                            f"{type(params).__name__}")
-        k = len(params)
-        eng = self._engine
-        get = eng.ns.get
-        key_of = self._key
-        parts, lens_l, nss_l = [], [], []
-        cow = False
-        page = self.page_size
-        # the common key (plain int64 numpy tokens, default namespace) skips _key's
-        # checks: what they would accept and return for it, inline
-        plain_ok = not self.is_eagle
-        default_ns = get((None, None))
-        if default_ns is None:
-            default_ns = -1
-        for i, p in enumerate(params):
-            if type(p) is MatchPrefixParams:
-                key = p.key
-                if p.cow_mamba is not False:
-                    cow = (as_flag(p.cow_mamba, f"params[{i}].cow_mamba") and self._check_cow(p)
-                           or cow)
-            else:
-                key = p
-            if plain_ok and type(key) is RadixKey and key.extra_key is None and (
-                    key.cache_salt is None and not key.is_bigram):
-                units = key.token_ids
-                if type(units) is np.ndarray and units.dtype is _I64 and units.ndim == 1:
-                    n = units.shape[0]
-                    n -= n % page
-                    ns = default_ns if n else -1
-                    lens_l.append(n if ns >= 0 else 0)
-                    nss_l.append(ns)
-                    parts.append(units[:n] if ns >= 0 else units[:0])
-                    continue
-            units, n, nk, _ = key_of(key, f"params[{i}].key")
-            ns = get(nk)
-            if ns is None or n == 0:
-                ns, n = -1, 0
-            lens_l.append(n)
-            nss_l.append(ns)
-            parts.append(units if n == units.shape[0] else units[:n])
-        if self.disable or k == 0:
-            return [self._empty_match() for _ in range(k)]
-        if cow:  # a copy-on-write may evict a state between two matches: one at a time
-            return [self.match_prefix(p) for p in params]
-        lens = np.array(lens_l, dtype=np.int64)
-        nss = np.array(nss_l, dtype=np.int64)
-        offs = np.zeros(k, dtype=np.int64)
-        np.cumsum(lens[:-1], out=offs[1:])
-        total = int(offs[-1] + lens[-1])
-        res = np.empty((k, 6), dtype=np.int64)
-        with self._mutex:  # the scratch rows are the engine's: filled and read under the lock
-            buf = eng.batch_buffers(total)
-            keys, out = buf[0, :total], buf[1, :total]
-            np.concatenate(parts, out=keys)
-            _, packed = eng.k.match_prefix_batch(keys, offs, lens, nss, out, res)
-            idx = out[:packed].copy()  # the packed matched indices (the scratch is reused)
-        pos = np.zeros(k + 1, dtype=np.int64)
-        np.cumsum(res[:, 0], out=pos[1:])
-        idx = self._vals.out(idx)
-        swa = self._swa
-        mamba = self._mamba
-        host = self._hicache
-        mamba_host = host.mamba_pool_host is not None
-        shosts = mhosts = None
-        if host.swa_pool_host is not None or mamba_host:  # host hits, all under one lock
-            with self._mutex:
-                hb = res[:, 5].tolist()
-                if host.swa_pool_host is not None:
-                    hit = eng.k.swa_host_hit
-                    shosts = [hit(h) for h in hb]
-                if mamba_host:
-                    mhosts = [host.mamba_host_hit(h) for h in hb]
-        results = []
-        for i, ((plen, best, vis, full_hit, host_hit, hbest), p0) in enumerate(
-                zip(res.tolist(), pos[:-1].tolist())):
-            if full_hit == 0 and plen == 0 and vis < 0:
-                results.append(_tuple_new(MatchResult, (
-                    idx[p0:p0], best, best, best, 0, 0, 0, None, 0, None, 0, None, None, None)))
-                continue
-            branch = full_hit if swa and full_hit > plen + host_hit else None
-            shost = 0 if shosts is None else shosts[i]
-            # the Mamba fields as match_prefix computes them (the host-only test read
-            # the node after the whole batch: a later key may have changed it, as
-            # SGLang's finaliser runs at each match -- only a split can, which keeps
-            # the state)
-            mbranch = self._mamba_branch(full_hit, plen + host_hit) if mamba else None
-            mhost = mhosts[i] if mamba_host else 0
-            results.append(_tuple_new(MatchResult, (
-                idx[p0:p0 + plen], best, hbest, hbest, host_hit, plen, full_hit,
-                None if vis < 0 else vis, shost, branch, mhost, mbranch, None, None)))
-        return results
+    # ------------------------------------------------------------------ batches (``batch.py``)
+    match_prefix_batch = batch.match_prefix_batch
+    inc_lock_ref_batch = batch.inc_lock_ref_batch
+    dec_lock_ref_batch = batch.dec_lock_ref_batch
+    _dec_batch = batch._dec_batch
+    lock_batch = batch.lock_batch
+    unlock_batch = batch.unlock_batch
+    _node_ids = batch._node_ids
 
-    def inc_lock_ref_batch(self, nodes, skip_lock_components=()):
-        """``inc_lock_ref`` of each node of ``nodes`` (a list of NodeIds) in one kernel
-        call (flatradix extension, for a batch admission); returns the receipts in
-        order. Every id is checked first: a stale one raises ``NodeAccessError``
-        naming ``nodes[i]`` and nothing is locked."""
-        nids = self._node_ids(nodes)
-        skip = skip_lock_components
-        if not (type(skip) is tuple and not skip):
-            skip = self._skip_components(skip)
-        if self.disable:
-            return [self.inc_lock_ref(int(x), skip) for x in nids]
-        skip_mask = ((L.C_SWA if ComponentType.SWA in skip else 0)
-                     | (L.C_MAMBA if ComponentType.MAMBA in skip else 0))
-        out = np.empty((nids.shape[0], 2), dtype=np.int64)
-        with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st, bad = self._engine.k.inc_lock_ref_batch(nids, skip_mask, out)
-        if st == L.E_STALE:
-            raise self._stale(int(nids[bad]), f"nodes[{bad}]")
-        swa = self._swa and not skip_mask & L.C_SWA
-        return [IncLockRefResult(d, nid, skip, {ComponentType.SWA: b or None})
-                if swa else IncLockRefResult(d, nid, skip)
-                for nid, (d, b) in zip(nids.tolist(), out.tolist())]
-
-    def dec_lock_ref_batch(self, nodes, receipts=None, skip_swa=False):
-        """``dec_lock_ref`` of each node of ``nodes`` with its receipt (``receipts[i]``;
-        optional for Full-only caches) in one kernel call (flatradix extension).
-        ``skip_swa``: one bool for all, or one per node. All or nothing: every
-        receipt is checked first, and a release that would fail (stale, unlock
-        without lock, released twice in the batch) raises as ``dec_lock_ref``
-        naming ``nodes[i]``, with the tree unchanged."""
-        nids = self._node_ids(nodes)
-        k = nids.shape[0]
-        if receipts is not None and (not isinstance(receipts, (list, tuple)) or len(receipts) != k):
-            raise TypeError(f"receipts must be a list of {k} receipts (one per node) or None")
-        if isinstance(skip_swa, (list, tuple)):
-            if len(skip_swa) != k:
-                raise TypeError(f"skip_swa must be a bool or a list of {k} bools")
-            flags = [as_flag(x, f"skip_swa[{i}]") for i, x in enumerate(skip_swa)]
-        else:
-            flags = [as_flag(skip_swa, "skip_swa")] * k
-        if self.disable:
-            return [DecLockRefResult() for _ in range(k)]
-        skips = np.zeros(k, dtype=np.int64)
-        bounds = np.zeros(k, dtype=np.int64)
-        for i, nid in enumerate(nids.tolist()):
-            r = None if receipts is None else receipts[i]
-            if r is not None or self._swa or self._mamba:
-                skips[i], bounds[i] = self._receipt(nid, r, f"receipts[{i}]")
-            if flags[i]:
-                skips[i] |= self._early_mask
-        self._dec_batch(nids, skips, bounds)
-        return [DecLockRefResult() for _ in range(k)]
-
-    def _dec_batch(self, nids, skips, bounds):
-        """One ``dec_lock_ref_batch`` kernel call on checked arguments (int64 arrays);
-        its refusals raised as ``dec_lock_ref_batch`` documents, nothing changed."""
-        with self._mutex:  # the arrays are read under the lock: a growth replaces them
-            st, i, x, comp = self._engine.k.dec_lock_ref_batch(nids, skips, bounds)
-            if st == L.E_NOT_ANCHORED:
-                raise LockRefError(f"nodes[{i}]: no lock is anchored at node {int(nids[i])} "
-                                   "(its lock_ref is held by locks on its descendants, or the batch "
-                                   "released it already)")
-            if st == L.E_LOCK_UNDERFLOW:
-                self._raise_underflow(int(x), int(nids[i]), name=f"nodes[{i}]", comp=int(comp))
-        if st == L.E_STALE:
-            raise self._stale(int(nids[i]), f"nodes[{i}]")
-
-    def lock_batch(self, nodes, skip_lock_components=()):
-        """``lock`` of each node in one call: a list of ``TreeLock``."""
-        nids = self._node_ids(nodes)
-        if (self._plain_locks and not self.disable and type(skip_lock_components) is tuple
-                and not skip_lock_components):
-            # Full-only: each receipt holds nothing but its node (see ``lock``)
-            out = np.empty((nids.shape[0], 2), dtype=np.int64)
-            with self._mutex:  # the arrays are read under the lock: a growth replaces them
-                st, bad = self._engine.k.inc_lock_ref_batch(nids, 0, out)
-            if st == L.E_STALE:
-                raise self._stale(int(nids[bad]), f"nodes[{bad}]")
-            return [TreeLock(nid, DecLockRefParams(nid, (), {}, {})) for nid in nids.tolist()]
-        return [TreeLock(nid, r.to_dec_params())
-                for nid, r in zip(nids.tolist(), self.inc_lock_ref_batch(nids, skip_lock_components))]
-
-    def unlock_batch(self, locks):
-        """``unlock`` of each ``TreeLock`` in one call, all or nothing (``None``
-        entries skipped); a lock released early (``release_swa``) skips its window."""
-        if not isinstance(locks, (list, tuple)):
-            raise TypeError(f"locks must be a list of TreeLock, got {type(locks).__name__}")
-        held = [lk for lk in locks if lk is not None]
-        for lk in held:
-            if not isinstance(lk, TreeLock):
-                raise TypeError(f"locks must hold flatradix.TreeLock, got {type(lk).__name__}")
-        if not held:
-            return
-        if self._plain_locks and not self.disable:
-            # Full-only plain receipts (as ``unlock``'s short path): no receipt work
-            if all(_plain_lock(lk) for lk in held):
-                zeros = np.zeros(len(held), dtype=np.int64)
-                self._dec_batch(np.array([lk.node for lk in held], dtype=np.int64), zeros, zeros)
-                return
-        self.dec_lock_ref_batch([lk.node for lk in held], [lk.receipt for lk in held],
-                                skip_swa=[lk.swa_released for lk in held])
-
-    def _node_ids(self, nodes):
-        """``nodes`` (a list / array of NodeIds) as an int64 array (``TypeError``)."""
-        if isinstance(nodes, np.ndarray) and nodes.dtype == np.int64 and nodes.ndim == 1:
-            return np.ascontiguousarray(nodes)
-        if not isinstance(nodes, (list, tuple, np.ndarray)):
-            raise TypeError(f"nodes must be a list of NodeIds, got {type(nodes).__name__}")
-        if type(nodes) is list and all(type(x) is int and _NID_MIN <= x < _NID_END
-                                       for x in nodes):
-            return np.array(nodes, dtype=np.int64).reshape(-1)  # plain ints: one conversion
-        return np.array([as_node_id(x, f"nodes[{i}]") for i, x in enumerate(nodes)],
-                        dtype=np.int64).reshape(-1)
-
-    # ------------------------------------------------------------------ sizes
-    def evictable_size(self):
-        """Full units held by unlocked nodes."""
-        return int(self._engine.meta[L.M_EVICTABLE + L.FULL])
-
-    def protected_size(self):
-        """Full units held by locked nodes."""
-        return int(self._engine.meta[L.M_PROTECTED + L.FULL])
-
-    full_evictable_size = evictable_size
-    full_protected_size = protected_size
-
-    def component_evictable_size(self, component):
-        """Units held by unlocked nodes for ``component`` (0 for one not configured).
-        ``ValueError`` naming ``component`` when it is not a ComponentType."""
-        return int(self._engine.meta[L.M_EVICTABLE + int(_component(component))])
-
-    def component_protected_size(self, component):
-        """Units held by locked nodes for ``component`` (0 for one not configured)."""
-        return int(self._engine.meta[L.M_PROTECTED + int(_component(component))])
-
-    def swa_evictable_size(self):
-        """SWA tokens held by nodes outside every window lock (0 without SWA)."""
-        return int(self._engine.meta[L.M_EVICTABLE + L.SWA])
-
-    def swa_protected_size(self):
-        """SWA tokens held by nodes inside a window lock (0 without SWA)."""
-        return int(self._engine.meta[L.M_PROTECTED + L.SWA])
-
-    def mamba_evictable_size(self):
-        """Mamba states held by nodes without a Mamba lock (0 without Mamba)."""
-        return int(self._engine.meta[L.M_EVICTABLE + L.MAMBA])
-
-    def mamba_protected_size(self):
-        """Mamba states held by Mamba-locked nodes (0 without Mamba)."""
-        return int(self._engine.meta[L.M_PROTECTED + L.MAMBA])
-
-    def all_mamba_values_flatten(self):
-        """Every node's Mamba device state slot, in DFS order (int64 1-D, the Mamba
-        allocator's kind; empty without Mamba)."""
-        with self._mutex:
-            flat = inspection.all_mamba_values_flatten(self._engine)
-        return self._mamba_slots(flat) if self._mamba else flat
-
-    def total_size(self):
-        """``(full_units, aux_units)`` held on device: Full tokens, and the auxiliary
-        components' units lumped together (SWA tokens + Mamba states; 0 for
-        Full-only), as SGLang."""
-        meta = self._engine.meta
-        return int(meta[L.M_TOTAL + L.FULL]), int(meta[L.M_TOTAL + L.SWA] + meta[L.M_TOTAL + L.MAMBA])
-
-    def node_count(self):
-        """Live nodes, root excluded."""
-        return int(self._engine.meta[L.M_NLIVE]) - 1
-
-    def available_and_evictable_str(self):
-        """What can be allocated now or after eviction, one line per pool (SGLang's
-        format: the first line starts with ``"Available full tokens: "``, an SWA
-        cache's second line with ``"Available swa: "``, as SGLang names the component)."""
-        alloc = self.token_to_kv_pool_allocator
-        if self._swa:
-            avail = alloc.full_available_size()
-            ev = self.evictable_size()
-            swa_avail, swa_ev = alloc.swa_available_size(), self.swa_evictable_size()
-            return (f"Available full tokens: {avail + ev} (available: {avail} + evictable: {ev})\n"
-                    f"Available swa: {swa_avail + swa_ev} (available: {swa_avail} + "
-                    f"evictable: {swa_ev})\n")
-        avail = alloc.available_size() if alloc is not None else 0
-        ev = self.evictable_size()
-        return (f"Available full tokens: {avail + ev} (available: {avail} + evictable: {ev})\n")
-
-    def supports_swa(self):
-        return self._swa
-
-    @property
-    def mamba_max_states_per_path(self):
-        """The per-path Mamba state cap given at construction (-1: off); read-only
-        (the kernels read it from the tree's meta array)."""
-        return self._path_cap
-
-    def supports_mamba(self):
-        return self._mamba
-
-    def supports_prefix_sharing(self):
-        return not self.disable
-
-    @property
-    def sliding_window_size(self):
-        """The SWA retain window in tokens (None without SWA)."""
-        return self._window if self._swa else None
-
-    swa_retain_window = sliding_window_size
+    # ------------------------------------------------------------------ sizes (``views.py``)
+    evictable_size = views.evictable_size
+    protected_size = views.protected_size
+    component_evictable_size = views.component_evictable_size
+    component_protected_size = views.component_protected_size
+    swa_evictable_size = views.swa_evictable_size
+    swa_protected_size = views.swa_protected_size
+    mamba_evictable_size = views.mamba_evictable_size
+    mamba_protected_size = views.mamba_protected_size
+    all_mamba_values_flatten = views.all_mamba_values_flatten
+    total_size = views.total_size
+    node_count = views.node_count
+    available_and_evictable_str = views.available_and_evictable_str
+    supports_swa = views.supports_swa
+    mamba_max_states_per_path = property(views.mamba_max_states_per_path)
+    supports_mamba = views.supports_mamba
+    supports_prefix_sharing = views.supports_prefix_sharing
+    sliding_window_size = property(views.sliding_window_size)
+    full_evictable_size = views.evictable_size
+    full_protected_size = views.protected_size
+    swa_retain_window = property(views.sliding_window_size)
 
     # ------------------------------------------------------------------ nodes
     def root_node_handle(self, extra_key=None):
@@ -1593,64 +896,12 @@ class UnifiedRadixCache(RequestCachingMixin):
             raise self._stale(nid, name)
         return s
 
-    def path_device_indices(self, node):
-        """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
-        nid = as_node_id(node, "node")
-        eng = self._engine
-        with self._mutex:
-            st, n = eng.k.path_device_indices(nid)
-            if st == L.E_STALE:
-                raise self._stale(nid)
-            return self._vals.out(eng.out[:n].copy())
-
-    def node_info(self, node):
-        """Debug view of one node: dict of its fields (key units, value, lock_ref, ...).
-        O(len(node)): copies its key and value."""
-        with self._mutex:
-            return inspection.node_info(self._engine, self._slot(node), as_node_id(node))
-
-    def all_values_flatten(self):
-        """Every non-root node's Full device value, concatenated in DFS order."""
-        with self._mutex:
-            flat = inspection.all_values_flatten(self._engine)
-        return self._vals.out(flat)
-
-    def pretty_print(self, file=None):
-        """Print one line per node in DFS order (format informative only) to ``file``
-        (a text stream with ``write``; ``None``: stdout). Changes nothing."""
-        if file is not None and not callable(getattr(file, "write", None)):
-            raise TypeError(f"file must be a text stream with write() or None, got "
-                            f"{type(file).__name__}")
-        with self._mutex:
-            lines = inspection.pretty_lines(self._engine)
-            lines.append(f"#tokens: {self.total_size()[0]}, evictable: {self.evictable_size()}, "
-                         f"protected: {self.protected_size()}")
-        print("\n".join(lines), file=file)
-
-    def sanity_check(self):
-        """Recompute every invariant (tree links, child table, lock counts, the
-        evictable-leaf heap, size ledgers incl. evictable + protected == total,
-        the free node-slot list, the accounting of the tree's own pool rows) in one
-        kernel; with Mamba, that no state slot is held by two nodes. The tree is
-        not compared with the allocators (a slot the tree holds but an allocator
-        lists as free, or a host slot on two nodes, is not seen here: the tests'
-        partition checks do that). Raises ``CacheInvariantError``
-        (an ``AssertionError``) naming the failed check and node. O(tree)."""
-        with self._mutex:
-            code, slot = self._engine.k.sanity_check()
-            if code != 0:
-                from .kernels import check
-
-                nid = None if slot < 0 else inspection.nid(self._engine, int(slot))
-                raise CacheInvariantError(
-                    f"Sanity check FAILED: code {int(code)} on node {nid} "
-                    f"(see flatradix.kernels.check: {check.__doc__.split(chr(10))[0]})")
-            if self._mamba:
-                slots = inspection.all_mamba_values_flatten(self._engine).tolist()
-                if len(set(slots)) != len(slots) or set(slots) != self._vals.mamba_owned:
-                    raise CacheInvariantError(
-                        "Sanity check FAILED: Mamba state slots held by two nodes, or the "
-                        "tree's slots differ from the slots it is known to hold")
+    # node views and the sanity check (``views.py``)
+    path_device_indices = views.path_device_indices
+    node_info = views.node_info
+    all_values_flatten = views.all_values_flatten
+    pretty_print = views.pretty_print
+    sanity_check = views.sanity_check
 
     def reset(self):
         """Drop the whole tree; every old node id goes stale and the root gets a new id.
@@ -1745,25 +996,3 @@ for _name in HostTier.API:
 for _name in HostTier.PROPERTIES:
     setattr(UnifiedRadixCache, _name, _host_property(_name))
 del _name
-
-
-def _plain_lock(lk):
-    """Whether the ``TreeLock`` ``lk`` is one a Full-only cache's ``lock`` makes: an
-    int64 node id, a ``DecLockRefParams`` receipt anchored on it that skips
-    nothing, no early window release (its release then needs no receipt work)."""
-    nid = lk.node
-    rec = lk.receipt
-    return (type(rec) is DecLockRefParams and type(nid) is int and rec.node_id == nid
-            and not rec.skipped_lock_components and lk.swa_released is False
-            and _NID_MIN <= nid < _NID_END)
-
-
-class _NoFree:
-    """A value bridge that frees nothing (step-wise eviction: the controller frees)."""
-
-    @staticmethod
-    def free(idx):
-        pass
-
-
-_NO_FREE = _NoFree()

@@ -21,7 +21,8 @@ import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 # every entry kernel module (each registers its kernels in ``_jit.SPECS``)
-from .kernels import check, evict, hashing, host, insert, lock, match, query  # noqa: F401
+from .core import check, evict, host, host_evict, insert, lock, match, query, refill  # noqa: F401
+from .kernels import hashing  # noqa: F401
 from .kernels import layout as L
 from .kernels._jit import SPECS, STATE
 from .kernels.actions import ACT_NCOL

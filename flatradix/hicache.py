@@ -26,26 +26,22 @@ for it (the node is locked on the device and marked pending), submitted by
 loading_check). Transfers are
 synchronous, so every transfer is done when its commit returns; the acks are
 public so a caller can delay them and interleave other calls, as a scheduler
-does. Kernels: ``kernels/host.py``.
+does. Kernels: ``core/host.py``.
 """
 
 from collections import deque
-import operator
 
 import numpy as np
 
-from ._cast import as_count, as_flag, as_int, as_int64, as_node_id
+from ._cast import as_count, as_flag, as_int, as_node_id
 from .errors import LockRefError
-from .types import (
-    ComponentType, DecLockRefResult, EvictParams, IncLockRefResult, InitLoadBackParams,
-    InsertResult,
-)
+from .types import ComponentType, DecLockRefResult, IncLockRefResult
 from . import inspection as Q
 from .executor import segments
 from .kernels.actions import A_BACKUP
 from .kernels import layout as L
-from .kernels.host import E_HOST_STATE
-from .kernels.insert import BACKUP_NO_STATE as _BACKUP_NO_STATE
+from .core.insert import BACKUP_NO_STATE as _BACKUP_NO_STATE
+from . import hostload, hostrefill
 from .pools import HostKVPool
 from .requests import holds_state
 from .transfer import KVTransfer
@@ -53,22 +49,11 @@ from .transfer import KVTransfer
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-def _np64(x):
-    """An allocator's slots (numpy or torch) as contiguous int64 numpy."""
-    if hasattr(x, "cpu"):  # a torch tensor
-        x = x.cpu().numpy()
-    return np.ascontiguousarray(x, dtype=np.int64)
-
-
 def _counts(full=0, swa=0, mamba=0):
     """Counts per component (a list indexed by component id)."""
     out = [0] * L.N_COMPONENTS
     out[L.FULL], out[L.SWA], out[L.MAMBA] = int(full), int(swa), int(mamba)
     return out
-
-
-class _Declined(Exception):
-    """A load-back given up after its slots were taken (they go back)."""
 
 
 #: Largest host pool (tokens), as the device pools' bound.
@@ -97,6 +82,26 @@ class HostTier:
     PROPERTIES = ("enable_hicache", "hicache_write_policy", "mem_pool_host", "swa_pool_host",
                   "mamba_pool_host", "load_back_threshold", "write_through_threshold",
                   "ongoing_write_through", "ongoing_load_back")
+    #: whether a request's ``kv`` holds a Mamba state slot (``requests.holds_state``)
+    _holds_state = staticmethod(holds_state)
+    # load-backs (``hostload.py``) and storage refills (``hostrefill.py``)
+    init_load_back = hostload.init_load_back
+    _path_units = hostload._path_units
+    load_back = hostload.load_back
+    _check_load_req = hostload._check_load_req
+    _load = hostload._load
+    _swa_device_alloc = hostload._swa_device_alloc
+    _state_host_only = hostload._state_host_only
+    mamba_host_hit = hostload.mamba_host_hit
+    _state_device_alloc = hostload._state_device_alloc
+    _load_copies = hostload._load_copies
+    _load_unpin = hostload._load_unpin
+    ready_to_load_host_cache = hostload.ready_to_load_host_cache
+    loading_check = hostload.loading_check
+    _load_finish_error = hostload._load_finish_error
+    insert_host = hostrefill.insert_host
+    _prefetch_staging = hostrefill._prefetch_staging
+
     #: What the cache's own code uses of this object.
     CACHE_USES = ("on", "policy", "swa_pool_host", "mamba_pool_host", "run_with_barriers",
                   "raise_transfer_error", "mamba_host_hit", "holds_state", "write_back_evict",
@@ -657,491 +662,10 @@ class HostTier:
                                   else "") + ")")
         return DecLockRefResult()
 
-    # ------------------------------------------------------------------ storage refill
-    def insert_host(self, node, key, host_value, hash_value=None, *, swa_host_value=None,
-                    mamba_host_value=None):
-        """Add ``key`` with the host slots ``host_value`` below ``node`` (SGLang's tree
-        ``insert_host``, spec §8.6: a storage prefetch's refill of the host tier).
-
-        ``node``: the anchor, a NodeId (the match's ``last_host_node``); ``key``: a
-        ``RadixKey`` of page-aligned length in the anchor's namespace (the tokens
-        after the anchor); ``host_value``: int64 1-D host slots of
-        ``mem_pool_host`` (one per token, handed out by ``alloc`` and not given to
-        the tree yet). ``hash_value``: the storage page hashes (``len(key) //
-        page_size`` of them) SGLang keeps on the nodes; accepted and checked for
-        length, not stored: flatradix derives the event block hashes from the
-        tokens, which for SGLang's storage hashing are the same.
-
-        The walk touches the anchor and each matched node, splits a partially
-        matched one and, under write-through (either kind), gives a node without
-        a host copy its part of ``host_value`` (CPU ``BlockStored``); the rest
-        becomes a new host-only node (CPU ``BlockStored``) -- dropped under
-        write-through when the node it would hang from (not the root) has no host
-        copy. Under write-back matched nodes take nothing.
-
-        Hybrid models (SGLang's prefetch commit, phase ``PREFETCH``; the storage
-        fetch of every pool must have succeeded -- SGLang discards a partial hybrid
-        prefetch whole before this call): ``swa_host_value``, int64 1-D slots of
-        ``swa_pool_host`` staging the SWA data of the key's *last*
-        ``len(swa_host_value)`` units (whole pages, at most ``len(key)``; SGLang
-        stages ``ceil(W / P)`` pages, fewer only under the root when the key is
-        shorter). All or nothing: below a non-root anchor a staging shorter than
-        ``ceil(W / P)`` pages, or a refill that inserted no node, keeps none of it;
-        else each node from ``inserted_host_node`` up to the anchor within the staged
-        span takes its part as its SWA host value unless it has one (a node the span
-        starts inside is split there first). ``mamba_host_value``: one slot of
-        ``mamba_pool_host`` staging the state at the key's end; ``inserted_host_node``
-        takes it unless it already has a host state. **The cache owns the staging:**
-        what the tree does not take it frees to ``swa_pool_host`` /
-        ``mamba_pool_host`` itself (SGLang's commit and drop path do the same).
-
-        Returns an ``InsertResult``: ``prefix_len`` (write-back: the matched length;
-        write-through: the length of matched nodes that already had a host copy),
-        ``total_len`` (the key's length), ``inserted_host_node`` (the new node,
-        else the node the key ended on when it holds a host copy, else None; an
-        empty key: None, as SGLang's),
-        ``host_insert_dropped`` and, with ``mamba_host_value``, ``mamba_exist``
-        (the staged state was freed: the node had a host state, or there was no
-        node). Mutation: the tree and the host ledgers; of the Full slots nothing
-        is freed: the caller frees ``host_value[:prefix_len]`` to
-        ``mem_pool_host`` (all of it when dropped), as SGLang's controller does.
-
-        Not checked (no owner is kept per host slot, as ``insert``'s device
-        slots): a host slot the tree already holds; the host tier's slots are then
-        owned twice and a later host eviction fails in ``HostKVPool.free``.
-
-        Errors, nothing changed: ``ValueError`` without a host tier, for a key
-        that is not page-aligned or not in the anchor's namespace, a
-        ``host_value`` of another length, a host slot outside the pool, not handed
-        out, or given twice, a ``hash_value`` of another length; an
-        ``swa_host_value`` / ``mamba_host_value`` on a cache without that host pool,
-        of the wrong length or shape, or with slots the pool has not handed out (or
-        twice); ``TypeError`` for a non-``RadixKey`` key; ``NodeAccessError`` for a
-        stale anchor. O(len(key)).
-        """
-        self._check_host("insert_host")
-        nid = as_node_id(node, "node")
-        units, n, nk, _ = self._c._key(key, "key")
-        if n != units.shape[0]:
-            raise ValueError(f"key: {units.shape[0]} units is not a multiple of page_size="
-                             f"{self._c.page_size} (storage refills whole pages)")
-        host = as_int64(host_value, "host_value")
-        if host.ndim != 1 or host.shape[0] != n:
-            raise ValueError(f"host_value must be 1-D with one host slot per key unit ({n}), "
-                             f"got shape {tuple(host.shape)}")
-        pool = self._host
-        if not pool.all_held(host):
-            raise ValueError(f"host_value: host slots must lie in 0..{pool.size - 1}, be handed "
-                             "out by mem_pool_host and be distinct")
-        if hash_value is not None:
-            if isinstance(hash_value, (str, bytes)) or not hasattr(hash_value, "__len__"):
-                raise TypeError("hash_value must be a list of page hashes or None, got "
-                                f"{type(hash_value).__name__}")
-            if len(hash_value) != n // self._c.page_size:
-                raise ValueError(f"hash_value has {len(hash_value)} page hashes, the key "
-                                 f"{n // self._c.page_size} pages")
-        staging = self._prefetch_staging(swa_host_value, mamba_host_value, n)
-        eng = self._engine
-        with self._mutex:
-            slot = Q.slot(eng, nid)
-            if slot < 0:
-                raise self._c._stale(nid)
-            ns = eng.ns.get(nk)
-            if slot != L.ROOT and (ns is None or Q.namespace(eng, slot) != ns):
-                raise ValueError("key: its namespace (extra_key, cache_salt) is not the anchor "
-                                 "node's")
-            if ns is None:
-                ns = eng.ns.intern(nk)
-            st, plen, inserted, dropped = eng.k.insert_host(nid, units, host, n, ns)
-            assert st == L.OK, st
-            self._ex.run(eng.actions(), eng.out, free=False)
-            exist = False
-            if staging is not None:  # the walk's actions ran first, as SGLang's
-                vals, n_swa, mamba_at = staging
-                st, exist = eng.k.prefetch_commit(nid, -1 if dropped else inserted, n, vals,
-                                                  n_swa, mamba_at)
-                assert st == L.OK, st
-                self._ex.run(eng.actions(), eng.out, vals, free=False)
-        return InsertResult(prefix_len=int(plen), total_len=n, mamba_exist=bool(exist),
-                            inserted_host_node=None if inserted < 0 else int(inserted),
-                            host_insert_dropped=bool(dropped))
-
-    def _prefetch_staging(self, swa_host_value, mamba_host_value, n):
-        """``insert_host``'s SWA / Mamba staging checked and packed for
-        ``prefetch_commit``: ``(slots, n_swa, mamba_at)`` (int64: the SWA slots, then
-        the state), or None when neither is given. Raises as ``insert_host`` says."""
-        if swa_host_value is None and mamba_host_value is None:
-            return None
-        parts = []
-        n_swa = 0
-        if swa_host_value is not None:
-            if self._host_swa is None:
-                raise ValueError("swa_host_value: this cache has no SWA host pool "
-                                 "(init_hicache(swa_host_size=...) on an SWA cache)")
-            swa_slots = as_int64(swa_host_value, "swa_host_value")
-            n_swa = swa_slots.shape[0] if swa_slots.ndim == 1 else -1
-            if n_swa < 0 or n_swa % self._c.page_size or n_swa > n:
-                raise ValueError(f"swa_host_value must be 1-D, whole pages of page_size="
-                                 f"{self._c.page_size} and at most the key's {n} units, got "
-                                 f"shape {tuple(swa_slots.shape)}")
-            if not self._host_swa.all_held(swa_slots):
-                raise ValueError(f"swa_host_value: SWA host slots must lie in "
-                                 f"0..{self._host_swa.size - 1}, be handed out by "
-                                 "swa_pool_host and be distinct")
-            parts.append(swa_slots)
-        mamba_at = -1
-        if mamba_host_value is not None:
-            if self._host_mamba is None:
-                raise ValueError("mamba_host_value: this cache has no Mamba host pool "
-                                 "(init_hicache(mamba_host_size=...) on a Mamba cache)")
-            if isinstance(mamba_host_value, bool):
-                raise TypeError("mamba_host_value must be a host state slot (int), got bool")
-            try:  # an int, or a 0-d integer array / tensor (SGLang's slot tensors)
-                slot = operator.index(mamba_host_value)
-            except TypeError:
-                state = as_int64(mamba_host_value, "mamba_host_value").reshape(-1)
-            else:
-                state = np.array([as_int(slot, "mamba_host_value")], dtype=np.int64)
-            if state.shape[0] != 1 or not self._host_mamba.all_held(state):
-                raise ValueError(f"mamba_host_value must be one host state slot in "
-                                 f"0..{self._host_mamba.size - 1} handed out by "
-                                 f"mamba_pool_host, got {mamba_host_value!r}")
-            mamba_at = n_swa
-            parts.append(state)
-        return np.concatenate(parts), n_swa, mamba_at
-
     def is_backuped(self, node):
         """Whether ``node`` holds a Full host value (SGLang ``is_backuped``)."""
         s = self._c._slot(node)
         return Q.has(self._engine, s, L.FULL, L.HOST)
-
-    # ------------------------------------------------------------------ load back
-    def init_load_back(self, params):
-        """SGLang ``init_load_back(InitLoadBackParams)``: load the host part of a
-        match back to the device when ``params.best_match_node`` is host-only,
-        ``params.host_hit_length > 0`` or (Mamba) ``params.req.mamba_host_hit_length > 0``
-        or (SWA) ``params.req.swa_host_hit_length > 0``. Returns ``(loaded_tokens, node)``:
-        the best match node when Full tokens were loaded, else ``(0, params.req.last_node)``
-        (the request's device match; ``params.req`` may be None, then the best match node's
-        id is returned with 0). On a Mamba or SWA cache with ``req.last_node`` given, the
-        count is SGLang's: the Full device tokens from the best node up to it once the load
-        is in (a load of the best node's state or SWA window alone counts the nodes it made
-        usable); without one, the Full tokens loaded. Checked before any change:
-        ``req.last_node`` (``NodeAccessError`` when stale) and, on a Mamba cache,
-        ``req.kv.mamba_pool_idx`` (None, or a slot the request holds: handed out by the
-        state allocator and not held by the tree; ``ValueError`` / ``TypeError``
-        otherwise)."""
-        self._check_host("init_load_back")
-        if type(params) is not InitLoadBackParams and not (
-                hasattr(params, "best_match_node") and hasattr(params, "host_hit_length")):
-            raise TypeError("params must be an InitLoadBackParams (best_match_node, "
-                            f"host_hit_length, mem_quota, req), got {type(params).__name__}")
-        best = as_node_id(params.best_match_node, "params.best_match_node")
-        hit = as_count(params.host_hit_length, "params.host_hit_length")
-        quota = params.mem_quota
-        if quota is not None:
-            quota = as_count(quota, "params.mem_quota")
-        req = getattr(params, "req", None)
-        given_last = getattr(req, "last_node", None) if req is not None else None
-        if given_last is not None:
-            given_last = as_node_id(given_last, "params.req.last_node")
-            self._c._slot(given_last, "params.req.last_node")  # NodeAccessError when stale
-        last = best if given_last is None else given_last
-        state_hit = 0
-        if self._host_mamba is not None and req is not None:
-            state_hit = as_count(getattr(req, "mamba_host_hit_length", 0) or 0,
-                                 "params.req.mamba_host_hit_length")
-            self._check_load_req(req, "params.req")
-        if self._host_swa is not None and req is not None:
-            state_hit += as_count(getattr(req, "swa_host_hit_length", 0) or 0,
-                                  "params.req.swa_host_hit_length")
-        # a load when the best node is host-only or a hit is positive; with no
-        # hit, a best node on the device (no units to load) is left as it is
-        n, done = self._load(best, quota, "params.best_match_node",
-                             hit == 0 and state_hit == 0, req)
-        if done and (self._host_mamba is not None or self._host_swa is not None) \
-                and given_last is not None:
-            # SGLang counts the Full device tokens from the best node up to the
-            # request's device node once the load is in (a state-only load too)
-            n = self._path_units(best, given_last)
-        if n > 0:
-            return n, best
-        return 0, last
-
-    def _path_units(self, top, until):
-        """Full units from node ``top`` up to (not including) node ``until`` or the root."""
-        with self._mutex:
-            return Q.path_units(self._engine, top, until)
-
-    def load_back(self, node, mem_quota=None, req=None):
-        """SGLang ``load_back``: restore the host-only nodes from ``node`` up to
-        its first device ancestor and (Mamba) ``node``'s host-only state, into a
-        fresh device slot, copied also into the request's own slot
-        (``req.kv.mamba_pool_idx``; one is allocated when the request holds
-        none, and given back when the load is not made). Returns True when a
-        load was committed (to be completed by ``loading_check``)."""
-        self._check_host("load_back")
-        node = as_node_id(node, "node")
-        if mem_quota is not None:
-            mem_quota = as_count(mem_quota, "mem_quota")
-        if req is not None and self._host_mamba is not None:
-            self._check_load_req(req)
-        return self._load(node, mem_quota, req=req)[1]
-
-    def _check_load_req(self, req, name="req"):
-        """A Mamba load-back's request, checked before any change: ``.kv`` with
-        ``mamba_pool_idx`` None or one state slot the request holds (handed out by
-        the state allocator, not one the tree holds)."""
-        kv = getattr(req, "kv", None)
-        if kv is None or not hasattr(kv, "mamba_pool_idx"):
-            raise ValueError(f"{name}: a Mamba load-back needs a request with a .kv holding "
-                             "mamba_pool_idx (SGLang's Req)")
-        if kv.mamba_pool_idx is not None:  # in the pool, handed out, not the tree's
-            self._vals.mamba_slot(kv.mamba_pool_idx, f"{name}.kv.mamba_pool_idx")
-
-    #: whether a request's ``kv`` holds a Mamba state slot (``requests.holds_state``)
-    _holds_state = staticmethod(holds_state)
-
-    def _load(self, nid, mem_quota, name="node", host_only=False, req=None):
-        """Commit a load-back to node ``nid`` (checked ``mem_quota``); returns
-        ``(Full units loaded, committed)``. ``host_only``: nothing at all (no pins
-        taken and released) when ``nid`` is on the device. Mamba (SGLang's
-        order): the pins, the request's slot, the plan, the threshold and quota,
-        the Full slots (evicting), the restored state's slot (one state evicted
-        when the pool is empty), the copies, the commit."""
-        eng = self._engine
-        with self._mutex:
-            st, units, _ = eng.k.load_plan(nid)
-            if st == L.E_STALE:
-                raise self._c._stale(nid, name)
-            if host_only and st == L.OK and units == 0:
-                return 0, False
-            mamba = self._host_mamba is not None
-            if st != L.OK and not mamba:
-                return 0, False
-            # load_plan's host slots, for the transfer (evictions below reuse ``out``)
-            host = eng.out[:units].copy() if self._transfer is not None and st == L.OK else None
-            wnodes = whost = _EMPTY
-            pinned = False
-            if self._host_swa is not None:  # the host-only SWA data within the window
-                wst, wu, wk = eng.k.swa_load_plan(nid)
-                pinned = wst == E_HOST_STATE  # write-back: another load pins one of them
-                if wu:
-                    whost = eng.out[:wu].copy()
-                    wnodes = eng.out[wu:wu + wk].copy()
-            # both pins in one kernel (what inc_host_lock_ref + inc_lock_ref take)
-            _, delta, stamp, swa_host_stamp, swa_stamp = eng.k.load_lock(nid)
-            stamps = (stamp, swa_host_stamp, swa_stamp)
-            slot = nid & 0xFFFFFFFF
-            new_req_slot = None
-            kv = getattr(req, "kv", None) if req is not None else None
-            committed = False
-            try:
-                if mamba and kv is not None and not self._holds_state(kv) and \
-                        self._state_host_only(slot):
-                    new_req_slot = self._state_device_alloc()
-                    if new_req_slot is None:
-                        raise RuntimeError("Cannot alloc mamba for load_back: the Mamba state "
-                                           "pool is empty and nothing is evictable")
-                    kv.mamba_pool_idx = self._vals.mamba_out(new_req_slot)[0]
-                restore = mamba and st == L.OK and self._state_host_only(slot)
-                if pinned or (restore and self._hicache_policy == "write_back"
-                              and Q.load_pending(eng, slot) not in (0, nid)):
-                    # SGLang: a node of the spec (the state's, or one of the SWA
-                    # window's) is pinned by another load-back: the whole spec is
-                    # rejected (the caller recomputes)
-                    st, restore = E_HOST_STATE, False
-                if st != L.OK:
-                    units = 0
-                    wnodes = _EMPTY
-                if ((units < max(1, self.load_back_threshold) and not restore
-                        and not wnodes.size)
-                        or (mem_quota is not None and units + delta > mem_quota)):
-                    return 0, False
-                alloc = self._c.token_to_kv_pool_allocator
-                if alloc is None and (units or wnodes.size):
-                    raise ValueError("load_back needs a token_to_kv_pool_allocator to allocate "
-                                     "device slots")
-                # SGLang loads Full KV into the Full side alone (no SWA peers)
-                full_alloc = alloc.full_attn_allocator if self._swa else alloc
-                dev = _EMPTY
-                if units:
-                    avail = alloc.full_available_size() if self._swa else alloc.available_size()
-                    if avail < units:
-                        # a write-back victim's backup copy failure is raised here: the
-                        # load is not made, its pins go back
-                        self._c.evict(units - avail)
-                    dev = full_alloc.alloc(units)
-                    if dev is None:
-                        return 0, False
-                    dev = _np64(dev)
-                dstate = -1
-                wdev = _EMPTY
-                try:  # from here the load's own slots go back if it is not made
-                    if wnodes.size:  # the SWA window's device slots (SWA evicted when short)
-                        wdev = self._swa_device_alloc(whost.shape[0])
-                        if wdev is None:  # SGLang's rollback: the Full slots go back
-                            wdev = _EMPTY
-                            raise _Declined
-                    if restore:
-                        d = self._state_device_alloc()  # may evict (and raise)
-                        if d is None:  # SGLang's rollback: the Full slots go back
-                            raise _Declined
-                        dstate = d
-                    if not self._load_copies(units, dev, host, slot, dstate, kv) or (
-                            wdev.size and not self._copy_slots("load_swa", self._vals.out(wdev),
-                                                               whost)):
-                        self.raise_transfer_error()
-                except BaseException as e:
-                    if units:
-                        self._vals.free(dev)
-                    if wdev.size:
-                        alloc.swa_attn_allocator.free(self._vals.out(wdev))
-                    if dstate >= 0:
-                        self._vals.free_mamba(np.array([dstate], dtype=np.int64))
-                    if isinstance(e, _Declined):
-                        return 0, False
-                    raise
-                load_id = nid if units else 0   # aux data alone: no Full marks
-                st, _, at = eng.k.load_commit(nid, dev, load_id, dstate, wnodes, wdev)
-                assert st == L.OK, st
-                if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
-                    self._vals.set_swa_mapping(eng.out[at:at + wdev.shape[0]].copy(), wdev)
-                self._ex.run(eng.actions(), eng.out, free=False)
-                if dstate >= 0:
-                    self._vals.mamba_owned.add(dstate)
-                self.ongoing_load_back[nid] = (load_id, stamps)
-                self._load_queue.append(nid)
-                committed = True
-                return units, True
-            finally:
-                if not committed:
-                    self._load_unpin(nid, stamps)
-                    if new_req_slot is not None:
-                        self._vals.free_mamba(np.array([new_req_slot], dtype=np.int64))
-                        kv.mamba_pool_idx = None
-
-    def _swa_device_alloc(self, n):
-        """``n`` SWA device slots (int64 numpy), the SWA shortfall evicted first when
-        the SWA side is short (SGLang's ``_evict_swa_for_device_alloc``); None when
-        they cannot be found. Under the cache lock."""
-        side = self._c.token_to_kv_pool_allocator.swa_attn_allocator
-        d = side.alloc(n)
-        if d is None:
-            short = n - self._c.token_to_kv_pool_allocator.swa_available_size()
-            if short > 0:
-                self._c.evict(EvictParams(num_tokens=0, swa_num_tokens=short))
-            d = side.alloc(n)
-        return None if d is None else _np64(d)
-
-    def _state_host_only(self, slot):
-        return Q.state_host_only(self._engine, slot)
-
-    def mamba_host_hit(self, nid):
-        """SGLang's ``mamba_host_hit_length`` of a match whose best match node is
-        ``nid``: 1 when that node's state is on the host only (a load-back restores
-        it), else 0."""
-        return 1 if self._state_host_only(int(nid) & 0xFFFFFFFF) else 0
-
-    def _state_device_alloc(self):
-        """One Mamba device state slot (an int), one state evicted first when the
-        pool is empty (SGLang ``evict_for_alloc(mamba_num=1)``); None when none
-        can be found. Under the cache lock."""
-        alloc = self._vals.mamba
-        d = alloc.alloc(1)
-        if d is None:
-            self._c.evict(EvictParams(num_tokens=0, mamba_num=1))
-            d = alloc.alloc(1)
-        if d is None:
-            return None
-        return int(np.asarray(d.cpu() if hasattr(d, "cpu") else d).reshape(-1)[0])
-
-    def _load_copies(self, units, dev, host, slot, dstate, kv):
-        """Run the transfer callable for a load: the Full slots, then the node's
-        state into ``dstate`` and into the request's own slot. False when one
-        raised (kept for ``_raise_transfer_error``)."""
-        if self._transfer is None:
-            return True
-        if units and not self._copy_slots("load", self._vals.out(dev), host):
-            return False
-        if dstate >= 0:
-            hs = np.array([Q.host_state(self._engine, slot)], dtype=np.int64)
-            targets = [dstate]
-            if kv is not None and kv.mamba_pool_idx is not None:
-                targets.append(int(kv.mamba_pool_idx))
-            for t in targets:
-                if not self._copy_slots("load_state", np.array([t], dtype=np.int64), hs):
-                    return False
-        return True
-
-    def _load_unpin(self, nid, stamps):
-        """Undo ``load_lock(nid)`` (a load that is not committed): the path lock,
-        then the host lock (``stamps``: its Full, SWA host and SWA boundaries; the
-        node's Mamba locks too). Under the cache lock."""
-        eng = self._engine
-        stamp, swa_host_stamp, swa_stamp = stamps
-        st, x = eng.k.dec_lock_ref(nid, 0, swa_stamp)
-        assert st == L.OK, (st, x)
-        if stamp or self._host_mamba is not None or self._host_swa is not None:
-            st, _ = eng.k.host_unlock(nid, stamp, swa_host_stamp)
-            assert st == L.OK, st
-
-    def ready_to_load_host_cache(self):
-        """Submit the committed loads as one transfer with one ack (SGLang
-        ``ready_to_load_host_cache``); returns 0, or -1 when none was queued."""
-        if self._host is None:
-            return -1
-        with self._mutex:
-            if not self._load_queue:
-                return -1
-            self._load_acks.append(self._load_queue)
-            self._load_queue = []
-            return 0
-
-    def loading_check(self, finish_count=None):
-        """Complete submitted load-backs (SGLang ``loading_check``): the oldest
-        ``finish_count`` acks (all when None) release their device lock and their
-        pin; the nodes keep both copies. When a caller's stray release (an unlock
-        or a ``dec_host_lock_ref`` too many) took one of a load's pins, that load
-        is completed all the same and its other pin released, the ack's other
-        loads too, then ``LockRefError`` names the pin that was taken."""
-        if self._host is None:
-            return
-        with self._mutex:
-            k = len(self._load_acks) if finish_count is None else min(
-                as_count(finish_count, "finish_count"), len(self._load_acks))
-            eng = self._engine
-            error = None
-            for _ in range(k):
-                for nid in self._load_acks.popleft():
-                    load_id, stamps = self.ongoing_load_back.pop(nid)
-                    # the ack, the path lock's and the host lock's release, in one kernel
-                    st, x = eng.k.load_finish(nid, load_id, *stamps)
-                    if st != L.OK:
-                        e = self._load_finish_error(nid, stamps, st, x)
-                        error = error or e   # the other loads of the ack complete all the same
-            if error is not None:
-                raise error
-
-    def _load_finish_error(self, nid, stamps, st, x):
-        """A load whose own pin a caller's stray release took (an unlock or a
-        dec_host_lock_ref too many): the load is completed (marks cleared), the
-        pin still held is released, and the ``LockRefError`` naming the taken one
-        is returned for ``loading_check`` to raise once its ack is done. Under the
-        cache lock."""
-        eng = self._engine
-        stamp, swa_host_stamp, swa_stamp = stamps
-        assert st != E_HOST_STATE and st != L.E_STALE, st
-        eng.k.load_ack(nid, nid)
-        if x < 0:  # the host lock was taken: release the path lock
-            eng.k.dec_lock_ref(nid, 0, swa_stamp)
-            return LockRefError(f"loading_check: the load-back's host lock on node {nid} was "
-                                "released by another call (a dec_host_lock_ref too many)")
-        if stamp or swa_host_stamp:
-            # the path lock was taken: release the host lock if its segment holds it
-            eng.k.host_unlock(nid, stamp, swa_host_stamp)
-        return LockRefError(f"loading_check: the load-back's path lock on node {nid} was "
-                            "released by another call (an unlock too many)")
 
     # ------------------------------------------------------------------ write-back
     def _write_back_backup(self, nid):
@@ -1245,10 +769,10 @@ class HostTier:
         SWA or Mamba round's internal victim is backed up before its tombstone):
         the Full round, then each auxiliary component's round for what the earlier
         rounds did not free. Returns ``(freed per component, freed slots parts)``."""
-        done, parts = self._write_back_round(L.FULL, want[L.FULL])
+        done, parts = self._write_back_round(L.FULL, int(want[L.FULL]))
         for c in range(L.N_COMPONENTS):
             if c != L.FULL and want[c] > done[c]:
-                more, more_parts = self._write_back_round(c, want[c] - done[c])
+                more, more_parts = self._write_back_round(c, int(want[c] - done[c]))
                 for x in range(L.N_COMPONENTS):  # a leaf victim frees every component
                     done[x] += more[x]
                 parts += more_parts
@@ -1260,21 +784,22 @@ class HostTier:
         if eng.k.evict_start(c, num) != L.OK:
             raise RuntimeError("device eviction already in progress")
         done = _counts()
+        step = np.zeros(L.N_COMPONENTS, dtype=np.int64)
         parts = []
         try:
             while True:
-                st, nid, f, w, m = eng.k.evict_next(c)
+                st, nid = eng.k.evict_next(c, step)
                 if st == L.E_NEED_BACKUP:
                     counts, freed = self._write_back_victim(nid)
                     parts.append(freed)
                 elif st == L.E_NEED_STATE_BACKUP:
-                    counts = (self._swa_victim(nid, w) if c == L.SWA
+                    counts = (self._swa_victim(nid, int(step[L.SWA])) if c == L.SWA
                               else self._state_victim(nid))
                 else:
                     parts.append(self._ex.run(eng.actions(), eng.out))
-                    if f == 0 and w == 0 and m == 0:
+                    if not step.any():
                         break
-                    counts = _counts(f, w, m)
+                    counts = step.tolist()
                 for x in range(L.N_COMPONENTS):
                     done[x] += counts[x]
         finally:

@@ -205,7 +205,7 @@ def _oracle_state_hits(cache_box, seen):
     """A factory whose cache records, at each match, the deepest node end holding a
     state on the matched path, from a walk over every node's full path (not the
     replay's upward walk)."""
-    from .swa_support import nodes
+    from .components.swa.swa_support import nodes
 
     def factory(*args, **kw):
         cache = default_cache_factory(*args, **kw)

@@ -1,33 +1,24 @@
-"""Component rules: Full, SWA and Mamba as data plus ``@njit`` helpers.
+"""Component rules: Full, SWA and Mamba, each in its own module, reached through one
+dispatch module.
 
-Each component's rules live in one module, under SGLang 0.5.23's hook names
-(``unified_cache/components/*.py``) so the two can be read side by side:
+* ``full.py``: the backbone every node holds (a value per unit, the path lock); the
+  tree core calls its rules itself, on every path (no dispatch on the hot paths of
+  a Full-only cache).
+* ``swa.py``, ``mamba.py``: the auxiliary components, each with its device rules,
+  its host-tier rules (backup and load-back plans of its own data, host LRU, host
+  locks) and its own entry kernels (``swa_backup_plan``, ``swa_load_plan``,
+  ``swa_host_hit``; ``finish_state_eviction``, ``path_cap``), under SGLang 0.5.23's
+  hook names where SGLang has one (``unified_cache/components/*.py``).
+* ``dispatch.py``: the hooks the tree core (``flatradix/core/``) calls -- match
+  validation, insert overlap and commit (a component asks for a split: it never
+  splits a node itself), split, device and host data of a deleted or demoted node,
+  locks on both tiers, eviction of one victim, write-back state backups, the
+  sanity check -- each chained, at compile time, over the components listed in
+  ``dispatch.COMPONENTS`` that define a rule of that name, with one signature per
+  hook. See its docstring for the hooks and how a chain combines its rules'
+  answers.
 
-============================  ==============================================================
-hook                          where the tree kernels call it
-============================  ==============================================================
-create_match_validator        ``kernels/match.py``: per walked node (a stateful predicate;
-                              here a ``validate(..., state) -> (ok, state)`` helper)
-redistribute_on_node_split    ``kernels/tree.py: split_node``
-update_component_on_insert_   ``kernels/insert.py``: per walked node; returns ``consumed_from``
-overlap
-commit_insert_component_data  ``kernels/insert.py``: after the new leaf (or the node the key
-                              ended on)
-eviction_priority             ``PRIORITY_INTERNAL`` below (leaf: 0 for all): cascade eviction
-evict_component               ``kernels/evict.py`` and ``kernels/tree.py``
-acquire_component_lock /      ``kernels/lock.py``: in component order / in reverse
-release_component_lock
-============================  ==============================================================
-
-The tree kernels dispatch on the configured set, ``meta[M_COMPONENTS]`` (``C_*``
-bits): Numba has no cheap virtual dispatch, and a branch on a bit set costs
-nothing measurable. Never a Python hook per node.
+Layering: the components import the array primitives (``flatradix/kernels/``) and
+nothing above; the tree core imports the components (Full directly, the others
+through ``dispatch``); the kernels never import either.
 """
-
-from ..kernels.layout import FULL, MAMBA, SWA
-
-#: Cascade priority of each component on an *internal* node (SGLang
-#: ``eviction_priority(is_leaf=False)``): evicting component T also evicts every
-#: other component with priority <= T's. On an evictable leaf all are 0 (the node
-#: is deleted whole).
-PRIORITY_INTERNAL = {FULL: 2, SWA: 1, MAMBA: 0}

@@ -4,8 +4,8 @@ Value: one KV index per logical unit, the node's pool span (column ``FULL_DEV``)
 so a split divides it by moving span bounds. Validator: a device value is
 present. Lock: the *path* lock -- every node from the anchor up to (not
 including) the root. Eviction: whole device leaves, least priority first
-(``kernels/order.py`` heap; ``kernels/evict.py``), or demoted to the host when
-backed up (host tier, ``kernels/host.py``); an internal node is never evicted
+(``kernels/order.py`` heap; ``core/evict.py``), or demoted to the host when
+backed up (host tier, ``core/host.py``); an internal node is never evicted
 while Full is the backbone.
 
 Writes ``nodes[:, LOCK_COL(FULL, t)]``, ``CHILD_LOCK`` and the Full ledgers.
@@ -18,8 +18,8 @@ from ..kernels.layout import (
 )
 from ..kernels.order import refresh_leaf
 
-#: Cascade priority on an internal node (leaf: 0).
-PRIORITY_INTERNAL = 2
+#: (Cascade priority on an internal node: 2, above every auxiliary component's --
+#: Full, the backbone, is never evicted from an internal node, so no rule reads it.)
 
 
 @helper

@@ -52,7 +52,7 @@ round then resumes where it stopped).
 """
 
 from ._jit import helper
-from .layout import FULL_DEV, M_NACTS, M_NOUT
+from .layout import FULL_DEV, KEY_LEN, KEY_OFF, M_NACTS, M_NOUT
 
 ACT_KIND = 0
 ACT_COMP = 1
@@ -141,3 +141,31 @@ def out_put_span(out, meta, pool, off, n):
         dst[j] = src[j]
     meta[M_NOUT] = at + n
     return at
+
+
+@helper
+def out_node_values(nodes, pool, out, slots_at, k, col):
+    """``out[:units]`` = the values in pool column ``col`` of the ``k`` nodes whose
+    slots are ``out[slots_at:slots_at + k]`` (root-first), concatenated; the
+    caller checked that they fit before ``slots_at``."""
+    pos = 0
+    for i in range(k):
+        a = out[slots_at + i]
+        n = nodes[a, KEY_LEN]
+        src = pool[nodes[a, KEY_OFF]:nodes[a, KEY_OFF] + n, col]
+        dst = out[pos:pos + n]
+        for j in range(n):
+            dst[j] = src[j]
+        pos += n
+
+
+@helper
+def out_reverse(a, lo, hi):
+    """Reverse ``a[lo:hi]`` in place."""
+    hi -= 1
+    while lo < hi:
+        t = a[lo]
+        a[lo] = a[hi]
+        a[hi] = t
+        lo += 1
+        hi -= 1

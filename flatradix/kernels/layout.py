@@ -126,7 +126,7 @@ HEAP_HOST = 1
 N_HEAPS = 2
 #: Rows of ``heap`` after the heaps: a step-wise Full round's own heap of
 #: ``(key0, key1, node id)`` entries, snapshotted at the round's start (SGLang
-#: heapifies the evictable leaves with their keys then; ``kernels/evict.py``).
+#: heapifies the evictable leaves with their keys then; ``core/evict.py``).
 WALK_K0 = N_HEAPS
 WALK_K1 = N_HEAPS + 1
 WALK_NID = N_HEAPS + 2
@@ -225,6 +225,14 @@ LOAD_PENDING = _COL["LOAD_PENDING"]
 HOST_UUID = _COL["HOST_UUID"]
 DUP_PREV = _COL["DUP_PREV"]
 DUP_NEXT = _COL["DUP_NEXT"]
+
+
+def column(name):
+    """The node-table column of ``name`` in ``NODE_COLUMNS`` (a component's own
+    columns are read through this, so adding one is one entry of the list)."""
+    return _COL[name]
+
+
 #: Columns a match or lock walk reads per node: they must stay in lines 0-1.
 HOT_COLUMNS = ("PARENT", "KEY_OFF", "KEY_LEN", "FLAGS", "LOCK_REF", "CHILD_LOCK", "NDEVCHILD",
                "HEAP_POS", "LAST_ACCESS", "NS", "GEN")
@@ -316,6 +324,8 @@ META_FIELDS = (
     ("EVICT_REQ", N_COMPONENTS),   # + c: request of that round
     ("EVICT_DONE", N_COMPONENTS),  # + c: units of c evicted so far in that round
     ("EVICT_CURSOR", N_COMPONENTS),  # + c: SWA round's LRU cursor (a node id; NIL: none)
+    ("WALK_ACC", 2 * N_COMPONENTS),  # + 2c, + 2c + 1: component c's match-validator state
+                                     # (device walk, host walk), reset at each walk's start
     ("WALK_N", 1),        # entries of a step-wise Full round's snapshot heap (heap rows WALK_*)
     ("WALK_PARENT", 1),   # node id of that round's last victim's parent (NIL: none)
     ("EVENTS", 1),        # 1 when KV events are on: mutating kernels emit event actions
@@ -365,6 +375,7 @@ M_EVICT_WALK = _META["EVICT_WALK"]
 M_EVICT_REQ = _META["EVICT_REQ"]
 M_EVICT_DONE = _META["EVICT_DONE"]
 M_EVICT_CURSOR = _META["EVICT_CURSOR"]
+M_WALK_ACC = _META["WALK_ACC"]
 M_WALK_N = _META["WALK_N"]
 M_WALK_PARENT = _META["WALK_PARENT"]
 M_EVENTS = _META["EVENTS"]
@@ -436,9 +447,15 @@ E_NEED_BACKUP = 11    # write-back: the step's victim has no host copy; back it 
 E_NEED_STATE_BACKUP = 12  # write-back, a Mamba round: the victim is an internal node whose
                       # state and Full KV have no host copy; back it up, then
                       # host.finish_state_eviction (SGLang's InternalStateBackup)
+#: a host-tier plan / commit whose node is not in the state the step needs (a backup
+#: of a node without device data, a load of a node already on the device, an ack
+#: whose id is not pending on the node); nothing changed (``core/host.py``)
+E_HOST_STATE = 20
+#: the slots given to a host-tier commit are not as many as the plan's units
+E_HOST_LEN = 21
 
 #: ``insert``'s ``limit`` argument: no check of the values (they are token ids) /
 #: only ``>= 0`` (no allocator bound known)
 VALUES_UNCHECKED = -2
 VALUES_NONNEG = -1
-# sanity_check codes (kernels/check.py) start at 100.
+# sanity_check codes (core/check.py) start at 100.

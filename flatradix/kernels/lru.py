@@ -18,7 +18,16 @@ held. Every verb is O(1).
 """
 
 from ._jit import helper
-from .layout import LOCK_REF, LRU_NEXT, LRU_PREV, N_LRU, N_LRU_LISTS, N_TIERS, NIL, SENTINEL0
+from .layout import (
+    DEVICE, F_ALIVE, FIRST_SLOT, FLAGS, LOCK_REF, LRU_NEXT, LRU_PREV, M_EVICTABLE, M_PROTECTED,
+    M_TOTAL, N_LRU, N_LRU_LISTS, N_TIERS, NIL, SENTINEL0,
+)
+
+
+@helper
+def lru_list(c, t=DEVICE):
+    """The list id of auxiliary component ``c``'s LRU on tier ``t`` (``layout.LRU_ID``)."""
+    return (c - 1) + t * N_LRU
 
 
 @helper
@@ -121,3 +130,69 @@ def lru_prev_unlocked(nodes, lst, s):
 def lru_tail_unlocked(nodes, lst):
     """The least recently used entry whose lock_ref is 0; NIL when there is none."""
     return lru_prev_unlocked(nodes, lst, lru_tail(lst))
+
+
+@helper
+def lru_check_member(nodes, s, on, lst, bit, lock_col, full_lock):
+    """(``sanity_check``) Node ``s`` against an auxiliary component's list ``lst``
+    (data bit ``bit``, lock column ``lock_col``; ``on``: configured): ``(k, has data,
+    locked)``
+    with ``k`` 0 when they hold, 1 for data / a lock on a cache without the
+    component or a lock_ref below 0 or above the node's Full lock_ref, 2 when
+    its LRU membership disagrees with the data bit."""
+    has = (nodes[s, FLAGS] & bit) != 0
+    lk = nodes[s, lock_col]
+    if not on:
+        if has or lk != 0 or lru_in_list(nodes, lst, s):
+            return 1, False, False
+        return 0, False, False
+    if lk < 0 or lk > full_lock:
+        return 1, has, lk > 0
+    if has != lru_in_list(nodes, lst, s):
+        return 2, has, lk > 0
+    return 0, has, lk > 0
+
+
+@helper
+def lru_check_list(nodes, meta, hwm, lst, c, bit, members, evictable, protected):
+    """(``sanity_check``) The LRU list ``lst`` of component ``c`` against the recount: -2 when it
+    holds, a bad entry's slot (or NIL for a wrong length / tail link) when the
+    list is broken, -3 when the ledgers disagree."""
+    h, t = lru_head(lst), lru_tail(lst)
+    count = 0
+    prev = h
+    x = nodes[h, LRU_NEXT + lst]
+    while x != t:
+        if (x < FIRST_SLOT or x >= hwm or count > hwm or nodes[x, LRU_PREV + lst] != prev
+                or not (nodes[x, FLAGS] & F_ALIVE) or not (nodes[x, FLAGS] & bit)):
+            return x
+        count += 1
+        prev = x
+        x = nodes[x, LRU_NEXT + lst]
+    if nodes[t, LRU_PREV + lst] != prev or count != members:
+        return NIL
+    if (evictable != meta[M_EVICTABLE + c] or protected != meta[M_PROTECTED + c]
+            or evictable + protected != meta[M_TOTAL + c]):
+        return -3
+    return -2
+
+
+@helper
+def lru_check_host_list(nodes, hwm, lst, listed):
+    """(``sanity_check``) Host LRU ``lst`` runs sentinel to sentinel through ``listed`` live nodes:
+    -2, else the bad entry (NIL for a count or tail mismatch)."""
+    h, t = lru_head(lst), lru_tail(lst)
+    count = 0
+    prev = h
+    x = nodes[h, LRU_NEXT + lst]
+    while x != t:
+        if (x < FIRST_SLOT or x >= hwm or count > hwm
+                or nodes[x, LRU_PREV + lst] != prev
+                or not (nodes[x, FLAGS] & F_ALIVE)):
+            return x
+        count += 1
+        prev = x
+        x = nodes[x, LRU_NEXT + lst]
+    if nodes[t, LRU_PREV + lst] != prev or count != listed:
+        return NIL
+    return -2

@@ -66,7 +66,7 @@ def test_the_pool_is_sized_from_the_allocator_and_never_grows_for_its_tokens():
     # [2**16, 2**23]; caching the whole KV pool over and over (churn through eviction)
     # only compacts in place, the array is never replaced
     from flatradix import ComponentType, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-    from flatradix.cache import POOL_CAPACITY_AUTO_MAX, POOL_CAPACITY_DEFAULT
+    from flatradix.config import POOL_CAPACITY_AUTO_MAX, POOL_CAPACITY_DEFAULT
 
     assert UnifiedRadixCache()._engine.st.pool.shape[0] == POOL_CAPACITY_DEFAULT
     assert UnifiedRadixCache(token_to_kv_pool_allocator=TokenToKVPoolAllocator(

@@ -63,18 +63,12 @@ to ``--repro-dir``. The last stdout line per configuration is
 ``ORACLE_RESULT {json}``.
 """
 
-import argparse
-import hashlib
 from collections import deque
-import json
 import math
-import os
-import random
 import sys
-import tempfile
-import time
 from collections import Counter
 
+from . import harness
 from .engines import FlatEngine, SglEngine
 from .normalize import (
     Divergence, EventHashMap, NodeIdMap, coalesce_removed, compare, event_tuples,
@@ -1234,9 +1228,21 @@ class Generator:
 
 
 # --------------------------------------------------------------------------- running
-def episode_seed(seed, config, backend, ep):
-    h = hashlib.sha256(f"{seed}/{config}/{ep}".encode()).digest()
-    return int.from_bytes(h[:8], "little")
+def _play(cfg, backend, first, rng, n, ops):
+    """One episode of ``n`` ops on fresh engines (``harness.Spec.play``): each op
+    is generated from the engines' state, appended to ``ops``, then applied."""
+    gen = Generator(cfg, rng)
+    ex = Executor(cfg, backend, first)
+    try:
+        for _ in range(n):
+            op = gen.next(ex)
+            ops.append(op)
+            ex.apply(op)
+        ex.finish_episode()
+    except Divergence as d:
+        d.stats = ex.stats
+        raise
+    return ex.stats
 
 
 def replay(cfg, backend, ops, first="flatradix"):
@@ -1251,171 +1257,24 @@ def replay(cfg, backend, ops, first="flatradix"):
     return None
 
 
-def shrink(cfg, backend, ops, sig, budget_s, log=print, first="flatradix"):
-    """Delta-debug ``ops`` to a short list that still raises a divergence labelled
-    ``sig`` (complement removal at growing granularity, then single ops)."""
-    t_end = time.monotonic() + budget_s
-    tries = 0
-
-    def fails(cand):
-        nonlocal tries
-        tries += 1
-        d = replay(cfg, backend, cand, first)
-        return d is not None and d.sig == sig
-
-    cur = list(ops)
-    n = 2
-    while len(cur) >= 2 and time.monotonic() < t_end:
-        chunk = max(1, len(cur) // n)
-        removed = False
-        start = 0
-        while start < len(cur) and time.monotonic() < t_end:
-            cand = cur[:start] + cur[start + chunk:]
-            if cand and fails(cand):
-                cur = cand
-                removed = True
-                log(f"  shrink: {len(cur)} ops ({tries} tries)")
-            else:
-                start += chunk
-        if removed:
-            n = max(n - 1, 2)
-        elif chunk == 1:
-            break
-        else:
-            n = min(len(cur), n * 2)
-    # then shorten token tuples (prompts, keys, decoded tokens): cut halves off
-    # either end while the divergence stays
-    for i in range(len(cur)):
-        for j, field in enumerate(cur[i]):
-            if not (isinstance(field, tuple) and len(field) > 1):
-                continue
-            step = len(field) // 2
-            while step >= 1 and time.monotonic() < t_end:
-                f = cur[i][j]
-                for cand_f in (f[:len(f) - step], f[step:]):
-                    if not cand_f:
-                        continue
-                    cand = cur[:i] + [cur[i][:j] + (cand_f,) + cur[i][j + 1:]] + cur[i + 1:]
-                    if fails(cand):
-                        cur = cand
-                        break
-                else:
-                    step //= 2
-    log(f"  shrink: {len(cur)} ops, {sum(len(x) for op in cur for x in op if isinstance(x, tuple))} "
-        f"tokens ({tries} tries)")
-    return cur, tries, time.monotonic() < t_end
+SPEC = harness.Spec(
+    module="driver", repro_prefix="repro", seed_tag="", configs=CONFIGS, mutants=MUTANTS,
+    play=_play, replay=replay, groups={"all": list(CONFIGS), "mamba": list(MAMBA_CONFIGS)},
+    episode=5000, shrink_seconds=600, selftest_ops=SELFTEST_OPS, shorten_tokens=True,
+    # sglang-flatradix: SGLang's controller over flatradix's TreeCore plug-in (needs
+    # flatradix installed in the venv)
+    firsts=("flatradix", "python", "rust", "sglang-flatradix"))
 
 
 def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log=print, cfg=None,
                first="flatradix"):
-    cfg = dict(CONFIGS[name] if cfg is None else cfg)
-    t0 = time.monotonic()
-    done = 0
-    ep = 0
-    stats = Counter()
-    result = dict(config=name, backend=backend, seed=seed, episode=episode)
-    while done < total_ops:
-        n = min(episode, total_ops - done)
-        rng = random.Random(episode_seed(seed, name, backend, ep))
-        gen = Generator(cfg, rng)
-        ops = []
-        ex = None
-        try:
-            ex = Executor(cfg, backend, first)
-            for _ in range(n):
-                op = gen.next(ex)
-                ops.append(op)
-                ex.apply(op)
-            ex.finish_episode()
-        except Divergence as d:
-            log(f"DIVERGENCE {name}/{backend} episode {ep} op #{len(ops) - 1}: {d}")
-            log(f"  op: {ops[-1]!r}"[:2000] if ops else "  (constructing the engines)")
-            small, tries, complete = shrink(cfg, backend, ops, d.sig, shrink_s, log, first)
-            again = replay(cfg, backend, small, first)
-            repro = dict(config=name, backend=backend, sig=d.sig, cfg=cfg,
-                         detail=str(again) if again else str(d), ops=small)
-            if first != "flatradix":
-                repro["first"] = first
-            path = None
-            if repro_dir:
-                os.makedirs(repro_dir, exist_ok=True)
-                path = os.path.join(repro_dir, f"repro-{name}-{backend}-{seed}-{ep}.json")
-                with open(path, "w") as fh:
-                    json.dump(repro, fh)
-            log(f"SHRUNK to {len(small)} ops ({tries} replays, {'minimal' if complete else 'time budget hit'}):")
-            log(f"  divergence: {again if again else d}")
-            log("  ops = " + repr(small))
-            if path:
-                log(f"  written to {path}; replay: python -m tests.oracle.driver --replay {path}")
-            if ex is not None:
-                stats.update(ex.stats)
-            result.update(ops=done + max(len(ops) - 1, 0), divergences=1, sig=d.sig,
-                          reproducer=dict(repro, path=path), seconds=round(time.monotonic() - t0, 1),
-                          stats=dict(stats))
-            return result
-        stats.update(ex.stats)
-        done += n
-        ep += 1
-    result.update(ops=done, divergences=0, episodes=ep, seconds=round(time.monotonic() - t0, 1),
-                  stats=dict(stats))
-    return result
+    """``harness.run_config`` of this driver."""
+    return harness.run_config(SPEC, name, backend, seed, total_ops, episode, shrink_s, repro_dir,
+                              log, cfg, first)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="all",
-                    help="name, comma list, 'all', or 'mamba' (the Mamba ones): " + ", ".join(CONFIGS))
-    ap.add_argument("--backend", default="python", choices=("python", "rust"))
-    ap.add_argument("--ops", type=int, default=2000, help="operations per configuration")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--episode", type=int, default=5000, help="ops per fresh pair of engines")
-    ap.add_argument("--shrink-seconds", type=float, default=600)
-    ap.add_argument("--repro-dir", default=os.environ.get(
-        "FLATRADIX_ORACLE_REPRO_DIR", os.path.join(tempfile.gettempdir(), "flatradix-oracle-repro")))
-    ap.add_argument("--replay", help="a reproducer JSON written by a failing run")
-    ap.add_argument("--self-test", action="store_true",
-                    help="also check that every deliberately wrong flatradix (MUTANTS) is caught")
-    ap.add_argument("--first", default="flatradix",
-                    choices=("flatradix", "python", "rust", "sglang-flatradix"),
-                    help="the engine compared with --backend's: flatradix, or one of SGLang's "
-                         "own cores (SGLang against itself: checks the harness's op protocol "
-                         "and the two cores' agreement without flatradix), or "
-                         "sglang-flatradix: SGLang's controller over flatradix's TreeCore "
-                         "plug-in (needs flatradix installed in the venv)")
-    args = ap.parse_args(argv)
-
-    if args.replay:
-        with open(args.replay) as fh:
-            rep = json.load(fh)
-        ops = [tuple(tuple(x) if isinstance(x, list) else x for x in op) for op in rep["ops"]]
-        cfg = rep.get("cfg") or CONFIGS[rep["config"]]
-        d = replay(dict(cfg), rep["backend"], ops, rep.get("first", "flatradix"))
-        print(f"{len(ops)} ops on {rep['config']}/{rep['backend']}: {d if d else 'no divergence'}")
-        return 1 if d else 0
-
-    names = (list(CONFIGS) if args.config == "all" else list(MAMBA_CONFIGS)
-             if args.config == "mamba" else args.config.split(","))
-    for nm in names:
-        if nm not in CONFIGS:
-            ap.error(f"unknown config {nm!r}; known: {', '.join(CONFIGS)}")
-    failed = 0
-    if args.self_test:
-        st = {}
-        for mname, (base, mut) in MUTANTS.items():
-            res = run_config(f"mutant:{mname}", args.backend, args.seed, SELFTEST_OPS, args.episode,
-                             2, None, log=lambda *a: None, cfg=dict(CONFIGS[base], mutant=mut))
-            st[mname] = dict(caught=bool(res["divergences"]), after_ops=res["ops"], sig=res.get("sig"),
-                             shrunk_ops=len(res.get("reproducer", {}).get("ops", [])))
-            failed += not res["divergences"]
-        print("ORACLE_SELFTEST " + json.dumps(st), flush=True)
-    for nm in names:
-        res = run_config(nm, args.backend, args.seed, args.ops, args.episode, args.shrink_seconds,
-                         args.repro_dir, first=args.first)
-        if args.first != "flatradix":
-            res["first"] = args.first
-        failed += res["divergences"]
-        print("ORACLE_RESULT " + json.dumps(res, default=str), flush=True)
-    return 1 if failed else 0
+    return harness.main(SPEC, argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

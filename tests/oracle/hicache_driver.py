@@ -148,21 +148,15 @@ come back), printed as a Python literal and written as JSON for ``--replay``.
 Each configuration ends with an ``ORACLE_RESULT {json}`` line.
 """
 
-import argparse
 import contextlib
 import io
-import hashlib
-import json
-import os
-import random
 import sys
-import tempfile
-import time
 from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 
+from . import harness
 from .normalize import Divergence, NodeIdMap, coalesce_removed, compare, event_tuples
 
 # Differences accepted on purpose (each is normalised where the comparison is made):
@@ -194,7 +188,7 @@ DIFFERENCES = """
    (an AssertionError in `prepare_load_back`, raised before its try/finally)
    leaves the load's host lock and path lock held for good; flatradix raises
    RuntimeError and releases them. The driver skips such loads
-   (`load_skipped_no_state_room`); tests/test_hicache_mamba.py covers flatradix's.
+   (`load_skipped_no_state_room`); tests/components/hicache/test_hicache_mamba.py covers flatradix's.
 8. Allocator logs: a free or allocation of zero slots is no call and is left out of
    both sides' logs (flatradix's SWA allocator passes empty batches on: a load-back
    that is rolled back frees its fresh Full slots through the composite ``free``,
@@ -215,7 +209,7 @@ DIFFERENCES = """
 # accepted by default (the tests fail on them); ``--tolerate NAME,...`` lets an
 # exploratory run go past them to look for more, counting each tolerated case in
 # the stats as ``tolerated:NAME``. Fixed so far (regression tests in
-# tests/test_hicache.py): "host-lock-delta" (inc_host_lock_ref's receipt delta is
+# tests/components/hicache/test_hicache.py): "host-lock-delta" (inc_host_lock_ref's receipt delta is
 # None, as SGLang's) and "insert-event-order" (a walked node's backup runs at its
 # place among the insert's events, as SGLang's barrier).
 KNOWN = {}
@@ -544,10 +538,10 @@ class FlatSide:
         if mut.get("ack_per_backup"):
             def flush_each():
                 with c._mutex:
-                    for cid in c._write_queue:
-                        c._write_acks.append([cid])
-                    c._write_queue = []
-            c.flush_pending_backups = flush_each
+                    for cid in h._write_queue:
+                        h._write_acks.append([cid])
+                    h._write_queue = []
+            h.flush_pending_backups = flush_each
         c.take_events()
 
     def _logged(self, pool, tier):
@@ -709,15 +703,15 @@ class FlatSide:
         flatradix records the pairs at commit; a commit's pairs are submitted once
         its queue is empty again (flush / ready submit the whole queue; no op both
         commits and submits)."""
-        c = self.cache
+        h = self.cache._hicache
 
         def flat(xs):
             return [p for x in xs for p in x]
         b = l = bs = ls = wb = wl = []
-        if (self.backups or self.state_backups or self.swa_backups) and not c._write_queue:
+        if (self.backups or self.state_backups or self.swa_backups) and not h._write_queue:
             b, bs, wb = flat(self.backups), flat(self.state_backups), flat(self.swa_backups)
             self.backups, self.state_backups, self.swa_backups = [], [], []
-        if (self.loads or self.state_loads or self.swa_loads) and not c._load_queue:
+        if (self.loads or self.state_loads or self.swa_loads) and not h._load_queue:
             l, ls, wl = flat(self.loads), flat(self.state_loads), flat(self.swa_loads)
             self.loads, self.state_loads, self.swa_loads = [], [], []
         return b, l, bs, ls, wb, wl
@@ -743,10 +737,11 @@ class FlatSide:
 
     def protocol(self):
         c = self.cache
+        h = c._hicache
         return dict(ongoing_write_through=list(c.ongoing_write_through),
                     ongoing_load_back=list(c.ongoing_load_back),
-                    write_queue=list(c._write_queue), write_acks=[list(a) for a in c._write_acks],
-                    load_queue=list(c._load_queue), load_acks=[list(a) for a in c._load_acks])
+                    write_queue=list(h._write_queue), write_acks=[list(a) for a in h._write_acks],
+                    load_queue=list(h._load_queue), load_acks=[list(a) for a in h._load_acks])
 
     def host_ledger(self):
         c = self.cache
@@ -1462,7 +1457,7 @@ class Executor:
                     # SGLang refills the nodes below a device-only anchor and breaks its
                     # own write-through invariant (a host copy under a parent without
                     # one: its sanity check fails, the Rust core panics at a later
-                    # eviction); flatradix drops the refill there (tests/test_hicache.py)
+                    # eviction); flatradix drops the refill there (tests/components/hicache/test_hicache.py)
                     self.stats["insert_host_unbacked_anchor_skipped"] += 1
                     return
             else:
@@ -2001,9 +1996,20 @@ class Generator:
 
 
 # --------------------------------------------------------------------------- running
-def episode_seed(seed, config, backend, ep):
-    h = hashlib.sha256(f"hicache/{seed}/{config}/{ep}".encode()).digest()
-    return int.from_bytes(h[:8], "little")
+def _play(cfg, backend, first, rng, n, ops):
+    """One episode (``harness.Spec.play``): ``n`` generated ops and the wind-down,
+    on fresh caches, each appended to ``ops`` then applied."""
+    gen = Generator(cfg, rng)
+    todo = [gen.next() for _ in range(n)] + WIND_DOWN
+    ex = Executor(cfg, backend, first)
+    try:
+        for op in todo:
+            ops.append(op)
+            ex.apply(op)
+    except Divergence as d:
+        d.stats = ex.stats
+        raise
+    return ex.stats
 
 
 def replay(cfg, backend, ops, first="flatradix"):
@@ -2017,162 +2023,22 @@ def replay(cfg, backend, ops, first="flatradix"):
     return None
 
 
-def shrink(cfg, backend, ops, sig, budget_s, log=print, first="flatradix"):
-    """Delta-debug ``ops`` to a short list that still raises a divergence labelled
-    ``sig`` (complement removal at growing granularity; then key tuples cut)."""
-    t_end = time.monotonic() + budget_s
-    tries = 0
-
-    def fails(cand):
-        nonlocal tries
-        tries += 1
-        d = replay(cfg, backend, cand, first)
-        return d is not None and d.sig == sig
-
-    cur = list(ops)
-    n = 2
-    while len(cur) >= 2 and time.monotonic() < t_end:
-        chunk = max(1, len(cur) // n)
-        removed = False
-        start = 0
-        while start < len(cur) and time.monotonic() < t_end:
-            cand = cur[:start] + cur[start + chunk:]
-            if cand and fails(cand):
-                cur = cand
-                removed = True
-            else:
-                start += chunk
-        if removed:
-            n = max(n - 1, 2)
-        elif chunk == 1:
-            break
-        else:
-            n = min(len(cur), n * 2)
-    return cur, tries, time.monotonic() < t_end
+SPEC = harness.Spec(
+    module="hicache_driver", repro_prefix="hicache-repro", seed_tag="hicache/",
+    configs=CONFIGS, mutants=MUTANTS, play=_play, replay=replay,
+    groups={"all": list(CONFIGS), "none": []}, episode=1000, shrink_seconds=300,
+    selftest_ops=SELFTEST_OPS, known=KNOWN, tolerate=TOLERATE)
 
 
 def run_config(name, backend, seed, total_ops, episode, shrink_s, repro_dir, log=print, cfg=None,
                first="flatradix"):
-    cfg = dict(CONFIGS[name] if cfg is None else cfg)
-    t0 = time.monotonic()
-    done = ep = 0
-    stats = Counter()
-    result = dict(config=name, backend=backend, seed=seed, episode=episode)
-    while done < total_ops:
-        n = min(episode, total_ops - done)
-        gen = Generator(cfg, random.Random(episode_seed(seed, name, backend, ep)))
-        ops = [gen.next() for _ in range(n)] + WIND_DOWN
-        ex = None
-        i = -1
-        try:
-            ex = Executor(cfg, backend, first)
-            for i, op in enumerate(ops):
-                ex.apply(op)
-        except Divergence as d:
-            bad = ops[:i + 1] if i >= 0 else []
-            log(f"DIVERGENCE {name}/{backend} episode {ep} op #{i}: {d}")
-            log(f"  op: {ops[i]!r}" if i >= 0 else "  (constructing the caches)")
-            small, tries, complete = shrink(cfg, backend, bad, d.sig, shrink_s, log, first)
-            again = replay(cfg, backend, small, first)
-            repro = dict(config=name, backend=backend, sig=d.sig, cfg=cfg,
-                         detail=str(again) if again else str(d), ops=small, first=first)
-            path = None
-            if repro_dir:
-                os.makedirs(repro_dir, exist_ok=True)
-                path = os.path.join(repro_dir, f"hicache-repro-{name}-{backend}-{seed}-{ep}.json")
-                with open(path, "w") as fh:
-                    json.dump(repro, fh)
-            log(f"SHRUNK to {len(small)} ops ({tries} replays, "
-                f"{'minimal' if complete else 'time budget hit'}):")
-            log(f"  divergence: {again if again else d}")
-            log("  ops = " + repr(small))
-            if path:
-                log(f"  written to {path}; replay: python -m tests.oracle.hicache_driver "
-                    f"--replay {path}")
-            if ex is not None:
-                stats.update(ex.stats)
-            result.update(ops=done + max(i, 0), divergences=1, sig=d.sig,
-                          reproducer=dict(repro, path=path),
-                          seconds=round(time.monotonic() - t0, 1), stats=dict(stats))
-            return result
-        stats.update(ex.stats)
-        done += n
-        ep += 1
-    result.update(ops=done, divergences=0, episodes=ep, seconds=round(time.monotonic() - t0, 1),
-                  stats=dict(stats))
-    return result
+    """``harness.run_config`` of this driver."""
+    return harness.run_config(SPEC, name, backend, seed, total_ops, episode, shrink_s, repro_dir,
+                              log, cfg, first)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="all",
-                    help="name, comma list, 'all' or 'none': " + ", ".join(CONFIGS))
-    ap.add_argument("--backend", default="python", choices=("python", "rust"))
-    ap.add_argument("--ops", type=int, default=2000, help="operations per configuration")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--episode", type=int, default=1000, help="ops per fresh pair of caches")
-    ap.add_argument("--shrink-seconds", type=float, default=300)
-    ap.add_argument("--repro-dir", default=os.environ.get(
-        "FLATRADIX_ORACLE_REPRO_DIR", os.path.join(tempfile.gettempdir(), "flatradix-oracle-repro")))
-    ap.add_argument("--replay", help="a reproducer JSON written by a failing run")
-    ap.add_argument("--self-test", action="store_true",
-                    help="also check that every deliberately wrong flatradix (MUTANTS) is caught")
-    ap.add_argument("--selftest-ops", type=int, default=SELFTEST_OPS)
-    ap.add_argument("--first", default="flatradix", choices=("flatradix", "python", "rust"),
-                    help="the side compared with --backend's: flatradix, or one of SGLang's "
-                         "own cores (checks the driver's protocol without flatradix)")
-    ap.add_argument("--tolerate", default="",
-                    help="comma list of KNOWN divergences to go past (exploratory runs only): "
-                         + ", ".join(KNOWN))
-    args = ap.parse_args(argv)
-    for name in filter(None, args.tolerate.split(",")):
-        if name not in KNOWN:
-            ap.error(f"unknown --tolerate {name!r}; known: {', '.join(KNOWN)}")
-        TOLERATE.add(name)
-
-    if args.replay:
-        with open(args.replay) as fh:
-            rep = json.load(fh)
-        ops = [tuple(tuple(x) if isinstance(x, list) else x for x in op) for op in rep["ops"]]
-        d = replay(dict(rep["cfg"]), rep["backend"], ops, rep.get("first", "flatradix"))
-        print(f"{len(ops)} ops on {rep['config']}/{rep['backend']}: {d if d else 'no divergence'}")
-        return 1 if d else 0
-
-    names = (list(CONFIGS) if args.config == "all" else [] if args.config == "none"
-             else args.config.split(","))
-    for nm in names:
-        if nm not in CONFIGS:
-            ap.error(f"unknown config {nm!r}; known: {', '.join(CONFIGS)}")
-    failed = 0
-    if args.self_test:
-        # a mutant must be caught for its own fault, not by a KNOWN divergence of
-        # flatradix itself: those are gone past while the mutants run
-        saved = set(TOLERATE)
-        TOLERATE.update(KNOWN)
-        st = {}
-        for mname, (base, mut) in MUTANTS.items():
-            res = run_config(f"mutant:{mname}", args.backend, args.seed, args.selftest_ops,
-                             args.episode, 2, None, log=lambda *a: None,
-                             cfg=dict(CONFIGS[base], mutant=mut))
-            st[mname] = dict(caught=bool(res["divergences"]), after_ops=res["ops"],
-                             sig=res.get("sig"))
-            print(f"mutant {mname}: {'caught' if res['divergences'] else 'MISSED'} after "
-                  f"{res['ops']} ops ({res.get('sig')})", flush=True)
-            failed += not res["divergences"]
-        TOLERATE.clear()
-        TOLERATE.update(saved)
-        print("ORACLE_SELFTEST " + json.dumps(st), flush=True)
-    for nm in names:
-        res = run_config(nm, args.backend, args.seed, args.ops, args.episode, args.shrink_seconds,
-                         args.repro_dir, first=args.first)
-        res["first"] = args.first
-        if TOLERATE:
-            res["tolerated"] = sorted(TOLERATE)
-        failed += res["divergences"]
-        print(f"{nm}/{args.backend}: {res['ops']} ops, {res['divergences']} divergences, "
-              f"{res['seconds']} s", flush=True)
-        print("ORACLE_RESULT " + json.dumps(res, default=str), flush=True)
-    return 1 if failed else 0
+    return harness.main(SPEC, argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -414,7 +414,7 @@ def test_request_path_with_load_backs_conserves_both_tiers(page_size, policy):
     request-owned slots == pool size, host pool free + tree host units == host size."""
     from flatradix import EvictParams, Req, ReqToTokenPool
 
-    from .test_conservation import decode, owned
+    from ...test_conservation import decode, owned
 
     pool = 1024
     rng = np.random.default_rng(page_size)

@@ -10,12 +10,14 @@ a release on an ancestor or a window released twice is refused with the tree
 untouched.
 """
 
-from ..components import full, mamba, swa
-from ._jit import kernel
-from .actions import acts_begin
-from .layout import C_FULL, C_MAMBA, C_SWA, E_CAPACITY, FULL, MAMBA, SWA, E_STALE, M_COMPONENTS, OK, ROOT
-from .order import refresh_leaf
-from .state import need, resolve
+from ..components import dispatch, full
+from ..kernels._jit import kernel
+from ..kernels.actions import acts_begin
+from ..kernels.layout import (
+    C_FULL, E_CAPACITY, E_STALE, FULL, M_COMPONENTS, N_COMPONENTS, OK, ROOT, SWA,
+)
+from ..kernels.order import refresh_leaf
+from ..kernels.state import need, resolve
 
 
 @kernel
@@ -29,10 +31,8 @@ def inc_lock_ref(nodes, heap, meta, nid, skip):
         return E_STALE, 0, 0
     delta = full.acquire_component_lock(nodes, heap, meta, s)
     boundary = 0
-    if meta[M_COMPONENTS] & C_SWA and not skip & C_SWA:
-        boundary = swa.acquire_component_lock(nodes, meta, s)
-    if meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA:
-        mamba.acquire_component_lock(nodes, meta, s)
+    if meta[M_COMPONENTS] & ~C_FULL:
+        boundary = dispatch.lock(nodes, heap, meta, s, skip)
     return OK, delta, boundary
 
 
@@ -57,20 +57,12 @@ def dec_lock_ref(nodes, heap, meta, nid, skip, boundary):
         st, bad = full.check_release(nodes, s)
         if st != OK:
             return st, bad
-    with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
-    with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
-    if with_mamba:
-        st, bad = mamba.check_release(nodes, s)
+    aux = meta[M_COMPONENTS] & ~C_FULL
+    if aux:  # checked last component first, then released in that order
+        st, bad = dispatch.check_unlock(nodes, meta, s, skip, boundary)
         if st != OK:
             return st, bad
-    if with_swa:
-        st, bad, _ = swa.check_release(nodes, s, boundary)
-        if st != OK:
-            return st, bad
-    if with_mamba:
-        mamba.release_component_lock(nodes, meta, s)
-    if with_swa:
-        swa.release_component_lock(nodes, heap, meta, s, boundary)
+        dispatch.unlock(nodes, heap, meta, s, skip, boundary)
     delta = 0
     if with_full:
         delta = full.release_component_lock(nodes, heap, meta, s)
@@ -94,20 +86,29 @@ def release_window(nodes, ctab, pool, heap, meta, nid, boundary, skip, out, acts
     acts_begin(meta, 0)
     if s == ROOT:
         return OK, 0
-    st, data, count = swa.check_release(nodes, s, boundary)
+    st, data, count = dispatch.check_early_release(SWA, nodes, meta, s, boundary)
     if st != OK:
         return st, data
-    with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
-    if with_mamba:
-        st, bad = mamba.check_release(nodes, s)
-        if st != OK:
-            return st, bad
+    # the cascade: the locks of the components of a lower internal priority
+    top = dispatch.priority(SWA, meta)
+    comps = meta[M_COMPONENTS]
+    for c in range(1, N_COMPONENTS):
+        if c != SWA and comps & (1 << c) and not skip & (1 << c) \
+                and dispatch.priority(c, meta) < top:
+            st, bad = dispatch.check_unlock_of(c, nodes, meta, s, skip, 0)
+            if st != OK:
+                return st, bad
     if out.shape[0] < data or acts.shape[0] < count:
         need(meta, 0, 0, data, count)
         return E_CAPACITY, 0
-    freed = swa.release_window_lock(nodes, pool, heap, meta, s, boundary, out, acts)
-    if with_mamba:
-        mamba.release_component_lock(nodes, meta, s)
+    freed = dispatch.early_release(SWA, nodes, pool, heap, meta, s, boundary, out, acts)
+    cascaded = False
+    for c in range(1, N_COMPONENTS):
+        if c != SWA and comps & (1 << c) and not skip & (1 << c) \
+                and dispatch.priority(c, meta) < top:
+            dispatch.unlock_of(c, nodes, heap, meta, s, skip, 0)
+            cascaded = True
+    if cascaded:
         refresh_leaf(nodes, heap, meta, s)
     return OK, freed
 
@@ -123,14 +124,8 @@ def check_dec(nodes, meta, nid, skip, boundary):
         st, bad = full.check_release(nodes, s)
         if st != OK:
             return st, bad
-    if meta[M_COMPONENTS] & C_SWA and not skip & C_SWA:
-        st, bad, _ = swa.check_release(nodes, s, boundary)
-        if st != OK:
-            return st, bad
-    if meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA:
-        st, bad = mamba.check_release(nodes, s)
-        if st != OK:
-            return st, bad
+    if meta[M_COMPONENTS] & ~C_FULL:
+        return dispatch.check_unlock_forward(nodes, meta, s, skip, boundary)
     return OK, -1
 
 
@@ -143,14 +138,11 @@ def inc_lock_ref_batch(nodes, heap, meta, nids, skip, out):
     for i in range(k):
         if resolve(nodes, meta, nids[i]) < 0:
             return E_STALE, i
-    with_swa = meta[M_COMPONENTS] & C_SWA and not skip & C_SWA
-    with_mamba = meta[M_COMPONENTS] & C_MAMBA and not skip & C_MAMBA
+    aux = meta[M_COMPONENTS] & ~C_FULL
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
         out[i, 0] = full.acquire_component_lock(nodes, heap, meta, s)
-        out[i, 1] = swa.acquire_component_lock(nodes, meta, s) if with_swa else 0
-        if with_mamba:
-            mamba.acquire_component_lock(nodes, meta, s)
+        out[i, 1] = dispatch.lock(nodes, heap, meta, s, skip) if aux else 0
     return OK, -1
 
 
@@ -168,49 +160,42 @@ def dec_lock_ref_batch(nodes, heap, meta, nids, skips, boundaries):
     for i in range(k):
         if resolve(nodes, meta, nids[i]) < 0:
             return E_STALE, i, -1, FULL
-    swa_on = meta[M_COMPONENTS] & C_SWA
-    mamba_on = meta[M_COMPONENTS] & C_MAMBA
+    comps = meta[M_COMPONENTS]
+    aux = comps & ~C_FULL
     st = OK
     bad = -1
     fail = k
+    comp = FULL
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
-        with_swa = swa_on and not skips[i] & C_SWA
-        with_mamba = mamba_on and not skips[i] & C_MAMBA
         with_full = not skips[i] & C_FULL
         comp = FULL
         st, bad = full.check_release(nodes, s) if with_full else (OK, -1)
-        if st == OK and with_swa:
-            comp = SWA
-            st, bad, _ = swa.check_release(nodes, s, boundaries[i])
-        if st == OK and with_mamba:
-            comp = MAMBA
-            st, bad = mamba.check_release(nodes, s)
+        for c in range(1, N_COMPONENTS):  # each component's check, in order
+            if st != OK:
+                break
+            if comps & (1 << c) and not skips[i] & (1 << c):
+                comp = c
+                st, bad = dispatch.check_unlock_of(c, nodes, meta, s, skips[i], boundaries[i])
         if st != OK:
             fail = i
             break
         if with_full:
             full.shift_counts(nodes, s, -1)
-        if with_swa:
-            swa.shift_counts(nodes, s, boundaries[i], -1)
-        if with_mamba:
-            mamba.shift_counts(nodes, s, -1)
+        if aux:
+            dispatch.shift_locks(nodes, meta, s, skips[i], boundaries[i], -1)
     for j in range(fail - 1, -1, -1):  # move the counts back, exactly
         sj = resolve(nodes, meta, nids[j])
-        if mamba_on and not skips[j] & C_MAMBA:
-            mamba.shift_counts(nodes, sj, 1)
-        if swa_on and not skips[j] & C_SWA:
-            swa.shift_counts(nodes, sj, boundaries[j], 1)
+        if aux:
+            dispatch.shift_locks_back(nodes, meta, sj, skips[j], boundaries[j], 1)
         if not skips[j] & C_FULL:
             full.shift_counts(nodes, sj, 1)
     if fail < k:
         return st, fail, bad, comp
     for i in range(k):
         s = resolve(nodes, meta, nids[i])
-        if mamba_on and not skips[i] & C_MAMBA:
-            mamba.release_component_lock(nodes, meta, s)
-        if swa_on and not skips[i] & C_SWA:
-            swa.release_component_lock(nodes, heap, meta, s, boundaries[i])
+        if aux:
+            dispatch.unlock(nodes, heap, meta, s, skips[i], boundaries[i])
         if not skips[i] & C_FULL:
             full.release_component_lock(nodes, heap, meta, s)
         else:

@@ -1,22 +1,21 @@
 """``insert``: add a page-aligned key and its KV indices, reusing the cached prefix."""
 
-from ..components import mamba, swa
-from ._jit import helper, kernel
-from .actions import (
-    A_ADOPTED, A_BACKUP, A_FREE_KV, A_PATH_CAP, A_STORED, ACT_AUX, MEDIUM_GPU, SRC_IN, SRC_POOL,
+from ..components import dispatch
+from ..kernels._jit import helper, kernel
+from ..kernels.actions import (
+    A_ADOPTED, A_BACKUP, A_FREE_KV, A_STORED, ACT_AUX, MEDIUM_GPU, SRC_IN, SRC_POOL,
     acts_begin, emit,
 )
-from .layout import (
-    C_MAMBA, C_SWA, E_BAD_VALUE, MAMBA, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
+from ..kernels.layout import (
+    C_FULL, E_BAD_VALUE, E_CAPACITY, FIRST_CHILD, FLAGS, FULL, F_HAS_FULL_DEV,
     F_HAS_FULL_HOST, HIT_COUNT, HOST_OFF, HOST_WRITE_BACK, KEY_LEN, KEY_OFF, LAST_ACCESS,
-    M_COMPONENTS, M_EVENTS, M_HOST, M_MAMBA_PATH_CAP, M_NLIVE, M_PAGE, M_WT_THRESHOLD, OK,
+    M_COMPONENTS, M_EVENTS, M_HOST, M_NLIVE, M_PAGE, M_WT_THRESHOLD, OK,
     M_NACTS, PRIORITY, ROOT, VALUES_UNCHECKED, WT_PENDING,
 )
-from .dups import dup_update
-from .host import needs_aux_backup
-from .order import fix
-from .state import has_room, need, node_id, tick
-from .tree import add_leaf, copy_values, restore_device, walk_child
+from ..kernels.dups import dup_update
+from ..kernels.order import fix
+from ..kernels.state import has_room, need, node_id, tick
+from .tree import add_leaf, copy_values, restore_device, split_node, walk_child
 
 
 #: ``insert``'s ``flags`` bits.
@@ -95,32 +94,23 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
                 if value[i] < 0 or (limit >= 0 and value[i] >= limit):
                     return E_BAD_VALUE, i, -1, 0
     page = meta[M_PAGE]
-    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
+    aux = (meta[M_COMPONENTS] & ~C_FULL) != 0  # any component beside Full
     track = (flags & TRACK_ADOPTED) != 0
     want_path = out_base >= n
     need_out = out_base if want_path else 0
     need_acts = 4
     slots = 2
-    if swa_on:
-        # per walked node <= 4 rows (recovery, 2 adopted, duplicates), the leaf
-        # <= 2 adopted + 3 stored; recovered Full values <= n in all; the cursor
-        # splits one walked node or the leaf, the cap splits the leaf once
-        need_acts = 4 * min(n // page + 1, meta[M_NLIVE]) + 8
-        need_out += n
-        slots = 4
-    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    if aux:  # what the components' rules emit, split and copy
+        more_slots, more_out, more_acts = dispatch.insert_room(meta, n)
+        slots += more_slots
+        need_out += more_out
+        need_acts += more_acts
     host_on = meta[M_HOST] != HOST_OFF
     # SGLang counts no hits under write-back (backups happen at eviction there)
     count_hits = meta[M_HOST] != HOST_WRITE_BACK
     backup_on = host_on and count_hits
     if host_on:  # per walked node and the leaf: a GPU store, an adopted range, a backup
         need_acts += 3 * min(n // page + 1, meta[M_NLIVE]) + 4
-    if mamba_on and meta[M_MAMBA_PATH_CAP] >= 0:
-        # the per-path cap drops at most one state per node on the target's path
-        # (every node holds at least a page; a split adds one)
-        path_nodes = min(n // page + 2, meta[M_NLIVE] + 2)
-        need_out += path_nodes
-        need_acts += path_nodes
     if out.shape[0] < need_out or acts.shape[0] < need_acts:
         need(meta, 0, 0, need_out, need_acts)
         return E_CAPACITY, 0, -1, 0
@@ -146,24 +136,29 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
             if track:
                 emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, m, 0)
             upper = -1
-            if swa_on:  # its part past the cursor gets SWA data from the same slots
-                upper = swa.recover_after_unevict(nodes, ctab, pool, heap, meta, child, length,
-                                                  m, cursor, track, acts)
+            if aux:  # the components' data from the same slots (SWA: past the cursor)
+                k = dispatch.unevict_split(nodes, meta, child, length, m, cursor)
+                if k > 0:
+                    upper = split_node(nodes, ctab, pool, heap, meta, child, k)
+                dispatch.unevict(nodes, meta, child, length, m, cursor, track, acts)
             if meta[M_EVENTS]:
                 if upper >= 0:  # SGLang's event covers the node before that split
                     emit(acts, meta, A_STORED, FULL, SRC_POOL, upper, nodes[upper, KEY_LEN],
                          MEDIUM_GPU)
                 emit(acts, meta, A_STORED, FULL, SRC_POOL, child, nodes[child, KEY_LEN],
                      MEDIUM_GPU)
-        elif swa_on:
-            child, consumed = swa.update_component_on_insert_overlap(
-                nodes, ctab, pool, heap, meta, child, length, m, value, prev, cursor, track,
-                out, acts)
-            swa.free_duplicates(acts, meta, max(prev, length), length + consumed, cursor)
         else:
+            consumed = m
+            if aux:  # each component takes over what it needs (SWA: a tombstone's data)
+                k = dispatch.overlap_split(nodes, meta, child, length, m, prev, cursor)
+                if k > 0:
+                    split_node(nodes, ctab, pool, heap, meta, child, k)  # child: the lower part
+                consumed = dispatch.overlap(nodes, pool, meta, child, length, m, value, prev,
+                                            cursor, track, out, acts)
             dup = max(prev, length)
-            if dup < length + m:
-                emit(acts, meta, A_FREE_KV, FULL, SRC_IN, dup, length + m - dup, 0)
+            if not (aux and dispatch.free_dups(nodes, meta, dup, length + consumed, cursor,
+                                               acts)) and dup < length + consumed:
+                emit(acts, meta, A_FREE_KV, FULL, SRC_IN, dup, length + consumed - dup, 0)
         if want_path:
             copy_values(pool, off, m, out, length)
         walk_backup = -1
@@ -182,14 +177,21 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
         walk_backup = -1  # the walk's last node is not the target
         target = add_leaf(nodes, ctab, pool, heap, meta, node, ns, key, value, length, n, priority)
         top = target
-        if track and (swa_on or host_on):
+        if track and (aux or host_on):
             emit(acts, meta, A_ADOPTED, FULL, SRC_IN, length, n - length, 0)
-        if swa_on:
-            top = swa.commit_insert_component_data(nodes, ctab, pool, heap, meta, target, length,
-                                                   n, cursor, track, acts)
+        if aux:  # the components ask for splits of the new leaf, then commit to it
+            while True:
+                k = dispatch.commit_split(nodes, meta, target, length, n, cursor)
+                if k <= 0:
+                    break
+                u = split_node(nodes, ctab, pool, heap, meta, target, k)
+                if top == target:
+                    top = u
+                dispatch.commit_upper(nodes, meta, u, target, length, n, cursor)
+            dispatch.commit_leaf(nodes, pool, meta, target, length, n, cursor, track, acts)
         if meta[M_EVENTS]:
             s = top
-            while True:  # the new nodes top-down (one unless SWA split the leaf)
+            while True:  # the new nodes top-down (one unless a component split the leaf)
                 emit(acts, meta, A_STORED, FULL, SRC_POOL, s, nodes[s, KEY_LEN], 0)
                 if s == target:
                     break
@@ -198,31 +200,26 @@ def insert(nodes, ctab, pool, heap, meta, key, value, n, ns, inserted_len, prior
             nodes[target, HIT_COUNT] += 1
             fix(nodes, heap, meta, target)
             leaf_backup = backup_on and _wants_backup(nodes, meta, target)
-    exist = 0
-    if mamba_on:
-        exist = 1 if mamba.commit_insert_component_data(nodes, heap, meta, target,
-                                                        target != node, mamba_slot) else 0
-        if not exist:  # a state was attached: SGLang's MambaEvictExcessPathStates
-            if host_on and meta[M_MAMBA_PATH_CAP] >= 0:
-                # with the host tier it runs as SGLang's action: after the walk's
-                # backups (they may copy a state it drops), before the leaf's
-                emit(acts, meta, A_PATH_CAP, MAMBA, SRC_POOL, target, 0, 0)
-            else:
-                mamba.evict_excess_path_states(nodes, meta, target, out, acts)
+    committed = 0
+    if aux:  # the target takes the components' donated values (Mamba: the state)
+        committed = dispatch.commit_target(nodes, heap, meta, target, target != node,
+                                           mamba_slot, out, acts)
+    exist = 1 if committed == dispatch.EXISTED else 0
     if leaf_backup:  # SGLang's tail step: the new leaf's backup comes last
         emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
     if walk_backup >= 0:
         # SGLang runs a walked node's backup at its barrier, before the commit gave
         # the target its state: that backup leaves the state out (the row's aux),
         # and the node is pending at the tail, so no incremental backup follows
-        if mamba_on and not exist:
+        if committed == dispatch.COMMITTED:
             acts[walk_backup, ACT_AUX] = BACKUP_NO_STATE
-    elif (backup_on and (mamba_on or swa_on) and target == node and target != ROOT
+    elif (backup_on and aux and target == node and target != ROOT
             and (nodes[target, FLAGS] & F_HAS_FULL_HOST)
-            and nodes[target, WT_PENDING] == 0 and needs_aux_backup(nodes, meta, target, out)):
+            and nodes[target, WT_PENDING] == 0
+            and dispatch.needs_backup(nodes, meta, target, out)):
         # SGLang's incremental backup: a backed-up node the key ended on holds a
         # state, or SWA data within its window, with no host copy
         emit(acts, meta, A_BACKUP, FULL, SRC_POOL, target, 0, 0)
-    if swa_on and target != ROOT:
-        swa.refresh_lru(nodes, meta, target)
+    if aux and target != ROOT:
+        dispatch.insert_end(nodes, meta, target)
     return OK, prefix_len, node_id(nodes, target), exist

@@ -13,7 +13,7 @@ from flatradix import (
     TokenToKVPoolAllocator, UnifiedRadixCache,
 )
 
-from .conftest import assert_state_equal
+from ...conftest import assert_state_equal
 from .swa_support import FULL, FS, SWA, SWAEnv
 
 

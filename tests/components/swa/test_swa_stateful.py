@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from flatradix import EvictParams, InsertParams, LockRefError, MatchPrefixParams, RadixKey, Req
 
-from .conftest import assert_state_equal
+from ...conftest import assert_state_equal
 from .swa_support import FULL, SWA, SWAEnv, nodes
 from .test_swa_requests import expected_cursor
 

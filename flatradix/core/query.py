@@ -1,8 +1,8 @@
 """Read-only queries: path indices, node lookup by key without side effects."""
 
-from ._jit import kernel
-from .layout import E_CAPACITY, E_STALE, F_HAS_FULL_DEV, FLAGS, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
-from .state import need, resolve
+from ..kernels._jit import kernel
+from ..kernels.layout import E_CAPACITY, E_STALE, F_HAS_FULL_DEV, FLAGS, KEY_LEN, KEY_OFF, OK, PARENT, ROOT
+from ..kernels.state import need, resolve
 from .tree import copy_values
 
 

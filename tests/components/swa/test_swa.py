@@ -487,7 +487,7 @@ def test_skip_swa_lock():
     before = e.cache._snapshot()
     with pytest.raises(KeyError):
         e.cache.release_swa(lk)
-    from .conftest import assert_state_equal
+    from ...conftest import assert_state_equal
     assert_state_equal(before, e.cache._snapshot())
     assert lk.swa_released is False
     e.cache.unlock(lk)
@@ -508,7 +508,7 @@ def test_release_swa_then_unlock():
     assert find(e.cache, toks(8))["has_swa"]  # Full still held: not a leaf, kept
     before = e.cache._snapshot()
     e.cache.release_swa(lk)
-    from .conftest import assert_state_equal
+    from ...conftest import assert_state_equal
     assert_state_equal(before, e.cache._snapshot())
     e.check()
     # the window is evictable now although Full is held: SWA eviction tombstones both
@@ -540,7 +540,7 @@ def test_release_swa_prefix_lock_releases_only_with_a_boundary(strict):
 
 
 def _refused(e, fn, exc, match=None):
-    from .conftest import assert_state_equal
+    from ...conftest import assert_state_equal
     before = e.cache._snapshot()
     with pytest.raises(exc, match=match):
         fn()

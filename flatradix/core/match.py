@@ -1,14 +1,14 @@
 """``match_prefix``: the longest cached page-aligned prefix of a key (may split a node)."""
 
-from ..components import full, mamba, swa
-from ._jit import helper, kernel
-from .children import find_child
-from .layout import (
-    C_MAMBA, C_SWA, E_CAPACITY, F_HAS_FULL_HOST, FLAGS, KEY_LEN, KEY_OFF, LAST_ACCESS,
+from ..components import dispatch, full
+from ..kernels._jit import helper, kernel
+from ..kernels.children import find_child
+from ..kernels.layout import (
+    C_FULL, E_CAPACITY, F_HAS_FULL_HOST, FLAGS, KEY_LEN, KEY_OFF, LAST_ACCESS,
     M_COMPONENTS, M_HOST, M_PAGE, PARENT, ROOT,
 )
-from .order import fix
-from .state import has_room, node_id, tick
+from ..kernels.order import fix
+from ..kernels.state import has_room, node_id, tick
 from .tree import copy_values, edge_match_len, split_node
 
 
@@ -21,11 +21,10 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
     hit (the Full host units between the two nodes; without a host tier: the
     device match again)."""
     page = meta[M_PAGE]
-    swa_on = (meta[M_COMPONENTS] & C_SWA) != 0
-    mamba_on = (meta[M_COMPONENTS] & C_MAMBA) != 0
+    aux = (meta[M_COMPONENTS] & ~C_FULL) != 0  # Full alone: no validator beside Full's
     host_on = meta[M_HOST] != 0
-    acc = swa.NO_HOLE
-    hacc = swa.NO_HOLE  # the host tier's SWA validator (its own window state)
+    if aux:
+        dispatch.walk_begin(meta)
     node = ROOT
     best = ROOT
     best_len = 0
@@ -52,17 +51,10 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
         node = child
         ok = True
         ok_dev = True
-        if swa_on:
-            ok_dev, acc = swa.validate(nodes, meta, child, acc)
-            ok = ok_dev
-            if host_on:  # SWA data on the host counts for the host match
-                ok, hacc = swa.validate_host(nodes, meta, child, hacc)
-        if mamba_on:
-            if ok_dev:
-                ok_dev = mamba.validate(nodes, child)
-            if ok:
-                # host tier: a host-only state counts for the host match
-                ok = mamba.validate_host(nodes, child) if host_on else ok_dev
+        if aux:  # every component's validator (bit 1: device, bit 2: either tier)
+            bits = dispatch.validate(nodes, meta, child, host_on)
+            ok_dev = (bits & 1) != 0
+            ok = (bits & 2) != 0
         if ok:
             hbest = child
             hbest_len = length
@@ -82,10 +74,8 @@ def match_one(nodes, ctab, pool, heap, meta, key, n, ns, out):
                 h += nodes[a, KEY_LEN]
             a = nodes[a, PARENT]
         hbest_len = best_len + h
-    if swa_on:
-        swa.refresh_lru(nodes, meta, hbest)  # SGLang anchors it on best_match_node
-    if mamba_on:
-        mamba.refresh_lru(nodes, hbest)  # SGLang refreshes best_match_node's state
+    if aux:
+        dispatch.match_end(nodes, meta, hbest)  # SGLang's refresh_lru(MATCH_END)
     t = tick(meta)
     a = hbest  # SGLang stamps from the best match on either tier
     k = 0

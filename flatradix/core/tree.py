@@ -7,30 +7,31 @@ sibling lists, the NCHILD / NDEVCHILD counters, the size ledgers and the
 eviction heap consistent.
 """
 
-from ..components import full, mamba, swa
-from ._jit import helper
-from .children import (
+from ..components import dispatch, full
+from ..kernels._jit import helper
+from ..kernels.children import (
     add_child_entry, edge_page_key, find_child, remove_child_entry, repoint_child_entry,
 )
-from .layout import (
-    CREATION, C_SWA, FIRST_CHILD, FLAGS, FULL, FULL_DEV, FULL_LOCK, F_ALIVE, F_HAS,
-    F_HAS_FULL_DEV, F_HAS_FULL_HOST, F_HAS_SWA_DEV, HEAP_DEVICE, HEAP_HOST, HEAP_POS,
+from ..kernels.layout import (
+    CREATION, FIRST_CHILD, FLAGS, FULL, FULL_DEV, FULL_LOCK, F_ALIVE, F_HAS,
+    F_HAS_FULL_DEV, F_HAS_FULL_HOST, HEAP_DEVICE, HEAP_HOST, HEAP_POS,
     HIT_COUNT, HOST, HOST_HEAP_POS, HOST_UUID, KEY_LEN, KEY_OFF, LAST_ACCESS, LOAD_PENDING,
-    M_COMPONENTS, M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, M_POLICY,
+    M_EVENTS, M_EVICTABLE, M_HOST, M_HOST_EVICTABLE, M_HOST_TOTAL, M_POLICY,
     M_POOL_CUR, M_POOL_DEAD, M_POOL_TOP, M_PROTECTED, M_TOTAL, NCHILD, NDEVCHILD, NEXT_SIB, NIL, NS,
-    PARENT, POLICY_TLRU, PREV_SIB, PRIORITY, ROOT, SWA, TLRU_CACHED, TLRU_HIST, TOK,
+    PARENT, POLICY_TLRU, PREV_SIB, PRIORITY, ROOT, TLRU_CACHED, TLRU_HIST, TOK,
     WT_PENDING,
 )
-from .actions import (
+from ..kernels.actions import (
     A_FREE_HOST, A_FREE_SLOT, A_REMOVED, MEDIUM_CPU, MEDIUM_GPU, SRC_OUT, SRC_POOL, emit,
     out_put_col, out_put_span,
 )
-from .dups import dup_remove, dup_update
-from .order import fix, heap_remove, refresh_leaf
-from .state import link_child, node_alloc, node_free, tick, unlink_child
+from ..kernels.dups import dup_remove, dup_update
+from ..kernels.order import fix, heap_remove, refresh_leaf
+from ..kernels.state import link_child, node_alloc, node_free, tick, unlink_child
 
-# Value-presence bits a split's upper part inherits (Mamba state stays below).
-_SPLIT_FLAGS = F_HAS(FULL) | F_HAS(FULL, HOST) | F_HAS(SWA) | F_HAS(SWA, HOST)
+# Full's value-presence bits a split's upper part inherits (each component's rule
+# says what it inherits of its own: ``dispatch.split``).
+_SPLIT_FLAGS = F_HAS(FULL) | F_HAS(FULL, HOST)
 
 
 @helper
@@ -74,10 +75,11 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
 
     The child keeps its NodeId and becomes the lower part (running requests
     hold its id). The upper part U takes the child's place under the parent,
-    inherits creation / hit_count / priority and the value bits, and each
-    configured component redistributes its data (``redistribute_on_node_split``:
-    Full and SWA lock counts copied -- every lock through the child also covers
-    U --, the SWA boundary stamp moved up); the child gets a fresh access tick
+    inherits creation / hit_count / priority and Full's value bits, and each
+    configured component redistributes its data (``redistribute_on_node_split``,
+    ``dispatch.split``: Full and SWA lock counts copied -- every lock through the
+    child also covers U --, SWA's value bits inherited and its boundary stamp
+    moved up, Mamba's state left below); the child gets a fresh access tick
     (SGLang ``split_node``).
     """
     u = node_alloc(nodes, meta)
@@ -107,8 +109,7 @@ def split_node(nodes, ctab, pool, heap, meta, child, m):
     nodes[u, NCHILD] = 1
     nodes[u, NDEVCHILD] = 1 if nodes[child, FLAGS] & F_HAS_FULL_DEV else 0
     nodes[u, FLAGS] = F_ALIVE | (nodes[child, FLAGS] & _SPLIT_FLAGS)
-    if meta[M_COMPONENTS] & C_SWA:
-        swa.redistribute_on_node_split(nodes, u, child)
+    dispatch.split(nodes, pool, meta, u, child)
     nodes[u, LAST_ACCESS] = tick(meta)
     nodes[u, CREATION] = nodes[child, CREATION]
     nodes[u, HIT_COUNT] = nodes[child, HIT_COUNT]
@@ -253,15 +254,9 @@ def delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     off = nodes[s, KEY_OFF]
     at = out_put_span(out, meta, pool, off, n)
     emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
-    if nodes[s, FLAGS] & F_HAS_SWA_DEV:
-        emit(acts, meta, A_FREE_SLOT, SWA, SRC_OUT, at, n, 0)
-        swa.release_deleted(nodes, meta, s)
-    if mamba.has_data(nodes, s):
-        mamba.evict_component(nodes, meta, s, out, acts)
-    if swa.has_host(nodes, s):  # host data left by a write-back duplicate reclaim
-        swa.evict_host_component(nodes, pool, meta, s, out, acts)
-    if mamba.has_host(nodes, s):
-        mamba.evict_host_component(nodes, meta, s, out, acts)
+    dispatch.drop_device(nodes, pool, meta, s, at, out, acts)  # the cascade
+    # host data left by a write-back duplicate reclaim
+    dispatch.drop_host(nodes, pool, meta, s, out, acts)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, 0)
     dup_remove(nodes, meta, s)
@@ -295,15 +290,10 @@ def demote(nodes, pool, heap, meta, s, out, acts):
     off = nodes[s, KEY_OFF]
     at = out_put_span(out, meta, pool, off, n)
     emit(acts, meta, A_FREE_SLOT, FULL, SRC_OUT, at, n, 0)
-    if nodes[s, FLAGS] & F_HAS_SWA_DEV:  # the cascade: the SWA peers of the same slots
-        emit(acts, meta, A_FREE_SLOT, SWA, SRC_OUT, at, n, 0)
-        swa.release_deleted(nodes, meta, s)
-    if mamba.has_data(nodes, s):  # the cascade: a host copy stays (host LRU)
-        mamba.evict_component(nodes, meta, s, out, acts)
+    dispatch.drop_device(nodes, pool, meta, s, at, out, acts)  # the cascade; host copies stay
     # SGLang then puts every host-only aux value in its host LRU (unless there),
     # host-locked or not
-    swa.host_lru_join(nodes, s)
-    mamba.host_lru_join(nodes, s)
+    dispatch.to_host_only(nodes, meta, s)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_GPU)
     if nodes[s, HEAP_POS] >= 0:
@@ -357,10 +347,7 @@ def delete_host_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
     emit(acts, meta, A_FREE_HOST, FULL, SRC_OUT, at, n, 0)
     if meta[M_EVENTS]:
         emit(acts, meta, A_REMOVED, FULL, SRC_POOL, off, n, MEDIUM_CPU)
-    if swa.has_host(nodes, s):  # atomic: every component's host data goes
-        swa.evict_host_component(nodes, pool, meta, s, out, acts)
-    if mamba.has_host(nodes, s):
-        mamba.evict_host_component(nodes, meta, s, out, acts)
+    dispatch.drop_host(nodes, pool, meta, s, out, acts)  # atomic: every component's goes
     if nodes[s, HOST_HEAP_POS] >= 0:
         heap_remove(nodes, heap, meta, HEAP_HOST, s)
         meta[M_HOST_EVICTABLE] -= n

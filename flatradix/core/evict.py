@@ -34,21 +34,22 @@ Every victim's frees and events are emitted as actions (``tree.delete_leaf``,
 ``swa.evict_component``); the façade executes them.
 """
 
-from ..components import mamba, swa
-from ._jit import helper, kernel
-from .actions import acts_begin, acts_room
-from .layout import (
+from ..components import dispatch
+from ..kernels._jit import helper, kernel
+from ..kernels.actions import acts_begin, acts_room
+from ..kernels.layout import (
     E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_WALK_OPEN,
-    F_HAS_FULL_DEV, F_HAS_FULL_HOST, FLAGS,
-    FULL, HOST_WRITE_BACK, M_HOST, HEAP_DEVICE, HEAP_POS, KEY_LEN,
-    LRU_MAMBA, LRU_SWA, MAMBA,
+    F_HAS_FULL_HOST, FLAGS,
+    FULL, HOST_WRITE_BACK, M_HOST, HEAP_DEVICE, HEAP_POS, KEY_LEN, N_COMPONENTS,
     M_COMPONENTS, M_EVICT_CURSOR, M_EVICT_DONE, M_EVICT_REQ, M_EVICT_WALK, M_HEAP_N, M_NACTS,
-    M_NOUT, M_WALK_N, M_WALK_PARENT, NIL, OK, PARENT, SWA, WALK_K0, WALK_K1,
+    M_NOUT, M_WALK_N, M_WALK_PARENT, NIL, OK, PARENT, WALK_K0, WALK_K1,
     WALK_NID,
 )
-from .lru import lru_in_list, lru_lock_col, lru_prev_unlocked, lru_tail_unlocked
-from .order import heap_pop, is_device_leaf, priority_key
-from .state import SLOT_MASK, need, node_id, resolve
+from ..kernels.lru import (
+    lru_in_list, lru_list, lru_lock_col, lru_prev_unlocked, lru_tail_unlocked,
+)
+from ..kernels.order import heap_pop, is_device_leaf, priority_key
+from ..kernels.state import SLOT_MASK, need, node_id, resolve
 from .tree import delete_leaf, demote
 
 
@@ -61,11 +62,11 @@ def evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts):
         return demote(nodes, pool, heap, meta, s, out, acts)
     return delete_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
 
-#: ``evict``'s phases: the Full walk, then the SWA walk, then the Mamba walk
-#: (an auxiliary walk's phase is its component id).
+#: ``evict``'s phases: the Full walk (0), then each auxiliary component's walk, in
+#: component order (an auxiliary walk's phase is its component id); ``PHASE_END``:
+#: done.
 PHASE_FULL = 0
-PHASE_SWA = SWA
-PHASE_MAMBA = MAMBA
+PHASE_END = N_COMPONENTS
 
 
 @helper
@@ -78,108 +79,87 @@ def _short(nodes, acts, out, meta, s):
 
 
 @helper
-def swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
-    """Evict SWA from ``x``: evict it whole when it is an evictable device leaf
-    (``evict_leaf``: demoted when it has a host copy), else tombstone it (a host copy of its
-    SWA data stays, in the SWA host LRU); the tombstone cascades to a Mamba state on ``x``
-    (a state behind an SWA hole is useless: SWA's internal priority is above Mamba's).
-    Returns ``(full units, swa units, mamba states, deleted)``."""
-    n = nodes[x, KEY_LEN]
-    m = 1 if mamba.has_data(nodes, x) else 0
-    if is_device_leaf(nodes, x):
-        evict_leaf(nodes, ctab, pool, heap, meta, x, out, acts)  # demoted when backed up
-        return n, n, m, True
-    swa.evict_component(nodes, pool, meta, x, out, acts)
-    if m:
-        mamba.evict_component(nodes, meta, x, out, acts)
-    return 0, n, m, False
+def _count_leaf(nodes, meta, s, done):
+    """What deleting (or demoting) device leaf ``s`` frees, added to ``done`` per
+    component: its Full units and every auxiliary component's data on it."""
+    comps = meta[M_COMPONENTS]
+    done[FULL] += nodes[s, KEY_LEN]
+    for c in range(1, N_COMPONENTS):
+        if comps & (1 << c):
+            done[c] += dispatch.held(c, nodes, meta, s)
 
 
 @helper
-def mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts):
-    """Evict Mamba from ``x``: evict it whole when it is an evictable device leaf
-    (``evict_leaf``: demoted when it has a host copy), else tombstone its state
-    (no cascade). Returns ``(full units, swa units, mamba states, deleted)``."""
+def evict_one(nodes, ctab, pool, heap, meta, c, x, out, acts, done):
+    """One victim ``x`` of component ``c``'s walk (SWA or Mamba): evicted whole when
+    it is an evictable device leaf (``evict_leaf``: demoted when it has a host
+    copy), else the component tombstones its data, and the tombstone cascades to
+    the components of a lower internal priority (``dispatch.priority``: a Mamba
+    state behind an SWA hole is useless). What it frees is added to ``done`` per
+    component. Returns True when ``x`` was deleted (or demoted)."""
     if is_device_leaf(nodes, x):
-        n = nodes[x, KEY_LEN]
-        w = n if swa.has_data(nodes, x) else 0
-        evict_leaf(nodes, ctab, pool, heap, meta, x, out, acts)  # demoted when backed up
-        return n, w, 1, True
-    mamba.evict_component(nodes, meta, x, out, acts)  # a host copy stays (host LRU)
-    return 0, 0, 1, False
+        _count_leaf(nodes, meta, x, done)
+        evict_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
+        return True
+    done[c] += dispatch.evict_internal(c, nodes, pool, meta, x, out, acts)
+    comps = meta[M_COMPONENTS]
+    top = dispatch.priority(c, meta)
+    for d in range(1, N_COMPONENTS):
+        if d != c and comps & (1 << d) and dispatch.priority(d, meta) < top \
+                and dispatch.held(d, nodes, meta, x) > 0:
+            done[d] += dispatch.evict_internal(d, nodes, pool, meta, x, out, acts)
+    return False
 
 
 @helper
-def _aux_walk(nodes, ctab, pool, heap, meta, c, want, have, out, acts):
-    """``evict``'s walk of auxiliary component ``c`` (SWA or Mamba): from its LRU
-    tail, skipping locked entries, until ``have`` plus what the walk frees of
-    ``c`` reaches ``want`` or nothing is left. Returns ``(short, full, swa,
-    mamba)``: the units freed per component, ``short`` when the buffers cannot
-    hold the next victim (the caller answers E_CAPACITY)."""
-    lst = LRU_SWA if c == SWA else LRU_MAMBA
-    f = 0
-    w = 0
-    m = 0
-    while have + (w if c == SWA else m) < want:
+def _aux_walk(nodes, ctab, pool, heap, meta, c, want, out, acts, done):
+    """``evict``'s walk of auxiliary component ``c``: from its LRU tail, skipping
+    locked entries, until ``done[c]`` reaches ``want`` or nothing is left. Returns
+    True when the buffers cannot hold the next victim (the caller answers
+    E_CAPACITY)."""
+    lst = lru_list(c)
+    while done[c] < want:
         x = lru_tail_unlocked(nodes, lst)
         if x == NIL:
             break
         if _short(nodes, acts, out, meta, x):
-            return True, f, w, m
-        if c == SWA:
-            a, b, d, _ = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-        else:
-            a, b, d, _ = mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-        f += a
-        w += b
-        m += d
-    return False, f, w, m
+            return True
+        evict_one(nodes, ctab, pool, heap, meta, c, x, out, acts, done)
+    return False
 
 
 @kernel(scratch=("out", "acts"), on_capacity="resume")
-def evict(nodes, ctab, pool, heap, meta, num_full, num_swa, num_mamba, phase, out, acts):
-    """Evict until ``num_full`` Full units, ``num_swa`` SWA units and ``num_mamba``
-    Mamba states are freed or nothing evictable is left: the Full walk first
-    (least-priority leaves), then the SWA walk, then the Mamba walk (each only
-    when configured), each skipped when the earlier walks' deletions and
-    cascades already freed enough of its component (SGLang §5.3).
-    Node-granular: may exceed a request.
+def evict(nodes, ctab, pool, heap, meta, want, done, phase, out, acts):
+    """Evict until ``want[c]`` units of each component ``c`` are freed (Full and SWA:
+    units; Mamba: states) or nothing evictable is left: the Full walk first
+    (least-priority leaves), then each auxiliary component's walk, in component
+    order (each only when configured), each skipped when the earlier walks'
+    deletions and cascades already freed enough of its component (SGLang §5.3).
+    Node-granular: may exceed a request. What it frees is added to ``done[c]``
+    (int64, one entry per component, as ``want``; the caller zeroes it first).
 
-    Returns ``(status, full_freed, swa_freed, mamba_freed, phase)``.
-    ``E_CAPACITY`` when ``out`` or ``acts`` cannot hold the next victim
-    (``meta[M_NEED_*]``): what was evicted so far is reported as usual, and
-    calling again with the remaining requests and the returned ``phase``
+    Returns ``(status, phase)``. ``E_CAPACITY`` when ``out`` or ``acts`` cannot hold
+    the next victim (``meta[M_NEED_*]``): what was evicted so far is in ``done``,
+    and calling again with the returned ``phase`` (and ``done`` as it is)
     continues the same round (the façade executes the actions and grows the
     buffers in between). O(evicted nodes * log(leaves)).
     """
     acts_begin(meta, 0)
-    full_freed = 0
-    swa_freed = 0
-    mamba_freed = 0
     if phase == PHASE_FULL:
-        while full_freed < num_full and meta[M_HEAP_N + HEAP_DEVICE] > 0:
+        while done[FULL] < want[FULL] and meta[M_HEAP_N + HEAP_DEVICE] > 0:
             s = heap[HEAP_DEVICE, 0]
             if _short(nodes, acts, out, meta, s):
-                return E_CAPACITY, full_freed, swa_freed, mamba_freed, PHASE_FULL
+                return E_CAPACITY, PHASE_FULL
             heap_pop(nodes, heap, meta, HEAP_DEVICE)
-            if swa.has_data(nodes, s):
-                swa_freed += nodes[s, KEY_LEN]
-            if mamba.has_data(nodes, s):
-                mamba_freed += 1
-            full_freed += evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
-        phase = PHASE_SWA
-    for c in (SWA, MAMBA):  # the auxiliary walks; phase c is component c's walk
+            _count_leaf(nodes, meta, s, done)
+            evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+        phase = 1
+    for c in range(1, N_COMPONENTS):  # the auxiliary walks; phase c is component c's walk
         if phase > c or not meta[M_COMPONENTS] & (1 << c):
             continue
-        short, f, w, m = _aux_walk(nodes, ctab, pool, heap, meta, c,
-                                   num_swa if c == SWA else num_mamba,
-                                   swa_freed if c == SWA else mamba_freed, out, acts)
-        full_freed += f
-        swa_freed += w
-        mamba_freed += m
-        if short:
-            return E_CAPACITY, full_freed, swa_freed, mamba_freed, c
-    return OK, full_freed, swa_freed, mamba_freed, PHASE_MAMBA
+        if _aux_walk(nodes, ctab, pool, heap, meta, c, want[c], out, acts, done):
+            return E_CAPACITY, c
+    return OK, PHASE_END
 
 
 @helper
@@ -253,8 +233,8 @@ def evict_start(nodes, heap, meta, component, num_tokens):
     meta[M_EVICT_DONE + component] = 0
     meta[M_EVICT_CURSOR + component] = NIL
     if component != FULL:
-        lst = LRU_SWA if component == SWA else LRU_MAMBA
-        meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_tail_unlocked(nodes, lst))
+        meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes,
+                                                      lru_tail_unlocked(nodes, lru_list(component)))
     else:  # snapshot the evictable leaves with today's keys
         meta[M_WALK_N] = 0
         meta[M_WALK_PARENT] = NIL
@@ -279,31 +259,34 @@ def _aux_cursor(nodes, meta, c, lst):
 
 
 @kernel(scratch=("out", "acts"), on_capacity="retry")
-def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
+def evict_next(nodes, ctab, pool, heap, meta, component, done, out, acts):
     """One step of the open round of ``component``.
 
     Full: delete the least-priority evictable leaf by the keys the round started
     with. SWA / Mamba: evict the component from the round's cursor, the least
     recently used unlocked entry (a leaf is deleted whole, another node
-    tombstoned); see the module docstring. Returns
-    ``(status, node_id, full_units, swa_units, mamba_states)``:
-    ``node_id`` is the deleted node, -1 for a tombstone step or when the round
-    is over (its request met, or nothing evictable: then all counts are 0).
-    The step's actions are emitted as in ``evict``. ``E_CAPACITY``
+    tombstoned); see the module docstring. What the step frees is written to
+    ``done[c]`` per component (int64, one entry per component; all 0 when the
+    round is over: its request met, or nothing evictable). Returns ``(status,
+    node_id)``: the deleted node, -1 for a tombstone step or when the round is
+    over. The step's actions are emitted as in ``evict``. ``E_CAPACITY``
     (``meta[M_NEED_*]``) when the buffers cannot hold the victim: nothing changed.
     Write-back (SGLang's deferred steps, the round moving on either way, nothing
-    changed): ``E_NEED_BACKUP`` with a Full round's victim, or a Mamba round's
-    device leaf, that has no host copy; ``E_NEED_STATE_BACKUP`` with a Mamba
-    round's internal victim whose state and Full KV have no host copy (the
-    caller backs it up, then ``host.finish_state_eviction``), or an SWA round's
-    whose SWA data and Full KV have none (``swa_units``: the unbacked SWA units
-    of its window; then ``host.finish_swa_eviction``).
+    changed): ``E_NEED_BACKUP`` with a Full round's victim, or an auxiliary
+    round's device leaf, that has no host copy; ``E_NEED_STATE_BACKUP`` with an
+    auxiliary round's internal victim whose component data must be backed up
+    with its Full KV first (``dispatch.internal_backup``: Mamba, a state with no
+    host copy; SWA, SWA data with none in its window, ``done[SWA]`` then holding
+    the host units to reserve); the caller backs it up, then
+    ``host.finish_state_eviction`` / ``finish_swa_eviction``.
     """
+    for c in range(N_COMPONENTS):
+        done[c] = 0
     if not meta[M_EVICT_WALK + component]:
-        return E_NO_WALK, -1, 0, 0, 0
+        return E_NO_WALK, -1
     acts_begin(meta, 0)
     if meta[M_EVICT_DONE + component] >= meta[M_EVICT_REQ + component]:
-        return OK, -1, 0, 0, 0
+        return OK, -1
     if component == FULL:
         p = resolve(nodes, meta, meta[M_WALK_PARENT])
         meta[M_WALK_PARENT] = NIL
@@ -317,29 +300,28 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
             s = NIL
             _walk_pop(heap, meta)
         if s == NIL:
-            return OK, -1, 0, 0, 0
+            return OK, -1
         if meta[M_HOST] == HOST_WRITE_BACK and not (nodes[s, FLAGS] & F_HAS_FULL_HOST):
             # SGLang's deferred demote: the caller backs the victim up, then demotes
             # or drops it; the round moves on either way
             _walk_pop(heap, meta)
             meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
-            return E_NEED_BACKUP, node_id(nodes, s), 0, 0, 0
+            return E_NEED_BACKUP, node_id(nodes, s)
         if _short(nodes, acts, out, meta, s):
-            return E_CAPACITY, -1, 0, 0, 0
+            return E_CAPACITY, -1
         _walk_pop(heap, meta)
         nid = node_id(nodes, s)
         meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
-        w = nodes[s, KEY_LEN] if swa.has_data(nodes, s) else 0
-        m = 1 if mamba.has_data(nodes, s) else 0
-        n = evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
-        meta[M_EVICT_DONE + FULL] += n
-        return OK, nid, n, w, m
-    lst = LRU_SWA if component == SWA else LRU_MAMBA
+        _count_leaf(nodes, meta, s, done)
+        evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
+        meta[M_EVICT_DONE + FULL] += done[FULL]
+        return OK, nid
+    lst = lru_list(component)
     x = _aux_cursor(nodes, meta, component, lst)
     if x == NIL:
-        return OK, -1, 0, 0, 0
+        return OK, -1
     if _short(nodes, acts, out, meta, x):
-        return E_CAPACITY, -1, 0, 0, 0
+        return E_CAPACITY, -1
     meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_prev_unlocked(nodes, lst, x))
     nid = node_id(nodes, x)
     if meta[M_HOST] == HOST_WRITE_BACK:
@@ -347,26 +329,17 @@ def evict_next(nodes, ctab, pool, heap, meta, component, out, acts):
         if is_device_leaf(nodes, x):
             if not backed:
                 # as the Full round: the caller backs the leaf up, then demotes / drops it
-                return E_NEED_BACKUP, nid, 0, 0, 0
-        elif component == MAMBA and mamba.needs_backup(nodes, x) and not backed:
-            # SGLang's InternalStateBackup: the state is offered for a host backup
-            # (with the node's Full KV) before host.finish_state_eviction tombstones it
-            return E_NEED_STATE_BACKUP, nid, 0, 0, 0
-        elif component == SWA and not backed and not swa.has_host(nodes, x) \
-                and (nodes[x, FLAGS] & F_HAS_FULL_DEV):
-            # the same for SWA data: the node (and the unbacked SWA data of its
-            # window, ``w`` units: the host room the caller reserves) is backed up
-            # before host.finish_swa_eviction tombstones it
-            _, units = swa.collect_unbacked(nodes, meta, x, out[:0], 0)
-            if units:
-                return E_NEED_STATE_BACKUP, nid, 0, units, 0
-    if component == SWA:
-        f, w, m, deleted = swa_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-        meta[M_EVICT_DONE + SWA] += w
-    else:
-        f, w, m, deleted = mamba_evict_one(nodes, ctab, pool, heap, meta, x, out, acts)
-        meta[M_EVICT_DONE + MAMBA] += m
-    return OK, (nid if deleted else -1), f, w, m
+                return E_NEED_BACKUP, nid
+        elif not backed:
+            # SGLang's InternalStateBackup: the component's data is offered for a
+            # host backup (with the node's Full KV) before it is tombstoned
+            units = dispatch.internal_backup(component, nodes, meta, x, out)
+            if units >= 0:
+                done[component] = units
+                return E_NEED_STATE_BACKUP, nid
+    deleted = evict_one(nodes, ctab, pool, heap, meta, component, x, out, acts, done)
+    meta[M_EVICT_DONE + component] += done[component]
+    return OK, (nid if deleted else -1)
 
 
 @kernel
