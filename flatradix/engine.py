@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 # every entry kernel module (each registers its kernels in ``_jit.SPECS``)
-from .core import check, evict, host, host_evict, insert, lock, match, query, refill  # noqa: F401
+from .core import check, evict, host, host_evict, insert, lock, match, pick, query, refill  # noqa: F401
 from .kernels import hashing  # noqa: F401
 from .kernels import layout as L
 from .kernels._jit import SPECS, STATE

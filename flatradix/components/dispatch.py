@@ -40,12 +40,16 @@ import inspect
 
 from numba.extending import overload
 
-from ..kernels.layout import M_COMPONENTS, OK
+from ..kernels.layout import FULL, M_COMPONENTS, OK
 
 #: The auxiliary components' modules (``flatradix.components.<name>``), in order
 #: (SGLang's ``tree_components`` order after FULL): one entry per component.
 COMPONENTS = ("swa", "mamba")
 _MODULES = tuple(importlib.import_module(f"{__package__}.{name}") for name in COMPONENTS)
+#: SGLang's ``eviction_priority(is_leaf=False)`` per component id, for Python callers
+#: (an adapter's cascade check; the kernels ask the ``priority`` hook): Full, the
+#: backbone, 2; a component without ``PRIORITY_INTERNAL`` 0.
+PRIORITY_INTERNAL = {FULL: 2, **{m.ID: getattr(m, "PRIORITY_INTERNAL", 0) for m in _MODULES}}
 
 _MODES = ("void", "sum", "and", "or", "stamp", "first", "min", "sum3", "check", "pick")
 

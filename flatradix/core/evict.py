@@ -101,6 +101,15 @@ def evict_one(nodes, ctab, pool, heap, meta, c, x, out, acts, done):
         _count_leaf(nodes, meta, x, done)
         evict_leaf(nodes, ctab, pool, heap, meta, x, out, acts)
         return True
+    evict_tombstone(nodes, pool, meta, c, x, out, acts, done)
+    return False
+
+
+@helper
+def evict_tombstone(nodes, pool, meta, c, x, out, acts, done):
+    """Component ``c`` tombstones its data at ``x`` (not an evictable device leaf),
+    and the tombstone cascades to the components of a lower internal priority
+    (``dispatch.priority``); what it frees is added to ``done`` per component."""
     done[c] += dispatch.evict_internal(c, nodes, pool, meta, x, out, acts)
     comps = meta[M_COMPONENTS]
     top = dispatch.priority(c, meta)
@@ -108,7 +117,6 @@ def evict_one(nodes, ctab, pool, heap, meta, c, x, out, acts, done):
         if d != c and comps & (1 << d) and dispatch.priority(d, meta) < top \
                 and dispatch.held(d, nodes, meta, x) > 0:
             done[d] += dispatch.evict_internal(d, nodes, pool, meta, x, out, acts)
-    return False
 
 
 @helper

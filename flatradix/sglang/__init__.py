@@ -23,10 +23,14 @@ BACKEND_NAME = "flatradix"
 def _factory(params, components):
     """SGLang's ``TreeCoreFactory``: ``(CacheInitParams, {ComponentType: TreeComponent})``
     -> the TreeCore. Refuses (``ValueError`` naming the option) any configuration it
-    does not serve, before anything is built."""
-    from .core import make_tree_core
-
-    return make_tree_core(params, components)
+    does not serve, before anything is built. The inspection variant SGLang's test
+    kits need when the kits are installed (they ship in SGLang's wheel), else the
+    plain one."""
+    try:
+        from .inspector import FlatradixTreeCoreInspector as tree_core
+    except ImportError:  # pragma: no cover - SGLang without its test kits
+        from .core import FlatradixTreeCore as tree_core
+    return tree_core(params, components)
 
 
 def register():

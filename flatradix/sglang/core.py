@@ -7,7 +7,7 @@ controller executes them. flatradix's engine has the same split -- a kernel
 mutates the node table and appends action rows (``kernels/actions.py``), a
 caller executes them -- so this class is a thin translation layer:
 
-* one kernel call per interface call (``Engine.call``: grow-and-retry), on the
+* one kernel call per interface call (``Engine.k``: grow-and-retry), on the
   engine's arrays; no tree rule is re-implemented here;
 * the kernel's action rows become SGLang's objects (``FreeDeviceKV``,
   ``FreeDeviceKVFullOnly``, ``RecoverSWAWithLockedFull``, the eviction results'
@@ -69,18 +69,7 @@ from ..engine import Engine
 from ..errors import NodeAccessError
 from ..kernels import actions as A
 from ..kernels import layout as L
-from ..kernels.check import sanity_check as _k_sanity
-from ..kernels.evict import evict_end as _k_evict_end
-from ..kernels.evict import evict_start as _k_evict_start
-from ..kernels.insert import TRACK_ADOPTED as _TRACK
-from ..kernels.insert import insert as _k_insert
-from ..kernels.lock import dec_lock_ref as _k_dec
-from ..kernels.lock import inc_lock_ref as _k_inc
-from ..kernels.lock import release_window as _k_release_window
-from ..kernels.match import match_prefix as _k_match
-from ..kernels.pick import evict_leaf_at as _k_evict_leaf_at
-from ..kernels.query import path_device_indices as _k_path
-from ..kernels.pick import evict_pick as _k_evict_pick
+from ..core.insert import TRACK_ADOPTED as _TRACK
 
 FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
 _SERVED = (FULL, SWA, MAMBA)
@@ -146,16 +135,6 @@ def check_params(params):
             raise ValueError("the flatradix TreeCore serves T-LRU with integer threshold and "
                              "next_prompt_estimate only")
     return L.POLICY_NAMES.index(name), a, b
-
-
-def make_tree_core(params, components):
-    """The TreeCore for ``params``: the inspection variant SGLang's test kits need
-    when the kits are installed (they ship in SGLang's wheel), else the plain one."""
-    try:
-        from .inspector import FlatradixTreeCoreInspector
-    except ImportError:  # pragma: no cover - SGLang without its test kits
-        return FlatradixTreeCore(params, components)
-    return FlatradixTreeCoreInspector(params, components)
 
 
 def _pool_capacity(alloc):
@@ -396,7 +375,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         if self._insert_state is not None:
             self._insert_state = None
         for c in (L.FULL, L.SWA, L.MAMBA):
-            _k_evict_end(self._eng.meta, c)
+            self._eng.k.evict_end(c)
         self._eng.reset()
         self._reset_state()
 
@@ -660,8 +639,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         skipped = tuple(skip_lock_components)
         skip = self._skip_mask(skipped)
         self._slot(node_id)
-        st, delta, boundary = _k_inc(self._eng.st.nodes, self._eng.st.heap, self._eng.meta,
-                                     node_id, skip)
+        st, delta, boundary = self._eng.k.inc_lock_ref(node_id, skip)
         result = IncLockRefResult(delta=int(delta), node_id=node_id,
                                   skipped_lock_components=skipped)
         if self._swa_on and SWA not in skipped:
@@ -681,7 +659,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
     def _dec(self, node_id, skip, boundary):
         eng = self._eng
-        st, x = _k_dec(eng.st.nodes, eng.st.heap, eng.meta, node_id, skip, boundary)
+        st, x = eng.k.dec_lock_ref(node_id, skip, boundary)
         if st == L.E_LOCK_UNDERFLOW:
             raise AssertionError(f"lock release hit lock_ref=0 on node {self._nid(int(x))}")
         if st == L.E_NOT_ANCHORED:
@@ -702,8 +680,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
     def inc_full_pin(self, node_id):
         self._slot(node_id)
-        _k_inc(self._eng.st.nodes, self._eng.st.heap, self._eng.meta, node_id,
-               L.C_SWA | L.C_MAMBA)
+        self._eng.k.inc_lock_ref(node_id, L.C_SWA | L.C_MAMBA)
 
     def dec_full_pin(self, node_id):
         self._slot(node_id)
@@ -719,7 +696,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         skip = self._skip_mask(params.skipped_lock_components, release=True)
         boundary = params.get_lock_uuid(SWA) or 0
         eng = self._eng
-        st, x = eng.call(_k_release_window, node_id, boundary, skip)
+        st, x = eng.k.release_window(node_id, boundary, skip)
         if st == L.E_LOCK_UNDERFLOW:
             raise AssertionError(f"SWA window release hit lock_ref=0 on node {self._nid(int(x))}")
         self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
@@ -734,15 +711,14 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
     # ==== device eviction (pick, then evict) ====
     def evict_device_start(self, component_type, request_cnt):
         c = int(ComponentType(component_type))
-        st = _k_evict_start(self._eng.st.nodes, self._eng.st.heap, self._eng.meta, c,
-                            int(request_cnt))
+        st = self._eng.k.evict_start(c, int(request_cnt))
         assert st == L.OK, f"{ComponentType(component_type)} device eviction already in progress"
 
     def evict_device_next_node(self, component_type, tracker):
         ct = ComponentType(component_type)
         result = EvictDeviceNextNodeResult()
         eng = self._eng
-        st, nid, f, w, m = eng.call(_k_evict_pick, int(ct), int(tracker.get(ct, 0)))
+        st, nid, f, w, m = eng.k.evict_pick(int(ct), int(tracker.get(ct, 0)))
         assert st != L.E_NO_WALK, f"{ct} device eviction not started"
         if st == L.E_NEED_STATE_BACKUP:
             self._host_not_served("a write-back internal backup")
@@ -759,7 +735,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         result = EvictDeviceLeafResult()
         nk = self._nk(self._slot(node_id))
         eng = self._eng
-        st, n, w, m, had_host = eng.call(_k_evict_leaf_at, node_id)
+        st, n, w, m, had_host = eng.k.evict_leaf_at(node_id)
         assert st != L.E_NOT_LEAF, f"node {node_id} is not a D-leaf"
         if st == L.E_NEED_BACKUP:
             self._host_not_served("a write-back backup")
@@ -784,7 +760,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         self._host_not_served("demote")
 
     def evict_device_end(self, component_type):
-        _k_evict_end(self._eng.meta, int(ComponentType(component_type)))
+        self._eng.k.evict_end(int(ComponentType(component_type)))
 
     # ==== sizes ====
     def _ledger(self, field, c):
@@ -890,8 +866,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         if n == 0 or ns is None:
             return self._empty_match_result
         idx = np.empty(n, dtype=np.int64)
-        st, plen, best, visited, full_hit, host_hit, hbest = eng.call_tree(
-            _k_match, units, n, ns, idx)
+        st, plen, best, visited, full_hit, host_hit, hbest = eng.k.match_prefix(units, n, ns, idx)
         plen, full_hit, host_hit = int(plen), int(full_hit), int(host_hit)
         best, hbest = int(best), int(hbest)
         swa_branch = None
@@ -918,8 +893,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         matched = pinned = 0
         if ns is None:
             return 0, self._root, 0
+        from ..core.tree import edge_match_len
         from ..kernels.children import find_child
-        from ..kernels.tree import edge_match_len
 
         while matched < n:
             c = find_child(nodes, eng.st.ctab, pool, s, ns, units, matched, self.page_size)
@@ -950,10 +925,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         if until == L.ROOT and (s == L.ROOT or self._has(s, L.FULL)):
             # the whole device path (the scheduler's prefix read): one kernel call
             eng = self._eng
-            st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, from_node_id, eng.out)
-            if st == L.E_CAPACITY:
-                eng.ensure_out(int(n))
-                st, n = _k_path(eng.st.nodes, eng.st.pool, eng.meta, from_node_id, eng.out)
+            st, n = eng.k.path_device_indices(from_node_id)
             return self._t(eng.out[:int(n)]) if n else self._empty_t
         parts = []
         while s != until:
@@ -1004,8 +976,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         new_ns = ns is None
         if new_ns:
             ns = eng.ns.intern(nk)
-        st, plen, target, exist = eng.call(
-            _k_insert, units, value, n, ns, min(int(params.inserted_len), n), int(priority),
+        st, plen, target, exist = eng.k.insert(
+            units, value, n, ns, min(int(params.inserted_len), n), int(priority),
             L.VALUES_NONNEG, min(int(params.prev_prefix_len), n), int(cursor),
             _TRACK if track_k else 0, mamba_slot, 0)
         if st in (L.E_BAD_VALUE, L.E_BAD_CURSOR):  # refused before any change
@@ -1154,10 +1126,10 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
     # ==== others ====
     def sanity_check(self, ongoing_write_through, ongoing_load_back):
-        code, slot = _k_sanity(*self._eng.st)
+        code, slot = self._eng.k.sanity_check()
         if code:
             raise AssertionError(f"flatradix TreeCore: invariant {int(code)} broken at slot "
-                                 f"{int(slot)} (flatradix/kernels/check.py lists the codes)")
+                                 f"{int(slot)} (flatradix/core/check.py lists the codes)")
 
     def pretty_print(self):
         nodes, pool = self._eng.st.nodes, self._eng.st.pool

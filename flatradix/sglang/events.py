@@ -27,7 +27,6 @@ from sglang.srt.disaggregation.kv_events import (
 
 from ..event_sink import EventSink
 from ..kernels import layout as L
-from ..kernels.hashing import hash_node as _k_hash_node
 
 _MEDIA = (StorageMedium.GPU, StorageMedium.CPU)
 
@@ -75,8 +74,8 @@ class SglangEventSink(EventSink):
         nodes, pool = eng.st.nodes, eng.st.pool
         nk = eng.ns.key_of(int(nodes[slot, L.NS]))
         seed, has_seed = self._seed(nk)
-        _k_hash_node(nodes, pool, eng.st.meta, (int(nodes[slot, L.GEN]) << 32) | int(slot),
-                     seed, has_seed, self._msg, self._state, self._w)
+        eng.k.hash_node((int(nodes[slot, L.GEN]) << 32) | int(slot), seed, has_seed,
+                        self._msg, self._state, self._w)
         off, n = int(nodes[slot, L.KEY_OFF]), int(nodes[slot, L.KEY_LEN])
         ns_seed = self._namespace_seed(nk)
         p = int(nodes[slot, L.PARENT])

@@ -17,9 +17,8 @@ from sglang.test.kits.unified_radix_cache.unified_tree_core_inspection_interface
     UnifiedTreeCoreInspectionInterface,
 )
 
-from ..components import PRIORITY_INTERNAL
+from ..components.dispatch import PRIORITY_INTERNAL
 from ..kernels import layout as L
-from ..kernels.pick import evict_component_at as _k_evict_component_at
 from ..kernels.dups import dup_update as _dup_update
 from ..kernels.lru import lru_in_list, lru_push_front, lru_remove
 from ..kernels.order import is_device_leaf as _is_device_leaf
@@ -208,7 +207,7 @@ class FlatradixTreeCoreInspector(FlatradixTreeCore, UnifiedTreeCoreInspectionInt
         self._slot(node_id)
         result = BaseEvictionResult()
         eng = self._eng
-        st, units = eng.call(_k_evict_component_at, node_id, int(component_type))
+        st, units = eng.k.evict_component_at(node_id, int(component_type))
         self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
         if units:
             result.tracker[component_type] += int(units)

@@ -1,5 +1,5 @@
-"""``kernels/pick.py``: SGLang's pick-then-evict (``evict_pick`` + ``evict_leaf_at``)
-does exactly what the one-step rounds of ``kernels/evict.py`` (``evict_next``,
+"""``core/pick.py``: SGLang's pick-then-evict (``evict_pick`` + ``evict_leaf_at``)
+does exactly what the one-step rounds of ``core/evict.py`` (``evict_next``,
 validated by the oracle against SGLang's cores) do: the same victims in the same
 order, the same frees, the same tree after every step."""
 
@@ -10,9 +10,6 @@ import pytest
 
 import flatradix as F
 from flatradix.kernels import layout as L
-from flatradix.kernels.check import sanity_check as check
-from flatradix.kernels.evict import evict_end, evict_next, evict_start
-from flatradix.kernels.pick import evict_component_at, evict_leaf_at, evict_pick
 
 CT = F.ComponentType
 
@@ -74,18 +71,20 @@ def test_pick_then_evict_equals_one_step_rounds(components, comp, seed):
     a, b = _build(components, seed), _build(components, seed)
     ea, eb = a._engine, b._engine
     request = 40
-    assert evict_start(ea.st.nodes, ea.st.heap, ea.meta, comp, request) == L.OK
-    assert evict_start(eb.st.nodes, eb.st.heap, eb.meta, comp, request) == L.OK
+    assert ea.k.evict_start(comp, request) == L.OK
+    assert eb.k.evict_start(comp, request) == L.OK
+    freed = np.zeros(L.N_COMPONENTS, dtype=np.int64)
     done = 0
     steps = 0
     while True:
-        st, nid, f, w, m = ea.call(evict_next, comp)
+        st, nid = ea.k.evict_next(comp, freed)
+        f, w, m = (int(freed[c]) for c in (L.FULL, L.SWA, L.MAMBA))
         assert st == L.OK
         freed_a = ea.out[:int(ea.meta[L.M_NOUT])].copy()
-        pst, pid, pf, pw, pm = eb.call(evict_pick, comp, done)
+        pst, pid, pf, pw, pm = eb.k.evict_pick(comp, done)
         assert pst == L.OK
         if pid >= 0 and (pf, pw, pm) == (0, 0, 0):  # a picked leaf: evict it now
-            lst, pf, pw, pm, _ = eb.call(evict_leaf_at, pid)
+            lst, pf, pw, pm, _ = eb.k.evict_leaf_at(pid)
             assert lst == L.OK
         freed_b = eb.out[:int(eb.meta[L.M_NOUT])].copy()
         assert (nid, f, w, m) == (pid, pf, pw, pm)
@@ -97,19 +96,19 @@ def test_pick_then_evict_equals_one_step_rounds(components, comp, seed):
             break
         steps += 1
     assert steps > 0
-    evict_end(ea.meta, comp)
-    evict_end(eb.meta, comp)
+    ea.k.evict_end(comp)
+    eb.k.evict_end(comp)
     for e in (ea, eb):  # the kernel check (the façade's also compares its Mamba slot set,
-        assert tuple(check(*e.st)) == (0, -1)  # which these raw kernel calls bypass)
+        assert tuple(e.k.sanity_check()) == (0, -1)  # which these raw kernel calls bypass)
 
 
 def test_evict_leaf_at_refuses_a_node_that_is_not_an_evictable_leaf():
     c = _build((CT.FULL,), 4)
     eng = c._engine
     before = _state(c)
-    st, *_ = eng.call(evict_leaf_at, c.root_node_handle())
+    st, *_ = eng.k.evict_leaf_at(c.root_node_handle())
     assert st == L.E_NOT_LEAF
-    st, *_ = eng.call(evict_leaf_at, (1 << 40) | 5)
+    st, *_ = eng.k.evict_leaf_at((1 << 40) | 5)
     assert st == L.E_STALE
     for x, y in zip(before, _state(c)):
         np.testing.assert_array_equal(x, y)
@@ -117,7 +116,7 @@ def test_evict_leaf_at_refuses_a_node_that_is_not_an_evictable_leaf():
 
 def test_evict_pick_without_a_round_is_refused():
     c = _build((CT.FULL,), 5)
-    st, *_ = c._engine.call(evict_pick, L.FULL, 0)
+    st, *_ = c._engine.k.evict_pick(L.FULL, 0)
     assert st == L.E_NO_WALK
 
 
@@ -131,12 +130,12 @@ def test_evict_component_at_tombstones_one_component_only():
     nid = (int(nodes[s, L.GEN]) << 32) | s
     n = int(nodes[s, L.KEY_LEN])
     swa_before = int(eng.meta[L.M_TOTAL + L.SWA])
-    st, units = eng.call(evict_component_at, nid, L.SWA)
+    st, units = eng.k.evict_component_at(nid, L.SWA)
     assert (st, units) == (L.OK, n)
     assert not nodes[s, L.FLAGS] & L.F_HAS(L.SWA)
     assert nodes[s, L.FLAGS] & L.F_HAS(L.MAMBA)  # no cascade
     assert int(eng.meta[L.M_TOTAL + L.SWA]) == swa_before - n
     rows = eng.actions()
     assert rows.shape[0] == 1 and rows[0, 0] == 3 and rows[0, 1] == L.SWA  # A_FREE_SLOT(SWA)
-    st, units = eng.call(evict_component_at, nid, L.SWA)  # nothing left to tombstone
+    st, units = eng.k.evict_component_at(nid, L.SWA)  # nothing left to tombstone
     assert (st, units) == (L.OK, 0)

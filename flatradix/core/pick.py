@@ -3,7 +3,7 @@
 SGLang's controller drives a device-eviction round in two calls per victim
 (``UnifiedTreeCoreInterface``): ``evict_device_next_node`` *picks* the next
 victim and ``evict_device_leaf`` evicts it, so the controller can decide in
-between (a write-back backup, an allocator check). ``kernels/evict.py``'s
+between (a write-back backup, an allocator check). ``core/evict.py``'s
 ``evict_next`` does both in one step (flatradix's own cache never needs the
 gap); these two kernels split it, over the same round state (``evict_start``
 / ``evict_end`` open and close the round, the Full round's snapshot heap and
@@ -23,22 +23,24 @@ The round's request is compared with the caller's running total (SGLang's
 ``evict_leaf_at`` freed.
 """
 
-from ..components import mamba, swa
-from ._jit import kernel
-from .actions import acts_begin
-from .evict import _aux_cursor, _id_or_nil, _short, _walk_pop, _walk_push, evict_leaf
-from .layout import (
-    E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_NOT_LEAF, E_STALE, F_HAS_FULL_DEV,
-    F_HAS_FULL_HOST, FLAGS, FULL, HEAP_POS, HOST_WRITE_BACK, KEY_LEN, LRU_MAMBA, LRU_SWA,
-    M_EVICT_CURSOR, M_EVICT_REQ, M_EVICT_WALK, M_HOST, M_WALK_N, M_WALK_PARENT, MAMBA, NIL, OK,
-    PARENT, SWA, WALK_NID,
+import numpy as np
+
+from ..components import dispatch
+from ..kernels._jit import kernel
+from ..kernels.actions import acts_begin
+from ..kernels.layout import (
+    E_CAPACITY, E_NEED_BACKUP, E_NEED_STATE_BACKUP, E_NO_WALK, E_NOT_LEAF, E_STALE,
+    F_HAS_FULL_HOST, FLAGS, FULL, HEAP_POS, HOST_WRITE_BACK, M_COMPONENTS,
+    M_EVICT_CURSOR, M_EVICT_REQ, M_EVICT_WALK, M_HOST, M_WALK_N, M_WALK_PARENT, MAMBA,
+    N_COMPONENTS, NIL, OK, PARENT, SWA, WALK_NID,
 )
-from .lru import lru_prev_unlocked
-from .order import is_device_leaf
-from .state import node_id, resolve
+from ..kernels.lru import lru_list, lru_prev_unlocked
+from ..kernels.order import is_device_leaf
+from ..kernels.state import node_id, resolve
+from .evict import _aux_cursor, _id_or_nil, _short, _walk_pop, _walk_push, evict_leaf, evict_tombstone
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def evict_pick(nodes, ctab, pool, heap, meta, component, done, out, acts):
     """One pick of the open round of ``component``; ``done``: the units (Full,
     SWA) or states (Mamba) of it the caller counted as evicted so far.
@@ -72,7 +74,7 @@ def evict_pick(nodes, ctab, pool, heap, meta, component, done, out, acts):
                 meta[M_WALK_PARENT] = node_id(nodes, nodes[s, PARENT])
                 return OK, node_id(nodes, s), 0, 0, 0
         return OK, -1, 0, 0, 0
-    lst = LRU_SWA if component == SWA else LRU_MAMBA
+    lst = lru_list(component)
     x = _aux_cursor(nodes, meta, component, lst)
     if x == NIL:
         return OK, -1, 0, 0, 0
@@ -84,22 +86,15 @@ def evict_pick(nodes, ctab, pool, heap, meta, component, done, out, acts):
         return E_CAPACITY, -1, 0, 0, 0
     meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes, lru_prev_unlocked(nodes, lst, x))
     if meta[M_HOST] == HOST_WRITE_BACK and not (nodes[x, FLAGS] & F_HAS_FULL_HOST):
-        if component == MAMBA and mamba.needs_backup(nodes, x):
-            return E_NEED_STATE_BACKUP, nid, 0, 0, 0
-        if component == SWA and not swa.has_host(nodes, x) and (nodes[x, FLAGS] & F_HAS_FULL_DEV):
-            _, units = swa.collect_unbacked(nodes, meta, x, out[:0], 0)
-            if units:
-                return E_NEED_STATE_BACKUP, nid, 0, units, 0
-    if component == SWA:
-        n = swa.evict_component(nodes, pool, meta, x, out, acts)
-        m = 0
-        if mamba.has_data(nodes, x):  # the cascade: a state behind an SWA hole is useless
-            m = mamba.evict_component(nodes, meta, x, out, acts)
-        return OK, -1, 0, n, m
-    return OK, -1, 0, 0, mamba.evict_component(nodes, meta, x, out, acts)
+        units = dispatch.internal_backup(component, nodes, meta, x, out)
+        if units >= 0:
+            return E_NEED_STATE_BACKUP, nid, 0, (units if component == SWA else 0), 0
+    done = np.zeros(N_COMPONENTS, np.int64)
+    evict_tombstone(nodes, pool, meta, component, x, out, acts, done)
+    return OK, -1, 0, done[SWA], done[MAMBA]
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def evict_leaf_at(nodes, ctab, pool, heap, meta, nid, out, acts):
     """Evict the device leaf ``nid`` (SGLang ``evict_device_leaf``): demoted when it
     has a Full host copy, else deleted with every component's data (the frees
@@ -118,13 +113,13 @@ def evict_leaf_at(nodes, ctab, pool, heap, meta, nid, out, acts):
         return E_NEED_BACKUP, 0, 0, 0, 0
     if _short(nodes, acts, out, meta, s):
         return E_CAPACITY, 0, 0, 0, 0
-    w = nodes[s, KEY_LEN] if swa.has_data(nodes, s) else 0
-    m = 1 if mamba.has_data(nodes, s) else 0
+    w = dispatch.held(SWA, nodes, meta, s) if meta[M_COMPONENTS] & (1 << SWA) else 0
+    m = dispatch.held(MAMBA, nodes, meta, s) if meta[M_COMPONENTS] & (1 << MAMBA) else 0
     n = evict_leaf(nodes, ctab, pool, heap, meta, s, out, acts)
     return OK, n, w, m, 1 if backed else 0
 
 
-@kernel
+@kernel(scratch=("out", "acts"), on_capacity="retry")
 def evict_component_at(nodes, ctab, pool, heap, meta, nid, component, out, acts):
     """Tombstone auxiliary ``component``'s (SWA, Mamba) device data on node ``nid``,
     nothing else (no cascade, no leaf deletion): SGLang's test-only
@@ -137,8 +132,7 @@ def evict_component_at(nodes, ctab, pool, heap, meta, nid, component, out, acts)
     acts_begin(meta, 0)
     if _short(nodes, acts, out, meta, s):
         return E_CAPACITY, 0
-    if component == SWA and swa.has_data(nodes, s):
-        return OK, swa.evict_component(nodes, pool, meta, s, out, acts)
-    if component == MAMBA and mamba.has_data(nodes, s):
-        return OK, mamba.evict_component(nodes, meta, s, out, acts)
-    return OK, 0
+    if component == FULL or not meta[M_COMPONENTS] & (1 << component) \
+            or dispatch.held(component, nodes, meta, s) == 0:
+        return OK, 0
+    return OK, dispatch.evict_internal(component, nodes, pool, meta, s, out, acts)
