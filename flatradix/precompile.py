@@ -350,6 +350,37 @@ def _host_swa():
         c.sanity_check()
 
 
+def _treecore():
+    """The kernels only SGLang's controller reaches through the TreeCore plug-in
+    (flatradix.sglang): pick-then-evict and one component's tombstone, driven
+    through the core API as the plug-in drives them (no SGLang import)."""
+    import numpy as np
+
+    import flatradix as F
+    from .kernels import layout as L
+
+    CT = F.ComponentType
+    alloc = F.SWATokenToKVPoolAllocator(256, 256, page_size=1)
+    rtp = F.HybridReqToTokenPool(4, 64, mamba_size=8)
+    c = F.UnifiedRadixCache(page_size=1, components=(CT.FULL, CT.SWA, CT.MAMBA),
+                            sliding_window_size=4, token_to_kv_pool_allocator=alloc,
+                            req_to_token_pool=rtp)
+    for i in range(3):
+        key = [1, 2, 3, 4] + [10 + i] * 4
+        p = F.InsertParams(key=F.RadixKey(key), value=alloc.alloc(len(key)),
+                           mamba_value=rtp.mamba_allocator.alloc(1))
+        if c.insert(p).mamba_exist:
+            rtp.mamba_allocator.free(p.mamba_value)
+    k = c._engine.k
+    leaf = c.match_prefix(F.MatchPrefixParams(key=F.RadixKey([1, 2, 3, 4, 10, 10, 10, 10])))
+    k.evict_component_at(leaf.last_device_node, L.SWA)
+    k.evict_start(L.FULL, 8)
+    st, nid, *_ = k.evict_pick(L.FULL, 0)
+    if st == L.OK and nid >= 0:
+        k.evict_leaf_at(nid)
+    k.evict_end(L.FULL)
+
+
 def _replay(kinds):
     def run():
         import numpy as np
@@ -385,6 +416,7 @@ GROUPS = {
     "host": ("the host tier (HiCache) of a Full cache: write-through and write-back", _host),
     "host-swa": ("the host tier of an SWA cache", _host_swa),
     "host-mamba": ("the host tier of a Mamba cache", _host_mamba),
+    "treecore": ("the SGLang TreeCore plug-in's pick-then-evict kernels", _treecore),
 }
 
 
