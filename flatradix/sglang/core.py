@@ -79,6 +79,9 @@ _CT = {L.FULL: FULL, L.SWA: SWA, L.MAMBA: MAMBA}
 _POOL_ROWS_PER_SLOT = 2
 _POOL_MIN, _POOL_AUTO_MAX = 1 << 16, 1 << 23
 _SLOT_MASK = 0xFFFFFFFF
+_tuple_new = tuple.__new__
+#: ``FLAGS`` presence bit of (component, tier), as ``layout.F_HAS`` computes it
+_F_HAS = tuple((L.F_HAS(c, L.DEVICE), L.F_HAS(c, L.HOST)) for c in range(L.N_COMPONENTS))
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -173,11 +176,14 @@ def _units_of(key, bigram):
     return toks, toks.shape[0]
 
 
-def _np_values(value, name):
-    """An int64 numpy copy of a value tensor (any device)."""
+def _np_values(value, name, copy=True):
+    """The values of a value tensor (any device) as int64 numpy: a copy, or with
+    ``copy=False`` a view when the tensor is a contiguous CPU int64 one (the
+    kernels only read it, and what the core keeps or returns is copied)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", torch.int64).numpy().copy()
-    return np.asarray(value, dtype=np.int64).copy()
+        a = value.detach().to("cpu", torch.int64).numpy()
+        return a.copy() if copy or not a.flags.c_contiguous or not a.flags.writeable else a
+    return np.array(value, dtype=np.int64)
 
 
 # ---------------------------------------------------------------- the core
@@ -207,6 +213,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
             self.device = device
         else:
             self.device = torch.device("cpu")
+        self._cpu = self.device.type == "cpu"
         self._window = int(params.swa_retain_window) if self._swa_on else 0
         path_cap = -1
         self._mamba_grid = 1
@@ -258,6 +265,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
             self._sink = SglangEventSink(self._eng, self.page_size, self.is_eagle, self.kv_events)
         self._insert_state = None
+        self._match_out = np.empty(1024, dtype=np.int64)
         self._empty_t = torch.empty((0,), dtype=torch.int64, device=self.device)
         self._reset_state()
 
@@ -290,7 +298,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
     def _t(self, a):
         """A torch tensor on the core's device holding a copy of int64 array ``a``."""
         t = torch.from_numpy(np.array(a, dtype=np.int64))
-        return t if self.device.type == "cpu" else t.to(self.device)
+        return t if self._cpu else t.to(self.device)
 
     def _full_np(self, s):
         nodes, pool = self._eng.st.nodes, self._eng.st.pool
@@ -302,7 +310,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         return self._eng.ns.key_of(int(self._eng.st.nodes[s, L.NS]))
 
     def _has(self, s, c, tier=L.DEVICE):
-        return bool(self._eng.st.nodes[s, L.FLAGS] & L.F_HAS(c, tier))
+        return bool(self._eng.st.nodes[s, L.FLAGS] & _F_HAS[c][tier])
 
     def _key(self, key):
         """``(units, n, ns)`` of a RadixKey: page-aligned unit count, namespace id
@@ -637,9 +645,12 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
     def inc_lock_ref(self, node_id, skip_lock_components=()):
         skipped = tuple(skip_lock_components)
-        skip = self._skip_mask(skipped)
-        self._slot(node_id)
+        skip = self._skip_mask(skipped) if skipped else 0
+        if type(node_id) is not int:
+            self._slot(node_id)  # the TypeError / KeyError naming it
         st, delta, boundary = self._eng.k.inc_lock_ref(node_id, skip)
+        if st == L.E_STALE:
+            self._slot(node_id)  # raises NodeAccessError
         result = IncLockRefResult(delta=int(delta), node_id=node_id,
                                   skipped_lock_components=skipped)
         if self._swa_on and SWA not in skipped:
@@ -651,15 +662,17 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         core checks it (the anchor; a missing SWA entry is a ``KeyError``)."""
         assert params.node_id == node_id, (
             f"lock receipt anchored on node {params.node_id} released on node {node_id}")
-        skip = self._skip_mask(params.skipped_lock_components, release=True) | extra_skip
+        comps = params.skipped_lock_components
+        skip = (self._skip_mask(comps, release=True) if comps else 0) | extra_skip
         boundary = 0
         if self._swa_on and not skip & L.C_SWA:
             boundary = params.get_lock_uuid(SWA) or 0
         return skip, boundary
 
     def _dec(self, node_id, skip, boundary):
-        eng = self._eng
-        st, x = eng.k.dec_lock_ref(node_id, skip, boundary)
+        st, x = self._eng.k.dec_lock_ref(node_id, skip, boundary)
+        if st == L.E_STALE:
+            self._slot(node_id)  # raises NodeAccessError
         if st == L.E_LOCK_UNDERFLOW:
             raise AssertionError(f"lock release hit lock_ref=0 on node {self._nid(int(x))}")
         if st == L.E_NOT_ANCHORED:
@@ -670,7 +683,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         return int(x)
 
     def dec_lock_ref(self, node_id, params, skip_swa=False):
-        self._slot(node_id)
+        if type(node_id) is not int:
+            self._slot(node_id)  # the TypeError / KeyError naming it
         extra = 0
         if skip_swa and self._swa_on:
             extra = L.C_SWA | (L.C_MAMBA if self._mamba_on else 0)
@@ -715,14 +729,16 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         assert st == L.OK, f"{ComponentType(component_type)} device eviction already in progress"
 
     def evict_device_next_node(self, component_type, tracker):
-        ct = ComponentType(component_type)
+        ct = component_type if type(component_type) is ComponentType else ComponentType(
+            component_type)
         result = EvictDeviceNextNodeResult()
         eng = self._eng
         st, nid, f, w, m = eng.k.evict_pick(int(ct), int(tracker.get(ct, 0)))
         assert st != L.E_NO_WALK, f"{ct} device eviction not started"
         if st == L.E_NEED_STATE_BACKUP:
             self._host_not_served("a write-back internal backup")
-        self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
+        if eng.meta[L.M_NACTS]:  # an internal SWA / Mamba step's frees
+            self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
         for c, k in ((FULL, f), (SWA, w), (MAMBA, m)):
             if k:
                 result.tracker[c] = int(k)
@@ -733,9 +749,12 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
 
     def evict_device_leaf(self, node_id, is_write_back):
         result = EvictDeviceLeafResult()
-        nk = self._nk(self._slot(node_id))
+        # the namespace of its removal event (events on); else the kernel resolves the id
+        nk = self._nk(self._slot(node_id)) if self._sink is not None else None
         eng = self._eng
         st, n, w, m, had_host = eng.k.evict_leaf_at(node_id)
+        if st == L.E_STALE:
+            self._slot(node_id)  # raises NodeAccessError
         assert st != L.E_NOT_LEAF, f"node {node_id} is not a D-leaf"
         if st == L.E_NEED_BACKUP:
             self._host_not_served("a write-back backup")
@@ -865,7 +884,9 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         ns = eng.ns.get(nk)
         if n == 0 or ns is None:
             return self._empty_match_result
-        idx = np.empty(n, dtype=np.int64)
+        idx = self._match_out  # the kernel writes the matched indices (SGLang's match returns
+        if idx.shape[0] < n:   # none): a scratch kept between calls
+            idx = self._match_out = np.empty(max(n, 2 * idx.shape[0]), dtype=np.int64)
         st, plen, best, visited, full_hit, host_hit, hbest = eng.k.match_prefix(units, n, ns, idx)
         plen, full_hit, host_hit = int(plen), int(full_hit), int(host_hit)
         best, hbest = int(best), int(hbest)
@@ -877,12 +898,14 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         if self._mamba_on:
             aligned = full_hit // self._mamba_grid * self._mamba_grid
             mamba_branch = aligned if aligned > plen + host_hit else None
-        return MatchResult(
-            device_prefix_len=plen, last_device_node=best,
-            last_host_node=hbest if self.enable_hicache else best, best_match_node=hbest,
-            host_hit_length=host_hit, swa_branching_seqlen=swa_branch,
-            mamba_branching_seqlen=mamba_branch, full_kv_hit_length=full_hit,
-            cache_actions=[], last_visited_node_id=None if visited < 0 else int(visited))
+        # MatchResult's fields in order (tuple.__new__ skips the NamedTuple's Python
+        # __new__): device_prefix_len, last_device_node, last_host_node,
+        # best_match_node, host_hit_length, swa_host_hit_length, swa_branching_seqlen,
+        # mamba_host_hit_length, mamba_branching_seqlen, cache_protected_len,
+        # full_kv_hit_length, cache_actions, last_visited_node_id, full_device_match_len
+        return _tuple_new(MatchResult, (
+            plen, best, hbest if self.enable_hicache else best, hbest, host_hit, 0, swa_branch,
+            0, mamba_branch, None, full_hit, [], None if visited < 0 else int(visited), None))
 
     def match_full_device_prefix(self, key):
         units, n, nk = self._key(key)
@@ -919,14 +942,19 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         return s != L.ROOT and not self._has(s, L.FULL)
 
     def collect_full_device_indices(self, from_node_id, until_node_id):
-        nodes = self._eng.st.nodes
+        eng = self._eng
+        if until_node_id == self._root and type(from_node_id) is int:
+            # the whole device path (the scheduler's prefix read): one kernel call, which
+            # resolves the id and skips a host-only tail (then: the checked walk below)
+            st, n = eng.k.path_device_indices(from_node_id)
+            if st == L.OK and (from_node_id == self._root or eng.st.nodes[
+                    from_node_id & _SLOT_MASK, L.FLAGS] & L.F_HAS_FULL_DEV):
+                if self._cpu:
+                    return torch.from_numpy(eng.out[:n].copy()) if n else self._empty_t
+                return self._t(eng.out[:n]) if n else self._empty_t
+        nodes = eng.st.nodes
         until = self._slot(until_node_id)
         s = self._slot(from_node_id)
-        if until == L.ROOT and (s == L.ROOT or self._has(s, L.FULL)):
-            # the whole device path (the scheduler's prefix read): one kernel call
-            eng = self._eng
-            st, n = eng.k.path_device_indices(from_node_id)
-            return self._t(eng.out[:int(n)]) if n else self._empty_t
         parts = []
         while s != until:
             assert s != L.ROOT, "collect_full_device_indices: until is not an ancestor"
@@ -946,7 +974,7 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         units, n, nk = self._key(key)
         if params.value is not None:
             value = _np_values(params.value[:n] if len(params.value) > n else params.value,
-                               "params.value")
+                               "params.value", copy=False)
         else:  # SGLang's cores store the raw token ids then (the first n of them)
             value = np.asarray(key.raw_token_ids()[:n], dtype=np.int64).copy()
         if value.shape[0] < n:
