@@ -244,10 +244,17 @@ def evict_start(nodes, heap, meta, component, num_tokens):
         meta[M_EVICT_CURSOR + component] = _id_or_nil(nodes,
                                                       lru_tail_unlocked(nodes, lru_list(component)))
     else:  # snapshot the evictable leaves with today's keys
-        meta[M_WALK_N] = 0
+        # The device-leaf heap is ordered by exactly these keys (ties by slot, as
+        # _walk_less), so copying it entry by entry is a valid heap: O(leaves).
+        n = meta[M_HEAP_N + HEAP_DEVICE]
+        for i in range(n):
+            s = heap[HEAP_DEVICE, i]
+            k0, k1 = priority_key(nodes, meta, s)
+            heap[WALK_K0, i] = k0
+            heap[WALK_K1, i] = k1
+            heap[WALK_NID, i] = node_id(nodes, s)
+        meta[M_WALK_N] = n
         meta[M_WALK_PARENT] = NIL
-        for i in range(meta[M_HEAP_N + HEAP_DEVICE]):
-            _walk_push(nodes, heap, meta, heap[HEAP_DEVICE, i])
     return OK
 
 

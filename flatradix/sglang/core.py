@@ -733,18 +733,26 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
             component_type)
         result = EvictDeviceNextNodeResult()
         eng = self._eng
-        st, nid, f, w, m = eng.k.evict_pick(int(ct), int(tracker.get(ct, 0)))
+        st, nid, f, w, m = eng.k.evict_pick(int(ct), tracker.get(ct, 0))
         assert st != L.E_NO_WALK, f"{ct} device eviction not started"
         if st == L.E_NEED_STATE_BACKUP:
             self._host_not_served("a write-back internal backup")
+        if nid >= 0 and not (f or w or m):  # a picked leaf: the common step
+            result.node_id = int(nid)
+            result.made_progress = True
+            return result
         if eng.meta[L.M_NACTS]:  # an internal SWA / Mamba step's frees
             self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
-        for c, k in ((FULL, f), (SWA, w), (MAMBA, m)):
-            if k:
-                result.tracker[c] = int(k)
+        tracker_out = result.tracker
+        if f:
+            tracker_out[FULL] = int(f)
+        if w:
+            tracker_out[SWA] = int(w)
+        if m:
+            tracker_out[MAMBA] = int(m)
         if nid >= 0:
             result.node_id = int(nid)
-        result.made_progress = result.node_id is not None or bool(result.tracker)
+        result.made_progress = result.node_id is not None or bool(tracker_out)
         return result
 
     def evict_device_leaf(self, node_id, is_write_back):
@@ -758,10 +766,23 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         assert st != L.E_NOT_LEAF, f"node {node_id} is not a D-leaf"
         if st == L.E_NEED_BACKUP:
             self._host_not_served("a write-back backup")
-        self._convert(eng.actions(), eng.out, None, frees=result.device_frees, removed_nk=nk)
-        for c, k in ((FULL, n), (SWA, w), (MAMBA, m)):
-            if k:
-                result.tracker[c] = int(k)
+        acts = eng.acts
+        if (eng.meta[L.M_NACTS] == 1 and acts[0, A.ACT_KIND] == A.A_FREE_SLOT
+                and acts[0, A.ACT_SRC] != A.SRC_IN):
+            # a Full-only leaf without events: one free row of its Full indices
+            off, k = int(acts[0, A.ACT_OFF]), int(acts[0, A.ACT_LEN])
+            result.device_frees[_CT[int(acts[0, A.ACT_COMP])]].append(
+                self._t(eng.out[off:off + k]))
+        else:
+            self._convert(eng.actions(), eng.out, None, frees=result.device_frees,
+                          removed_nk=nk)
+        tracker = result.tracker
+        if n:
+            tracker[FULL] = int(n)
+        if w:
+            tracker[SWA] = int(w)
+        if m:
+            tracker[MAMBA] = int(m)
         if not had_host:
             result.unbacked_tokens = int(n)
         return result
