@@ -20,7 +20,7 @@ MAX_FUNCTION_LINES = 200
 #: the replay and the CLI are their own concern (restructured apart)
 EXCEPT = ("replay", "cli.py")
 #: modules over the size limit, each with why (to be split by its owner)
-OVERSIZE = {"sglang/core.py": "the SGLang TreeCore plug-in (issue 28), in progress"}
+OVERSIZE = {}
 
 
 def _modules():

@@ -28,8 +28,6 @@ deliberate differences and what is refused at construction are listed in
 from __future__ import annotations
 
 import math
-from array import array
-from collections import defaultdict
 
 import numpy as np
 import torch
@@ -48,147 +46,36 @@ from sglang.srt.mem_cache.unified_cache.cache_action import (
 )
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.events import KVCacheEventRecorder, KvEventLoraNames
-from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import (
-    BufferBackupSnapshot,
-    BufferBackupState,
     DecSwaLockOnlyResult,
-    DemoteResult,
-    DriveHostEvictionResult,
-    DropSubtreeNoHostResult,
     EvictDeviceLeafResult,
     EvictDeviceNextNodeResult,
     InsertStepResult,
-    RadixCacheWalkResult,
-    TreePathNodeInfo,
     UnifiedTreeCoreInterface,
 )
 
 from .. import _numba_env  # noqa: F401  (the kernels' cache directory, before them)
+from ..core.insert import TRACK_ADOPTED as _TRACK
 from ..engine import Engine
 from ..errors import NodeAccessError
 from ..kernels import actions as A
 from ..kernels import layout as L
-from ..core.insert import TRACK_ADOPTED as _TRACK
-
-FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
-_SERVED = (FULL, SWA, MAMBA)
-_BIT = {FULL: L.C_FULL, SWA: L.C_SWA, MAMBA: L.C_MAMBA}
-_CT = {L.FULL: FULL, L.SWA: SWA, L.MAMBA: MAMBA}
-#: Pool rows reserved per Full KV slot of the allocator (as flatradix's cache).
-_POOL_ROWS_PER_SLOT = 2
-_POOL_MIN, _POOL_AUTO_MAX = 1 << 16, 1 << 23
-_SLOT_MASK = 0xFFFFFFFF
-_tuple_new = tuple.__new__
-#: ``FLAGS`` presence bit of (component, tier), as ``layout.F_HAS`` computes it
-_F_HAS = tuple((L.F_HAS(c, L.DEVICE), L.F_HAS(c, L.HOST)) for c in range(L.N_COMPONENTS))
-_EMPTY = np.empty(0, dtype=np.int64)
+from .hashes import StorageHashes
+from .host import HostTierRefusals
+from .params import (
+    _BIT, _CT, _F_HAS, _SLOT_MASK, FULL, MAMBA, SWA, _adopt, _np_values, _pool_capacity,
+    _tuple_new, _units_of, check_params,
+)
+from .reads import TreeReads
 
 
-# ---------------------------------------------------------------- construction
-def check_params(params):
-    """Refuse, with a ``ValueError`` naming the option, every configuration this
-    TreeCore does not serve (before anything is built). Returns the engine's
-    policy ``(index, a, b)``."""
-    from sglang.srt.mem_cache.utils import get_eviction_strategy
-
-    comps = tuple(params.tree_components or ())
-    if not comps or comps[0] != FULL or len(set(comps)) != len(comps) or not set(comps) <= set(
-            _SERVED):
-        raise ValueError(
-            "the flatradix TreeCore serves tree_components (FULL,), (FULL, SWA), (FULL, MAMBA) "
-            f"and (FULL, SWA, MAMBA); got {comps}")
-    # a disabled cache never reaches its tree: its components' classes do not matter
-    if params.component_registry_override and not params.disable:
-        raise ValueError("the flatradix TreeCore does not serve component_registry_override "
-                         "(custom components): its component rules are its kernels")
-    if params.enable_session_radix_cache:
-        raise ValueError("the flatradix TreeCore does not serve --enable-session-radix-cache "
-                         "(session-aware caching); use the python TreeCore")
-    if SWA in comps:
-        if params.sliding_window_size is None or params.sliding_window_size <= 0:
-            raise ValueError("the SWA tree component requires a positive sliding_window_size")
-        if not params.swa_gates_prefix_match:
-            raise ValueError("the flatradix TreeCore serves SWA only where tree nodes own the "
-                             "SWA state (swa_gates_prefix_match=True), not a per-request SWA "
-                             "ring")
-        alloc = params.token_to_kv_pool_allocator
-        try:
-            from sglang.srt.mem_cache.allocator.unified_hybrid_swa import (
-                UnifiedSWAAllocatorBase,
-            )
-        except ImportError:  # pragma: no cover - the allocator module moved
-            UnifiedSWAAllocatorBase = ()
-        if UnifiedSWAAllocatorBase and isinstance(alloc, UnifiedSWAAllocatorBase):
-            raise ValueError("the flatradix TreeCore does not serve the unified SWA allocator "
-                             f"({type(alloc).__name__}): its SWA values are the static "
-                             "allocator's full->swa mapping")
-    # SGLang's own validation of the policy and its options (same errors as its cores)
-    strategy = get_eviction_strategy(params.eviction_policy, params.eviction_policy_config)
-    name = params.eviction_policy.lower()
-    if name not in L.POLICY_NAMES:
-        raise ValueError(f"the flatradix TreeCore does not serve eviction_policy {name!r} "
-                         f"(it serves {', '.join(L.POLICY_NAMES)})")
-    a = b = 0
-    if name == "slru":
-        a = int(getattr(strategy, "protected_threshold", 2))
-    elif name == "tlru":
-        a, b = strategy.threshold, strategy.next_prompt_estimate
-        if not all(type(v) is int for v in (a, b)):
-            raise ValueError("the flatradix TreeCore serves T-LRU with integer threshold and "
-                             "next_prompt_estimate only")
-    return L.POLICY_NAMES.index(name), a, b
-
-
-def _pool_capacity(alloc):
-    size = None
-    for name in ("size_full", "size"):
-        try:
-            size = getattr(alloc, name, None)
-        except Exception:  # an allocator's failing property: its business
-            size = None
-        if size is not None:
-            break
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
-        return _POOL_MIN
-    return int(min(max(_POOL_ROWS_PER_SLOT * int(size), _POOL_MIN), _POOL_AUTO_MAX))
-
-
-def _units_of(key, bigram):
-    """``(units, n)`` of an SGLang ``RadixKey`` (honouring its ``limit``): int64
-    token ids, or (bigram keys, EAGLE trees) pairs packed ``t[i] << 32 | t[i+1]``
-    as flatradix's kernels take them; ``n`` is the unit count."""
-    raw = key.raw_token_ids()
-    if isinstance(raw, array) and raw.typecode == "q":
-        toks = np.frombuffer(raw, dtype=np.int64) if len(raw) else _EMPTY
-    else:
-        toks = np.asarray(raw, dtype=np.int64)
-    if bigram:
-        if toks.shape[0] < 2:
-            return _EMPTY, 0
-        if int(toks.min()) < 0 or int(toks.max()) >= 1 << 31:
-            raise ValueError("key.token_ids: bigram tokens must lie in [0, 2**31) in a "
-                             "flatradix tree")
-        units = (toks[:-1] << 32) | toks[1:]
-        return units, units.shape[0]
-    if not toks.flags.writeable or not toks.flags.c_contiguous:
-        toks = np.ascontiguousarray(toks).copy()
-    return toks, toks.shape[0]
-
-
-def _np_values(value, name, copy=True):
-    """The values of a value tensor (any device) as int64 numpy: a copy, or with
-    ``copy=False`` a view when the tensor is a contiguous CPU int64 one (the
-    kernels only read it, and what the core keeps or returns is copied)."""
-    if isinstance(value, torch.Tensor):
-        a = value.detach().to("cpu", torch.int64).numpy()
-        return a.copy() if copy or not a.flags.c_contiguous or not a.flags.writeable else a
-    return np.array(value, dtype=np.int64)
-
-
-# ---------------------------------------------------------------- the core
-class FlatradixTreeCore(UnifiedTreeCoreInterface):
+class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeCoreInterface):
     """SGLang's TreeCore on flatradix's engine (see the module docstring).
+
+    Its interface methods are spread by concern: the request path (locks,
+    eviction, match, insert) here, storage hashes in ``hashes.py``, read-only
+    walks and sizes in ``reads.py``, the host tier's refusals in ``host.py``;
+    shared names and the construction checks in ``params.py``.
 
     Built by SGLang's controller through the registry (``flatradix.sglang``);
     ``params`` is its ``CacheInitParams``, ``components`` its component objects
@@ -396,239 +283,14 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         raise NotImplementedError("root_node: the flatradix TreeCore has no Python tree nodes "
                                   "(as SGLang's Rust core); use root_node_handle()")
 
-    def is_write_through_compatible(self):
-        nodes = self._eng.st.nodes
-        for s in self._eng.live_slots():
-            if s == L.ROOT:
-                continue
-            f = int(nodes[s, L.FLAGS])
-            if not f & L.F_HAS_FULL_HOST:
-                if f & (L.F_HAS_SWA_HOST | L.F_HAS_MAMBA_HOST):
-                    return False
-            else:
-                p = int(nodes[s, L.PARENT])
-                if p != L.ROOT and not nodes[p, L.FLAGS] & L.F_HAS_FULL_HOST:
-                    return False
-        return True
-
     def is_backuped(self, node_id):
         return self._has(self._slot(node_id), L.FULL, L.HOST)
 
     def is_root(self, node_id):
         return self._slot(node_id) == L.ROOT
 
-    # ---- storage hashes (SGLang's L3 page keys: ``compute_node_hash_values``) ----
-    # A node's hashes are a function of its root path's pages and namespace, so
-    # they are computed on demand (SGLang's own hash function, memoised per node),
-    # never stored per token. Whether a node *has* them follows SGLang's core: a
-    # node created while KV events, storage or the external linker were on, or
-    # present at a backfill, is hashed; others read as unhashed (None / []).
-    @property
-    def enable_storage(self):
-        return self._storage
-
-    @enable_storage.setter
-    def enable_storage(self, value):
-        self._hashing_changed(bool(value), self.enable_external_cache_linker)
-        self._storage = bool(value)
-
-    @property
-    def enable_external_cache_linker(self):
-        return self._linker
-
-    @enable_external_cache_linker.setter
-    def enable_external_cache_linker(self, value):
-        self._hashing_changed(self.enable_storage, bool(value))
-        self._linker = bool(value)
-
-    def _hashing_changed(self, storage, linker):
-        on = storage or linker
-        if on and not (self._storage or self._linker):
-            self._hash_spans.append([int(self._eng.meta[L.M_CLOCK]), None])
-        elif not on and (self._storage or self._linker) and self._hash_spans:
-            self._hash_spans[-1][1] = int(self._eng.meta[L.M_CLOCK])
-
-    def _is_hashed(self, s):
-        if s == L.ROOT or self.kv_events.enabled:
-            return True
-        t = int(self._eng.st.nodes[s, L.CREATION])
-        if t <= self._backfilled_at:
-            return True
-        return any(a <= t and (b is None or t < b) for a, b in self._hash_spans)
-
-    def _node_key(self, s):
-        """The node's key as SGLang's ``RadixKey`` (raw token ids, a copy)."""
-        nodes, pool = self._eng.st.nodes, self._eng.st.pool
-        off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
-        units = pool[off:off + n, L.TOK]
-        if self.is_eagle:
-            raw = (units >> 32).tolist() + ([int(units[-1]) & 0xFFFFFFFF] if n else [])
-        else:
-            raw = units.tolist()
-        ek, salt = self._nk(s)
-        return RadixKey(array("q", raw), ek, is_bigram=self.is_eagle, cache_salt=salt)
-
-    def _storage_chain(self, s):
-        """SGLang's storage hashes of node ``s``'s pages (hex strings), chained
-        from its parent's last page (or the namespace seed under the root)."""
-        from sglang.srt.mem_cache.utils import get_storage_hash_str
-
-        nodes = self._eng.st.nodes
-        if len(self._hash_memo) > 2 * int(self._eng.meta[L.M_NLIVE]) + 1024:
-            self._hash_memo.clear()  # entries of dead nodes
-        path = []
-        a = s
-        while a != L.ROOT:
-            path.append(a)
-            a = int(nodes[a, L.PARENT])
-        prior = None
-        hashes = []
-        for a in reversed(path):
-            memo = self._hash_memo.get(self._nid(a))
-            stamp = (int(nodes[a, L.KEY_LEN]), int(nodes[a, L.PARENT]), prior)
-            if memo is not None and memo[0] == stamp:
-                hashes = memo[1]
-            else:
-                hashes = get_storage_hash_str(self._node_key(a), prior, page_size=self.page_size)
-                self._hash_memo[self._nid(a)] = (stamp, hashes)
-            if hashes:
-                prior = hashes[-1]
-        return list(hashes)
-
-    def _hash_values(self, s):
-        """The node's hash list (SGLang's ``node.hash_value``), None when unhashed."""
-        nid = self._nid(s)
-        if nid in self._hash_override:
-            return self._hash_override[nid]
-        if s == L.ROOT:
-            return []
-        if not self._is_hashed(s):
-            return None
-        return self._storage_chain(s)
-
-    def get_last_hash_value(self, node_id):
-        hv = self._hash_values(self._slot(node_id))
-        return hv[-1] if hv else None
-
-    def get_prefix_hash_values(self, node_id):
-        nodes = self._eng.st.nodes
-        s = self._slot(node_id)
-        chunks = []
-        a = int(nodes[s, L.PARENT]) if s != L.ROOT else -1
-        while a >= 0:
-            hv = self._hash_values(a)
-            if hv is None:
-                break
-            chunks.append(hv)
-            a = int(nodes[a, L.PARENT]) if a != L.ROOT else -1
-        return [h for chunk in reversed(chunks) for h in chunk]
-
-    def get_hash_values(self, node_id):
-        return self._hash_values(self._slot(node_id)) or []
-
-    def snapshot_buffer_backup(self, node_id, pass_prefix_keys):
-        try:
-            s = self._slot(node_id)
-        except KeyError:
-            return None
-        if s == L.ROOT or not self._has(s, L.FULL):
-            return None
-        hv = self._hash_values(s)
-        if not hv:
-            return None
-        p = int(self._eng.st.nodes[s, L.PARENT])
-        return BufferBackupSnapshot(
-            node_id=node_id, parent_node_id=self._nid(p), parent_is_root=p == L.ROOT,
-            parent_last_hash=self.get_last_hash_value(self._nid(p)), hash_values=list(hv),
-            key=self._node_key(s),
-            prefix_keys=self.get_prefix_hash_values(node_id) if pass_prefix_keys else None)
-
-    def validate_buffer_backup(self, node_id, expected_key_length):
-        try:
-            s = self._slot(node_id)
-        except KeyError:
-            return None
-        nodes = self._eng.st.nodes
-        if (s == L.ROOT or not self._has(s, L.FULL)
-                or int(nodes[s, L.KEY_LEN]) != expected_key_length):
-            return None
-        p = int(nodes[s, L.PARENT])
-        return BufferBackupState(parent_node_id=self._nid(p), parent_is_root=p == L.ROOT,
-                                 parent_last_hash=self.get_last_hash_value(self._nid(p)))
-
-    def backfill_missing_hash_values(self):
-        filled = sum(1 for s in self._dfs_slots() if self._hash_values(s) is None)
-        self._backfilled_at = int(self._eng.meta[L.M_CLOCK])
-        for nid, hv in list(self._hash_override.items()):
-            if hv is None:
-                del self._hash_override[nid]
-        return filled
-
     def root_node_handle(self, extra_key=None):
         return self._root
-
-    def _children(self, s):
-        nodes = self._eng.st.nodes
-        c = int(nodes[s, L.FIRST_CHILD])
-        out = []
-        while c != L.NIL:
-            out.append(c)
-            c = int(nodes[c, L.NEXT_SIB])
-        return out
-
-    def dfs_weight_order(self, node_ids):
-        slots = [self._slot(n) for n in node_ids]
-        nodes = self._eng.st.nodes
-        at = {}
-        for i, s in enumerate(slots):
-            at.setdefault(s, []).append(i)
-        weight = defaultdict(int)
-        kids = defaultdict(list)  # the ancestors of the requested nodes only
-        for s, idx in at.items():
-            a = s
-            w = len(idx)
-            while True:
-                first = a not in weight
-                weight[a] += w
-                if a == L.ROOT:
-                    break
-                p = int(nodes[a, L.PARENT])
-                if first:
-                    kids[p].append(a)
-                a = p
-        order = []
-        stack = [(L.ROOT, False)]
-        while stack:
-            s, done = stack.pop()
-            if done:
-                order.extend(at.get(s, ()))
-                continue
-            stack.append((s, True))
-            ch = sorted(kids.get(s, ()), key=lambda c: (-weight[c], int(nodes[c, L.CREATION])))
-            for c in reversed(ch):
-                stack.append((c, False))
-        return order
-
-    def collect_path_info(self, end_node_ids):
-        nodes = self._eng.st.nodes
-        paths = []
-        for nid in end_node_ids:
-            s = self._slot(nid)
-            chain = []
-            while s != L.ROOT:
-                chain.append(s)
-                s = int(nodes[s, L.PARENT])
-            path = []
-            start = 0
-            for s in reversed(chain):
-                n = int(nodes[s, L.KEY_LEN])
-                path.append(TreePathNodeInfo(
-                    self._nid(s), self._nid(int(nodes[s, L.PARENT])), start, start + n,
-                    n if nodes[s, L.FLAGS] & L.F_HAS_FULL_DEV else None,
-                    int(nodes[s, L.NCHILD])))
-                start += n
-            paths.append(tuple(path))
-        return tuple(paths)
 
     # ==== locks ====
     def _skip_mask(self, comps, release=False):
@@ -716,12 +378,6 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         self._convert(eng.actions(), eng.out, None, frees=result.device_frees)
         return result
 
-    def inc_host_lock_ref(self, node_id):
-        self._host_not_served("inc_host_lock_ref")
-
-    def dec_host_lock_ref(self, node_id, params):
-        self._host_not_served("dec_host_lock_ref")
-
     # ==== device eviction (pick, then evict) ====
     def evict_device_start(self, component_type, request_cnt):
         c = int(ComponentType(component_type))
@@ -787,116 +443,8 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
             result.unbacked_tokens = int(n)
         return result
 
-    def finish_mamba_state_eviction(self, node_id):
-        self._host_not_served("finish_mamba_state_eviction")
-
-    def finish_swa_state_eviction(self, node_id):
-        self._host_not_served("finish_swa_state_eviction")
-
-    def drop_subtree_no_host(self, node_id):
-        self._host_not_served("drop_subtree_no_host")
-
-    def demote(self, node_id):
-        self._host_not_served("demote")
-
     def evict_device_end(self, component_type):
         self._eng.k.evict_end(int(ComponentType(component_type)))
-
-    # ==== sizes ====
-    def _ledger(self, field, c):
-        if c not in self.tree_components:
-            return 0
-        return int(self._eng.meta[field + int(c)])
-
-    def evictable_size(self):
-        return self._ledger(L.M_EVICTABLE, FULL)
-
-    def protected_size(self):
-        return self._ledger(L.M_PROTECTED, FULL)
-
-    def component_evictable_size(self, component_type):
-        return self._ledger(L.M_EVICTABLE, ComponentType(component_type))
-
-    def component_protected_size(self, component_type):
-        return self._ledger(L.M_PROTECTED, ComponentType(component_type))
-
-    def adjust_component_size(self, node_id, component_type, delta):
-        raise NotImplementedError("adjust_component_size: not served by the flatradix TreeCore "
-                                  "(no component whose backing changes in place)")
-
-    def full_evictable_size(self):
-        return self._ledger(L.M_EVICTABLE, FULL)
-
-    def full_protected_size(self):
-        return self._ledger(L.M_PROTECTED, FULL)
-
-    def swa_evictable_size(self):
-        return self._ledger(L.M_EVICTABLE, SWA)
-
-    def mamba_evictable_size(self):
-        return self._ledger(L.M_EVICTABLE, MAMBA)
-
-    def swa_protected_size(self):
-        return self._ledger(L.M_PROTECTED, SWA)
-
-    def mamba_protected_size(self):
-        return self._ledger(L.M_PROTECTED, MAMBA)
-
-    def total_size(self):
-        meta = self._eng.meta
-        full = int(meta[L.M_TOTAL + L.FULL])
-        aux = 0
-        if self._swa_on:
-            aux += int(meta[L.M_TOTAL + L.SWA])
-        if self._mamba_on:
-            aux += int(meta[L.M_TOTAL + L.MAMBA])
-        return full, aux
-
-    def _dfs_slots(self):
-        """Every live non-root slot, depth-first (children in list order)."""
-        stack = list(reversed(self._children(L.ROOT)))
-        out = []
-        while stack:
-            s = stack.pop()
-            out.append(s)
-            stack.extend(reversed(self._children(s)))
-        return out
-
-    def all_values_flatten(self):
-        parts = [self._full_np(s) for s in self._dfs_slots() if self._has(s, L.FULL)]
-        return self._t(np.concatenate(parts)) if parts else self._empty_t.clone()
-
-    def all_mamba_values_flatten(self):
-        nodes = self._eng.st.nodes
-        vals = [int(nodes[s, L.MAMBA_SLOT]) for s in self._dfs_slots() if self._has(s, L.MAMBA)]
-        return self._t(np.array(vals, dtype=np.int64))
-
-    def walk_for_kv_canary(self, unlocked_only, swa_resident_only):
-        nodes = self._eng.st.nodes
-        slots, pos, prev = [], [], []
-        stack = [(c, 0, -1) for c in reversed(self._children(L.ROOT))]
-        while stack:
-            s, depth, last = stack.pop()
-            n = int(nodes[s, L.KEY_LEN])
-            vals = self._full_np(s) if self._has(s, L.FULL) else None
-            child_last = last
-            if vals is not None and n:
-                locked = any(nodes[s, L.LOCK_COL(c)] for c in (L.FULL, L.SWA, L.MAMBA))
-                keep = not (unlocked_only and locked) and not (
-                    swa_resident_only and self._swa_on and not self._has(s, L.SWA))
-                if keep:
-                    slots.append(vals.copy())
-                    pos.append(np.arange(depth, depth + n, dtype=np.int64))
-                    pv = np.empty(n, dtype=np.int64)
-                    pv[0] = last
-                    pv[1:] = vals[:-1]
-                    prev.append(pv)
-                child_last = int(vals[-1])
-            for c in reversed(self._children(s)):
-                stack.append((c, depth + n, child_last))
-        cat = (lambda p: self._t(np.concatenate(p)) if p else self._empty_t.clone())
-        return RadixCacheWalkResult(slot_indices=cat(slots), positions=cat(pos),
-                                    prev_slot_indices=cat(prev))
 
     # ==== match ====
     def match_prefix(self, params):
@@ -1061,87 +609,6 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
         self._insert_state = None
         return []
 
-    def drive_host_eviction(self, component_type, num_tokens):
-        if not self.enable_hicache:
-            return DriveHostEvictionResult()
-        self._host_not_served("drive_host_eviction")
-
-    def evict_excess_path_states(self, tail_node_id, device_frees, host_frees, cache_actions):
-        self._host_not_served("evict_excess_path_states")
-
-    # ==== HiCache ====
-    def _host_not_served(self, what):
-        raise NotImplementedError(f"{what}: the flatradix TreeCore does not serve the host tier "
-                                  "(HiCache) yet")
-
-    def set_hicache_enabled(self):
-        raise ValueError("the flatradix TreeCore does not serve the host tier (HiCache) yet; "
-                         "use the rust or python TreeCore with --enable-hierarchical-cache")
-
-    def set_host_memory_buffer_only(self):
-        self.set_hicache_enabled()
-
-    def insert_host(self, node_id, key, host_value, hash_value):
-        self._host_not_served("insert_host")
-
-    def build_backup_spec(self, node_id):
-        self._host_not_served("build_backup_spec")
-
-    def build_storage_backup_spec(self, node_id, pass_prefix_keys):
-        self._host_not_served("build_storage_backup_spec")
-
-    def build_hicache_transfers(self, component_type, node_id, phase, *, host_indices=None,
-                                token_ids=None, prefetch_tokens=0, staging_tokens=0,
-                                last_hash=None):
-        self._host_not_served("build_hicache_transfers")
-
-    def build_load_back_spec(self, node_id, req=None):
-        self._host_not_served("build_load_back_spec")
-
-    def prefetch_anchor_info(self, node_id):
-        s = self._slot(node_id)
-        return self._eng.ns.key_of(int(self._eng.st.nodes[s, L.NS]))
-
-    def commit_hicache_transfers(self, node_id, phase, comp_xfers, *, cache_actions,
-                                 insert_result=None, pool_storage_result=None):
-        self._host_not_served("commit_hicache_transfers")
-
-    def commit_backup(self, node_id, host_indices, comp_xfers):
-        self._host_not_served("commit_backup")
-
-    def commit_load_back(self, node_id, device_indices, kv_xfer, comp_xfers):
-        self._host_not_served("commit_load_back")
-
-    def finish_load_back(self, anchor_node_id):
-        self._host_not_served("finish_load_back")
-
-    # ==== external cache linker ====
-    def build_external_linker_offload_transfers(self, node_id):
-        self._host_not_served("the external cache linker")
-
-    def mark_external_cache_stored_path(self, from_node_id, until_node_id):
-        self._host_not_served("the external cache linker")
-
-    def mark_external_linker_offload_pending(self, node_id):
-        self._host_not_served("the external cache linker")
-
-    def finish_external_linker_offload(self, node_ids, ack_id, success):
-        self._host_not_served("the external cache linker")
-
-    def mark_write_through_pending(self, node_ids, ack_id):
-        self._host_not_served("mark_write_through_pending")
-
-    def finish_write_through(self, node_ids, ack_id):
-        self._host_not_served("finish_write_through")
-
-    # ==== SWA windows, component values ====
-    def swa_tombstone_ranges(self, key, start, end, component_type=SWA):
-        self._host_not_served("swa_tombstone_ranges")
-
-    def attach_swa_window(self, key, window_start, window_end, swa_values,
-                          component_type=SWA):
-        self._host_not_served("attach_swa_window")
-
     def set_component_device_value(self, node_id, component_type, value):
         s = self._slot(node_id)
         ct = ComponentType(component_type)
@@ -1168,37 +635,9 @@ class FlatradixTreeCore(UnifiedTreeCoreInterface):
             return None
         return self._t(np.array([self._eng.st.nodes[s, L.MAMBA_SLOT]], dtype=np.int64))
 
-    def component_has_host_value_only(self, node_id, component_type):
-        s = self._slot(node_id)
-        c = int(ComponentType(component_type))
-        return self._has(s, c, L.HOST) and not self._has(s, c)
-
     # ==== others ====
     def sanity_check(self, ongoing_write_through, ongoing_load_back):
         code, slot = self._eng.k.sanity_check()
         if code:
             raise AssertionError(f"flatradix TreeCore: invariant {int(code)} broken at slot "
                                  f"{int(slot)} (flatradix/core/check.py lists the codes)")
-
-    def pretty_print(self):
-        nodes, pool = self._eng.st.nodes, self._eng.st.pool
-        stack = [(c, 0) for c in reversed(self._children(L.ROOT))]
-        print(f"root {self._root}")
-        while stack:
-            s, d = stack.pop()
-            off, n = int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN])
-            toks = pool[off:off + min(n, 10), L.TOK].tolist()
-            print(" " * (2 * d + 2) + f"{self._nid(s)} len={n} {toks} "
-                  f"lock={int(nodes[s, L.FULL_LOCK])}")
-            stack.extend((c, d + 1) for c in reversed(self._children(s)))
-
-
-def _adopt(adopted, ct, start, end):
-    if start >= end:
-        return
-    ranges = adopted.setdefault(ct, [])
-    if ranges and start <= ranges[-1][1]:
-        lo, hi = ranges[-1]
-        ranges[-1] = (min(lo, start), max(hi, end))
-    else:
-        ranges.append((start, end))

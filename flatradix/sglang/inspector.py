@@ -22,7 +22,8 @@ from ..kernels import layout as L
 from ..kernels.dups import dup_update as _dup_update
 from ..kernels.lru import lru_in_list, lru_push_front, lru_remove
 from ..kernels.order import is_device_leaf as _is_device_leaf
-from .core import _CT, MAMBA, SWA, FlatradixTreeCore, _np_values
+from .core import FlatradixTreeCore
+from .params import _CT, MAMBA, SWA, _np_values
 
 _LRU = {SWA: (L.LRU_SWA, L.LRU_SWA_HOST), MAMBA: (L.LRU_MAMBA, L.LRU_MAMBA_HOST)}
 
