@@ -88,10 +88,14 @@ def match_prefix_batch(self, params):
         keys, out = buf[0, :total], buf[1, :total]
         np.concatenate(parts, out=keys)
         _, packed = eng.k.match_prefix_batch(keys, offs, lens, nss, out, res)
-        idx = out[:packed].copy()  # the packed matched indices (the scratch is reused)
+        if self._vals.dev is not None:   # pool rows: one gather for the whole queue
+            idx = self._vals.dev.take(out[:packed])
+        else:
+            idx = out[:packed].copy()  # the packed matched indices (the scratch is reused)
     pos = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(res[:, 0], out=pos[1:])
-    idx = self._vals.out(idx)
+    if self._vals.dev is None:
+        idx = self._vals.out(idx)
     swa = self._swa
     mamba = self._mamba
     host = self._hicache

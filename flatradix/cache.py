@@ -14,11 +14,11 @@ import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 from . import inspection
-from ._cast import as_count, as_flag, as_int, as_int64, as_node_id, key_units
+from ._cast import as_flag, as_node_id, key_units
 from .engine import Engine
 from .errors import LockRefError, NodeAccessError, ReceiptError
 from .event_sink import EventSink
-from . import batch, eviction, views
+from . import batch, device_api, eviction, insertion, views
 from .batch import _plain_lock
 from .config import FULL_ONLY, _component, validate
 from .executor import Executor
@@ -28,7 +28,7 @@ from .requests import RequestCachingMixin, holds_state
 from .values import ValueBridge
 from .types import (
     ComponentType, DecLockRefParams, DecLockRefResult, EvictParams, IncLockRefResult,
-    InsertParams, InsertResult, MatchPrefixParams, MatchResult, RadixKey, TreeLock,
+    MatchPrefixParams, MatchResult, RadixKey, TreeLock,
 )
 
 _I64 = np.dtype(np.int64)
@@ -98,6 +98,26 @@ class UnifiedRadixCache(RequestCachingMixin):
         Mamba-locked nodes and nodes without exactly one child, so the cap is
         soft (SGLang ``MambaEvictExcessPathStates``). ``ValueError`` for 0 or
         below -1, or for a value other than -1 without Mamba.
+    device_values : bool or None, keyword-only
+        Where the KV indices live (``docs/device_values.md``). None (default):
+        on the caller's device when they are device values -- the allocator's
+        ``device`` is a non-CPU torch device (SGLang's allocators,
+        ``flatradix.device.DeviceKVAllocator``), or the first value inserted is
+        a CUDA / non-CPU torch tensor or a cupy array --, else in host memory.
+        On the device (the device value arena) no call copies an index to the
+        host: a match is one gather there, an insert one device copy, an
+        eviction hands the allocator device arrays. True: the arena even for
+        CPU tensors (tests); False: host memory always (a device value is
+        copied to the host on insert and back on match). Full-attention caches
+        (with or without the host tier); an SWA or Mamba cache keeps host values
+        (``ValueError`` with True).
+    debug_checks : bool, keyword-only
+        Device values only: check every inserted index on the host before any
+        change, as for host values (held by the allocator, in range, no
+        duplicate): one device-to-host copy per call. Off (default): the range
+        of each inserted index is checked on the device and an out-of-range one
+        raises ``DeviceValueError`` at the next ``check_device_values()`` (also
+        run by ``sanity_check()``), the caller's sync point.
     device : str or torch.device
         ``"cpu"`` (values live in host memory; CUDA tensors are accepted and
         returned on their device, with one copy each way), or ``"cuda"`` /
@@ -158,7 +178,8 @@ class UnifiedRadixCache(RequestCachingMixin):
                  enable_kv_cache_events=False, node_capacity=1024, pool_capacity=None,
                  kv_event_lora_names=None, *, tree_components=None, sliding_window_size=None,
                  mamba_cache_chunk_size=64, enable_mamba_extra_buffer=False,
-                 mamba_max_states_per_path=-1, enable_mamba_extra_buffer_lazy=False):
+                 mamba_max_states_per_path=-1, enable_mamba_extra_buffer_lazy=False,
+                 device_values=None, debug_checks=False):
         ncap, pcap, kv_event_lora_names = validate(
             self, page_size, components, eviction_policy, token_to_kv_pool_allocator,
             req_to_token_pool, device, is_eagle, eviction_policy_config, disable, node_capacity,
@@ -178,7 +199,10 @@ class UnifiedRadixCache(RequestCachingMixin):
         # while it is enabled (``disable`` is read at each call: it may be set later)
         self._plain_locks = not (self._swa or self._mamba)
         self._mutex = threading.RLock()
-        self._vals = ValueBridge(token_to_kv_pool_allocator)
+        if device_values is not None:
+            device_values = as_flag(device_values, "device_values")
+        self._vals = ValueBridge(token_to_kv_pool_allocator, device_values,
+                                 as_flag(debug_checks, "debug_checks"))
         if self._mamba:
             self._vals.set_mamba(req_to_token_pool.mamba_allocator)
         cfg = self._policy_cfg
@@ -207,6 +231,12 @@ class UnifiedRadixCache(RequestCachingMixin):
         self._executor = Executor(self._vals, self._sink)
         #: the host tier (HiCache), off until ``init_hicache``
         self._hicache = HostTier(self)
+        self._device_values_start(None)
+
+    # ------------------------------------------------------------------ device values
+    _device_values_start = device_api.start
+    device_values = property(device_api.device_values)
+    check_device_values = device_api.check_device_values
 
     @property
     def mutex(self):
@@ -278,6 +308,7 @@ class UnifiedRadixCache(RequestCachingMixin):
             prev = n
         eng = self._engine
         adopted = {} if track else None
+        dev = self._vals.dev
         with self._mutex:
             ns = eng.ns.get(nk)
             new_ns = ns is None
@@ -285,7 +316,10 @@ class UnifiedRadixCache(RequestCachingMixin):
                 ns = eng.ns.intern(nk)
             if want_path:
                 eng.ensure_out(2 * n)
-            st, plen, target, exist = eng.k.insert(units, value, n, ns, inserted_len, priority,
+            # device values: the kernel writes tags; the tagged rows are claimed
+            # and the device input copied into them (device.DeviceValues)
+            kval = value if dev is None else dev.tags(value.shape[0])
+            st, plen, target, exist = eng.k.insert(units, kval, n, ns, inserted_len, priority,
                                                    limit, prev, cursor, _TRACK if track else 0,
                                                    mamba_slot, n if want_path else 0)
             if st == L.E_BAD_VALUE:
@@ -299,14 +333,21 @@ class UnifiedRadixCache(RequestCachingMixin):
             if new_ns and len(eng.ns.ids) > eng.ns.gc_at:
                 # after the insert: a refused call changes nothing
                 eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
+            pre = None
+            if dev is not None:
+                runs = dev.claim(eng, target & 0xFFFFFFFF)
+                # the values the actions free are gathered before the input overwrites
+                # any row (an SWA recovery frees the rows it takes over)
+                pre = self._executor.prepare(eng.actions(), eng.out)
+                dev.write(runs, value)
             if self._hicache.on:  # backups run amid the rows (engine calls): copy them
                 out = eng.out[:max(n if want_path else 0, int(eng.meta[L.M_NOUT]))].copy()
                 freed = self._hicache.run_with_barriers(eng.actions().copy(), out, value,
-                                                        keep_own, adopted)
+                                                        keep_own, adopted, pre)
             else:
                 out = eng.out
                 freed = self._executor.run(eng.actions(), out, value, keep_own=keep_own,
-                                           adopted=adopted)
+                                           adopted=adopted, pre=pre)
             path = out[:n] if want_path else None
         return plen, target, freed, path, adopted, bool(exist)
 
@@ -396,16 +437,19 @@ class UnifiedRadixCache(RequestCachingMixin):
         # The result array is allocated here, at the key's length, and the kernel
         # writes the matched indices straight into it (no scratch + copy).
         idx = np.empty(n, dtype=np.int64)
+        dev = self._vals.dev
         with self._mutex:
             st, plen, best, visited, full_hit, host_hit, hbest = eng.k.match_prefix(units, n, ns,
                                                                                     idx)
             h = self._hicache
             shost = 0 if h.swa_pool_host is None else eng.k.swa_host_hit(hbest)
             mhost = 0 if h.mamba_pool_host is None else h.mamba_host_hit(hbest)
-        if plen < n:
+            if dev is not None:  # pool rows: one gather on the device (under the lock:
+                idx = dev.take(idx[:plen])  # a compaction moves rows)
+        if plen < n and dev is None:
             idx = idx[:plen]
         vis = None if visited < 0 else visited
-        if self._vals.kind == "torch":
+        if self._vals.kind == "torch" and dev is None:
             idx = self._vals.out(idx)
         # SWA: how far the match could have gone with the window present (the walk's
         # page-aligned length, when it is past the usable prefix)
@@ -471,148 +515,9 @@ class UnifiedRadixCache(RequestCachingMixin):
             kv.mamba_cow_src_index = src_t
             kv.mamba_needs_clear = False
 
-    # ------------------------------------------------------------------ insert
-    def insert(self, params):
-        """Insert ``params.key`` -> ``params.value`` (an ``InsertParams``).
-
-        The key and value are page-aligned down (the unaligned tail stays the
-        caller's). Returns ``InsertResult(prefix_len, ..., last_device_node)``.
-        The slots ``value[prev_prefix_len:prefix_len]`` duplicate cached ones:
-        they are freed through the allocator when one is attached, else returned
-        in ``duplicate_indices``. O(len(key)).
-
-        SWA caches (spec §6.2): positions below the request's SWA cursor
-        (``params.component_evicted_seqlens[SWA]``) are inserted as tombstones and
-        their duplicates freed Full-only; a matched tombstone at or past the
-        cursor is recovered from ``value`` (its duplicate is then the tree's);
-        the new leaf keeps at most ``ceil(W / P) * P`` tokens of SWA data (an
-        older part becomes its parent). Mamba caches (spec §6.3):
-        ``params.mamba_value`` (a 1-element slot of ``req_to_token_pool.
-        mamba_allocator``) is required; the new leaf -- or the node the key ended
-        on, when it has no state -- takes it; when that node already has a state,
-        ``mamba_exist`` is True and the slot stays the caller's to free.
-        ``swa_branch_inserted`` is
-        ``len(key) >= params.swa_branching_seqlen`` when the latter is set;
-        ``adopted_ranges`` (when tracked) lists per component the ranges whose
-        slots the tree took over.
-
-        A key that is empty after page alignment (shorter than a page) is a
-        no-op: nothing is touched (SGLang touches the root's recency, which
-        nothing reads), ``prefix_len == 0``, ``last_device_node`` is the root
-        and the value stays the caller's. ``prev_prefix_len`` and ``inserted_len``
-        beyond the key's length mean "all of it" (any int >= 0 is accepted).
-
-        Raises ``TypeError``/``ValueError`` naming the argument for a malformed
-        key or value (wrong type, dtype, shape or length, negative or
-        out-of-range KV index; with flatradix's allocator attached, a slot it has
-        not handed out: free, slot 0, or given twice; with its SWA allocator, a
-        slot at or past the SWA cursor without an SWA peer, or one below it and
-        past ``prev_prefix_len`` with an SWA peer still), a negative or
-        unaligned SWA cursor or SWA parameters on a cache without SWA, before
-        anything changes.
-        """
-        if not isinstance(params, InsertParams):
-            raise TypeError(f"params must be a flatradix.InsertParams, got {type(params).__name__}")
-        units, n, nk, raw = self._key(params.key, "params.key")
-        prev = as_count(params.prev_prefix_len, "params.prev_prefix_len")
-        inserted_len = as_count(params.inserted_len, "params.inserted_len")
-        priority = as_int(params.priority if params.priority is not None else 0, "params.priority")
-        mamba_slot = -1
-        if params.mamba_value is not None:
-            if not self._mamba:
-                raise ValueError("params.mamba_value given, but this cache has no Mamba component")
-            mamba_slot = self._vals.mamba_slot(params.mamba_value, "params.mamba_value")
-        cursor, branching = self._swa_params(params)
-        nlog = units.shape[0]
-        if params.value is None:
-            value = raw[:nlog].astype(np.int64) if raw.dtype != np.int64 else raw[:nlog]
-            value = np.ascontiguousarray(value)
-            name = "params.value is None, so the token ids are the KV indices"
-            # without an allocator the token ids are values as they are; with one they
-            # must be slots of its pool like any value (evicting them frees them there)
-            limit = (L.VALUES_UNCHECKED if self.token_to_kv_pool_allocator is None
-                     else self._vals.kv_bound())
-        else:
-            value = as_int64(params.value, "params.value")
-            bigram = params.key.is_bigram or self.is_eagle
-            ok = value.shape[0] == nlog or (bigram and value.shape[0] == raw.shape[0])
-            if not ok:
-                k = value.shape[0]
-                raise ValueError(f"params.value has {k} {'entry' if k == 1 else 'entries'} but "
-                                 f"params.key has {nlog} logical {'unit' if nlog == 1 else 'units'}")
-            name = "params.value"
-            limit = self._vals.kv_bound()  # checked by the kernel, before anything changes
-        if self.disable:
-            return InsertResult(prefix_len=0)
-        if n == 0:  # documented no-op (see above): no namespace, no clock tick
-            if limit != L.VALUES_UNCHECKED and value.shape[0] and (
-                    value.min() < 0 or (limit >= 0 and value.max() >= limit)):
-                bound = f"[0, {limit})" if limit >= 0 else ">= 0"
-                raise ValueError(f"{name}: KV indices must be in {bound}")
-            dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.empty()
-            # (SGLang returns before the component commits: swa_branch_inserted False)
-            return InsertResult(prefix_len=0, last_device_node=self._root, duplicate_indices=dup_out,
-                                mamba_exist=True)
-        if self._mamba and mamba_slot < 0:
-            raise ValueError("params.mamba_value is required with ComponentType.MAMBA (the "
-                             "state slot donated to the inserted node)")
-        if limit != L.VALUES_UNCHECKED and self._vals.check_held(value, name):
-            # flatradix's allocator: every slot is held (allocated, in 1..size, not
-            # given twice), which implies the kernel's bound check: skip that pass
-            limit = L.VALUES_UNCHECKED
-        if self._swa:
-            self._vals.check_swa_peers(value[:n], prev, cursor, name)
-        branch_inserted = branching is not None and nlog >= branching
-        track = bool(params.track_adopted_ranges)
-        plen, target, dup, _, adopted, exist = self._insert_units(
-            units, value, n, nk, prev, inserted_len, priority, limit, name, cursor=cursor,
-            track=track and (self._swa or self._hicache.on), mamba_slot=mamba_slot)
-        if params.value is not None:
-            self._vals.note_kind(params.value)
-        if mamba_slot >= 0 and not exist:
-            self._vals.mamba_owned.add(mamba_slot)
-        dup_out = None if self.token_to_kv_pool_allocator is not None else self._vals.out(dup)
-        if track:
-            if self._swa or self._hicache.on:
-                adopted = {ComponentType(c): r for c, r in adopted.items()}
-            else:  # only components that adopted something appear (SGLang: {} when none)
-                adopted = {ComponentType.FULL: [(plen, n)]} if n > plen else {}
-        result = InsertResult(prefix_len=plen, last_device_node=target, adopted_ranges=adopted,
-                              duplicate_indices=dup_out, mamba_exist=exist,
-                              swa_branch_inserted=branch_inserted)
-        if self._hicache.on:
-            # a backup's copy failed: raised once all is done, carrying the insert's
-            # result (a Mamba caller frees its slot on mamba_exist)
-            self._hicache.raise_transfer_error(result)
-        return result
-
-    def _swa_params(self, params):
-        """``(cursor, swa_branching_seqlen)`` of an ``InsertParams``, validated."""
-        evicted = params.component_evicted_seqlens
-        if type(evicted) is dict and not evicted and params.swa_branching_seqlen is None:
-            return 0, None   # the common case: nothing to check
-        if not isinstance(evicted, Mapping):
-            raise TypeError("params.component_evicted_seqlens must be a dict, got "
-                            f"{type(evicted).__name__}")
-        cursor = 0
-        for c, v in evicted.items():
-            c = _component(c, "params.component_evicted_seqlens key")
-            v = as_count(v, f"params.component_evicted_seqlens[{c.name}]")
-            if v and c not in self.components:
-                raise ValueError(f"params.component_evicted_seqlens[{c.name}]={v}, but this "
-                                 f"cache has no {c.name} component")
-            if c == ComponentType.SWA:
-                if v % self.page_size:
-                    raise ValueError(f"params.component_evicted_seqlens[SWA]={v} is not a "
-                                     f"multiple of page_size={self.page_size}")
-                cursor = v
-        branching = params.swa_branching_seqlen
-        if branching is not None:
-            branching = as_count(branching, "params.swa_branching_seqlen")
-            if not self._swa:
-                raise ValueError("params.swa_branching_seqlen given, but this cache has no "
-                                 "SWA component")
-        return cursor, branching
+    # ------------------------------------------------------------------ insert (``insertion.py``)
+    insert = insertion.insert
+    _swa_params = insertion._swa_params
 
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node, skip_lock_components=()):
@@ -996,3 +901,4 @@ for _name in HostTier.API:
 for _name in HostTier.PROPERTIES:
     setattr(UnifiedRadixCache, _name, _host_property(_name))
 del _name
+

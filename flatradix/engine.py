@@ -21,7 +21,8 @@ import numpy as np
 
 from . import _numba_env  # noqa: F401  (must precede the kernels: cache directory)
 # every entry kernel module (each registers its kernels in ``_jit.SPECS``)
-from .core import check, evict, host, host_evict, insert, lock, match, pick, query, refill  # noqa: F401
+from .core import (check, devvals, evict, host, host_evict, insert, lock, match,  # noqa: F401
+                   pick, query, refill)
 from .kernels import hashing  # noqa: F401
 from .kernels import layout as L
 from .kernels._jit import SPECS, STATE
@@ -190,6 +191,10 @@ class Engine:
         # counters for tests and benchmarks: gap passes started, in-place compactions
         # (a doubling's copy into a new array is not counted)
         self.gap_passes = self.compactions = 0
+        #: called with the engine after the pool's rows moved (a compaction, in
+        #: place or into a doubled pool): the device value arena follows them
+        #: (``device.DeviceValues.pool_moved``); None without one
+        self.on_pool_moved = None
 
     @property
     def st(self):
@@ -274,6 +279,7 @@ class Engine:
             ctab[:, L.CT_CHILD] = L.CT_EMPTY
             _k_rebuild_children(nodes, ctab, pool, meta)
         pcap = pool.shape[0]
+        moved = False
         if units and not self._pool_room(units) and not self._next_gap(units):
             live = int(meta[L.M_POOL_TOP]) - int(meta[L.M_POOL_DEAD])
             new_cap = pcap
@@ -283,10 +289,14 @@ class Engine:
                 new_pool = np.zeros((new_cap, self.pool_ncol), dtype=np.int64)
                 _k_compact(nodes, pool, new_pool, meta)
                 pool = new_pool
+                moved = True
             elif not self._start_gap_pass(nodes, pcap, units):
                 _k_compact(nodes, pool, pool, meta)  # in place (no allocation)
                 self.compactions += 1
+                moved = True
         self.st = TreeArrays(nodes, ctab, pool, heap, meta)
+        if moved and self.on_pool_moved is not None:
+            self.on_pool_moved(self)
 
     # ------------------------------------------------------------------ gap passes
     # Appending at the top and compacting when the pool is full copies every live

@@ -81,7 +81,12 @@ def evict(self, params):
                 if st == L.OK:
                     break
                 eng.grow()  # out / acts too small for the next victim: grow, go on
-    freed = self._vals.out(_cat_or_empty(parts)) if no_alloc else None
+    if not no_alloc:
+        freed = None
+    elif self._vals.dev is not None:
+        freed = self._vals.dev.cat(parts)
+    else:
+        freed = self._vals.out(_cat_or_empty(parts))
     return EvictResult(int(done[L.FULL]), int(done[L.SWA]), int(done[L.MAMBA]), freed)
 
 def evict_device_start(self, component=ComponentType.FULL, num_tokens=0):
@@ -140,6 +145,12 @@ def evict_device_next_node(self, component=ComponentType.FULL):
         states = _cat_or_empty(collect[L.MAMBA])
         if states.size:  # the controller frees them: the tree holds them no more
             self._vals.mamba_owned.difference_update(states.tolist())
+    dev = self._vals.dev
+    if dev is not None:   # device arrays already (the executor's gathers)
+        return EvictStep(nid, freed, counts[L.FULL], True,
+                         swa_freed_indices=dev.cat(collect[L.SWA]),
+                         swa_num_tokens=counts[L.SWA], mamba_freed_indices=None,
+                         mamba_num=counts[L.MAMBA])
     return EvictStep(nid, self._vals.out(freed), counts[L.FULL], True,
                      swa_freed_indices=self._vals.out(_cat_or_empty(collect[L.SWA])),
                      swa_num_tokens=counts[L.SWA],

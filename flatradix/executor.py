@@ -64,7 +64,7 @@ class Executor:
         self.host_pools = [None] * N_COMPONENTS
 
     def run(self, rows, out, value_in=None, *, free=True, collect=None, keep_own=False,
-            adopted=None):
+            adopted=None, pre=None):
         """Execute ``rows`` (int64 ``(k, ACT_NCOL)``, e.g. ``Engine.actions()``).
 
         ``out``: the call's ``out`` scratch; ``value_in``: the call's input value
@@ -84,7 +84,15 @@ class Executor:
 
         Returns the Full slots freed, concatenated in row order (int64, owned):
         what the caller frees itself when no allocator is attached.
+
+        Device values (``vals.dev``): ``value_in`` is the call's device input,
+        the Full values of ``SRC_OUT`` rows are pool rows gathered from the
+        arena (``pre``: ``prepare``'s gathers, made before the call's input was
+        written into the arena; made here when None), frees hand the allocator
+        device arrays and the return value is one.
         """
+        if self.vals.dev is not None:
+            return self._run_device(rows, out, value_in, free, collect, keep_own, adopted, pre)
         if rows.shape[0] == 0:
             return _EMPTY
         sink = self.sink
@@ -133,21 +141,121 @@ class Executor:
                 per[comp].append(v)
             else:
                 raise AssertionError(f"unhandled action kind {kind}")
+        return self._flush(per, host_frees, vals, collect, _cat, _EMPTY)
+
+    def _flush(self, per, host_frees, vals, collect, cat, empty):
+        """The end of a run: free the host slots (one call per host pool), the
+        device slots through ``vals`` (None: ``free=False``, the non-Full ones go
+        to ``collect``); ``cat`` / ``empty`` build the arrays (numpy, or device
+        arrays with device values). Returns the Full slots freed."""
         for comp, parts in host_frees.items():
             self.host_pools[comp].free(np.concatenate(parts) if len(parts) > 1 else parts[0])
-        freed_full = _cat(per[FULL])
+        freed_full = cat(per[FULL])
         if vals is not None:
-            vals.free_split(freed_full, _cat(per[SWA]) if per[SWA] else _EMPTY)
+            vals.free_split(freed_full, cat(per[SWA]) if per[SWA] else empty)
             if per[MAMBA]:
-                vals.free_mamba(_cat(per[MAMBA]))
+                vals.free_mamba(cat(per[MAMBA]))
         else:
             for comp in range(N_COMPONENTS):
                 if comp != FULL and per[comp]:
                     if collect is None:
                         raise AssertionError(f"component {comp}'s slots freed with free=False "
                                              "and nowhere to collect them")
-                    collect[comp].append(_cat(per[comp]))
+                    collect[comp].append(cat(per[comp]))
         return freed_full
+
+
+    # ------------------------------------------------------------------ device values
+    def prepare(self, rows, out):
+        """Device values: gather, in one arena gather, the Full values every
+        ``SRC_OUT`` row of ``rows`` names (pool rows in ``out``), before the call's
+        input is written into the arena (an SWA recovery frees the rows it then
+        overwrites). Returns ``{(off, len): device array}`` for ``run(pre=)``."""
+        want = []
+        for kind, comp, src, off, n, aux in rows.tolist():
+            if src == A.SRC_OUT and n and kind in _DEVICE_KINDS and comp != MAMBA:
+                want.append((off, n))
+        if not want:
+            return {}
+        dev = self.vals.dev
+        if len(want) == 1:
+            off, n = want[0]
+            return {(off, n): dev.take(out[off:off + n])}
+        rows_at = np.concatenate([out[off:off + n] for off, n in want])
+        g = dev.take(rows_at)
+        got = {}
+        at = 0
+        for off, n in want:
+            got[(off, n)] = g[at:at + n]
+            at += n
+        return got
+
+    def _run_device(self, rows, out, value_in, free, collect, keep_own, adopted, pre):
+        dev = self.vals.dev
+        if rows.shape[0] == 0:
+            return dev.empty()
+        if pre is None:
+            pre = self.prepare(rows, out)
+        sink = self.sink
+        vals = self.vals if free else None
+        per = [[] for _ in range(N_COMPONENTS)]
+        host_frees = {}
+        for kind, comp, src, off, n, aux in rows.tolist():
+            if kind == A.A_STORED:
+                if sink is not None:
+                    sink.stored(off, aux)
+                continue
+            if kind == A.A_REMOVED:
+                if sink is not None:
+                    sink.removed(off, n, aux)
+                continue
+            if kind == A.A_ADOPTED:
+                if adopted is not None:
+                    _adopt(adopted, comp, off, off + n)
+                continue
+            if kind in BARRIERS:
+                raise AssertionError(f"barrier row {kind} given to Executor.run (cut the rows "
+                                     "with executor.segments)")
+            if kind == A.A_FREE_HOST:   # host slots: host values as ever
+                if self.host_pools[comp] is None:
+                    raise AssertionError(f"A_FREE_HOST of component {comp} with no host pool")
+                host_frees.setdefault(comp, []).append(
+                    value_in[off:off + n] if src == A.SRC_IN else out[off:off + n])
+                continue
+            if comp == MAMBA or kind == A.A_SWA_RECOVER_LOCKED:
+                raise AssertionError("device values serve Full-attention caches: action "
+                                     f"{A.ACTION_NAMES.get(kind, kind)} of component {comp}")
+            if src == A.SRC_IN:
+                v = value_in[off:off + n]
+                if keep_own and n:
+                    # a duplicate equal to the tree's own slot would be freed while
+                    # the tree holds it: checked on the device (no host read)
+                    tree = pre.get(("path", off, n))
+                    if tree is None:
+                        tree = dev.take(out[off:off + n])
+                    dev.record_none_equal(v, tree, "request row (req_to_token_pool)")
+                    # the request path rewrites the row (the tree's slots) after this
+                    # call: the allocator gets a copy, not a view of the row
+                    v = dev.ops.clone(v)
+            elif n:
+                v = pre[(off, n)]
+            else:
+                continue
+            if kind == A.A_FREE_KV:
+                if vals is not None and vals.swa:
+                    per[SWA].append(v)
+                per[FULL].append(v)
+            elif kind == A.A_FREE_KV_FULL_ONLY:
+                per[FULL].append(v)
+            elif kind == A.A_FREE_SLOT:
+                per[comp].append(v)
+            else:
+                raise AssertionError(f"unhandled action kind {kind}")
+        return self._flush(per, host_frees, vals, collect, dev.cat, dev.empty())
+
+
+#: action kinds whose values are Full device values (pool rows with device values on)
+_DEVICE_KINDS = (A.A_FREE_KV, A.A_FREE_KV_FULL_ONLY, A.A_FREE_SLOT, A.A_SWA_RECOVER_LOCKED)
 
 
 def _adopt(adopted, comp, start, end):

@@ -368,7 +368,9 @@ class HostTier:
         st, n = self._engine.k.node_device_values(slot)
         assert st == L.OK, st
         try:
-            self._transfer(kind, self._vals.out(self._engine.out[:n].copy()), host)
+            dev = self._vals.dev   # device values: the node's rows, gathered there
+            self._transfer(kind, self._vals.out(self._engine.out[:n].copy()) if dev is None
+                           else dev.take(self._engine.out[:n]), host)
         except Exception as e:  # noqa: BLE001 -- re-raised by the public call
             self._host.free(host)
             if self._transfer_error is None:
@@ -414,7 +416,7 @@ class HostTier:
                     pass
             raise e
 
-    def run_with_barriers(self, rows, out, value, keep_own, adopted):
+    def run_with_barriers(self, rows, out, value, keep_own, adopted, pre=None):
         """Execute an insert's action rows (a copy, and ``out`` a copy: the barriers
         make engine calls) with its barriers run at their place: an ``A_BACKUP``
         row's backup (``_run_backup``), an ``A_PATH_CAP`` row's per-path cap
@@ -422,13 +424,16 @@ class HostTier:
         Returns the Full slots freed (``Executor.run``). Under the cache lock."""
         freed = []
         for seg, barrier in segments(rows):
-            freed.append(self._ex.run(seg, out, value, keep_own=keep_own, adopted=adopted))
+            freed.append(self._ex.run(seg, out, value, keep_own=keep_own, adopted=adopted,
+                                      pre=pre))
             if barrier is not None:
                 kind, _, _, off, _, aux = barrier
                 if kind == A_BACKUP:
                     self._run_backup(off, aux)
                 else:
                     self._run_path_cap(off)
+        if self._vals.dev is not None:
+            return self._vals.dev.cat(freed)
         return np.concatenate(freed) if len(freed) > 1 else freed[0]
 
     # ------------------------------------------------------------------ backup

@@ -184,7 +184,8 @@ def _load(self, nid, mem_quota, name="node", host_only=False, req=None):
                 dev = full_alloc.alloc(units)
                 if dev is None:
                     return 0, False
-                dev = _np64(dev)
+                dev = (_np64(dev) if self._vals.dev is None
+                       else self._vals.dev.native(dev, "token_to_kv_pool_allocator.alloc"))
             dstate = -1
             wdev = _EMPTY
             try:  # from here the load's own slots go back if it is not made
@@ -213,8 +214,14 @@ def _load(self, nid, mem_quota, name="node", host_only=False, req=None):
                     return 0, False
                 raise
             load_id = nid if units else 0   # aux data alone: no Full marks
-            st, _, at = eng.k.load_commit(nid, dev, load_id, dstate, wnodes, wdev)
+            dv = self._vals.dev
+            # device values: the kernel writes tags, the restored rows are claimed
+            # and the device slots copied into them (device.DeviceValues)
+            st, _, at = eng.k.load_commit(nid, dev if dv is None else dv.tags(units), load_id,
+                                          dstate, wnodes, wdev)
             assert st == L.OK, st
+            if dv is not None and units:
+                dv.write(dv.claim(eng, slot), dev)
             if wdev.size:  # SGLang's RebuildFullToSWAMapping for the restored window
                 self._vals.set_swa_mapping(eng.out[at:at + wdev.shape[0]].copy(), wdev)
             self._ex.run(eng.actions(), eng.out, free=False)
@@ -272,7 +279,8 @@ def _load_copies(self, units, dev, host, slot, dstate, kv):
     raised (kept for ``_raise_transfer_error``)."""
     if self._transfer is None:
         return True
-    if units and not self._copy_slots("load", self._vals.out(dev), host):
+    if units and not self._copy_slots("load", dev if self._vals.dev is not None
+                                      else self._vals.out(dev), host):
         return False
     if dstate >= 0:
         hs = np.array([Q.host_state(self._engine, slot)], dtype=np.int64)

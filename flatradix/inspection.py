@@ -175,6 +175,26 @@ def all_values_flatten(engine):
     return np.concatenate(parts) if parts else _EMPTY.copy()
 
 
+def device_rows_not_self(engine):
+    """Device values (``flatradix/device.py``): the first ``(node id, pool row,
+    value)`` of a live node with Full device data whose row does not name itself
+    in ``FULL_DEV``, or None. O(live rows), vectorised."""
+    nodes, pool = engine.st.nodes, engine.st.pool
+    live = engine.live_slots()
+    live = live[(live != L.ROOT) & ((nodes[live, L.FLAGS] & L.F_HAS_FULL_DEV) != 0)]
+    if not live.size:
+        return None
+    offs, lens = nodes[live, L.KEY_OFF], nodes[live, L.KEY_LEN]
+    starts = np.cumsum(lens) - lens
+    rows = np.repeat(offs - starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+    bad = np.flatnonzero(pool[rows, L.FULL_DEV] != rows)
+    if not bad.size:
+        return None
+    r = int(rows[bad[0]])
+    s = int(live[np.searchsorted(starts, bad[0], side="right") - 1])
+    return node_id(nodes, s), r, int(pool[r, L.FULL_DEV])
+
+
 def all_host_values_flatten(engine):
     """Every node's Full host value (host pool slots), concatenated in DFS order (owned)."""
     nodes, pool = engine.st.nodes, engine.st.pool

@@ -399,6 +399,22 @@ def _replay(kinds):
     return run
 
 
+def _device():
+    """Device values (the device value arena on CPU tensors); nothing without torch."""
+    try:
+        import torch
+    except ImportError:
+        return
+    from . import InsertParams, MatchPrefixParams, RadixKey, UnifiedRadixCache
+
+    c = UnifiedRadixCache(page_size=1, device_values=True)
+    c.insert(InsertParams(key=RadixKey([1, 2, 3]), value=torch.tensor([4, 5, 6])))
+    c.insert(InsertParams(key=RadixKey([1, 2, 7]), value=torch.tensor([4, 5, 8])))
+    c.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 7])))
+    c.evict(8)
+    c.sanity_check()
+
+
 #: name -> (what it covers, workload); ordered from the longest to compile
 GROUPS = {
     "full": ("the Full-attention cache: every operation, events, EAGLE, growth, policies",
@@ -417,6 +433,7 @@ GROUPS = {
     "host-swa": ("the host tier of an SWA cache", _host_swa),
     "host-mamba": ("the host tier of a Mamba cache", _host_mamba),
     "treecore": ("the SGLang TreeCore plug-in's pick-then-evict kernels", _treecore),
+    "device": ("device values (the device value arena; needs torch)", _device),
 }
 
 

@@ -26,6 +26,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ._cast import _to_numpy, as_count, as_flag, as_int, as_int64, as_node_id, is_torch
+from .device import on_device
+from .values import check_range
 from .kernels import layout as L
 from .types import ComponentType, DecLockRefParams, EvictParams, RadixKey, TreeLock
 
@@ -112,6 +114,8 @@ class Req:
             self._validate_tokens("fill_ids")
         if self.prefix_indices is None:
             self.prefix_indices = _EMPTY.copy()
+        elif on_device(self.prefix_indices):   # device values: metadata only (no host read)
+            _check_device_indices(self.prefix_indices, "prefix_indices")
         else:
             _to_numpy(self.prefix_indices, "prefix_indices")
         if self.req_pool_idx is not None:
@@ -154,6 +158,19 @@ class Req:
 
 Req.kv = property(lambda self: self, doc="The request itself: SGLang reads the KV fields "
                                          "as ``req.kv.<field>``.")
+
+
+def _check_device_indices(x, name):
+    """A device array of indices (torch / cupy): 1-D, integer; host metadata only."""
+    dt = x.dtype
+    if is_torch(x):
+        bad = dt.is_floating_point or dt.is_complex or str(dt) == "torch.bool"
+    else:
+        bad = getattr(dt, "kind", "i") not in "iu"
+    if bad:
+        raise TypeError(f"{name} must hold integers, got dtype {dt}")
+    if len(x.shape) != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
 
 
 def _tokens(x, name):
@@ -395,10 +412,23 @@ class RequestCachingMixin:
         if n > table.shape[1]:
             raise ValueError(f"{name}: {n} tokens exceed the request row length {table.shape[1]}")
         row = table[idx, start:n]
+        vals = self._vals
+        if vals.dev is None and vals.device_values is not False and type(table) is not np.ndarray:
+            self._device_values_start(table)
+        dev = vals.dev
+        if dev is not None:
+            # device values: a view of the table's row, never read on the host
+            # (debug_checks: checked on a host copy, as host values are)
+            row = dev.native(row, f"req_to_token row {idx}")
+            if dev.debug:
+                host = dev.host_copy(row)
+                if not vals.check_held(host, f"req_to_token row {idx}"):
+                    check_range(host, vals.kv_bound(), f"req_to_token row {idx}")
+            return row
         if is_torch(row):
             row = row.cpu().numpy()
         row = np.array(row, dtype=np.int64)
-        self._vals.check_held(row, f"req_to_token row {idx}")  # flatradix's allocator: one pass
+        vals.check_held(row, f"req_to_token row {idx}")  # flatradix's allocator: one pass
         return row
 
     def _write_row(self, req, start, values):
@@ -414,8 +444,9 @@ class RequestCachingMixin:
             table[req.req_pool_idx, start:start + values.size] = values
 
     def _free_slots(self, slots):
-        if slots.size:
-            self._vals.free(np.ascontiguousarray(slots))
+        if slots.shape[0]:
+            self._vals.free(slots if self._vals.dev is not None
+                            else np.ascontiguousarray(slots))
 
     @staticmethod
     def _committed_len(req):
@@ -665,16 +696,33 @@ class RequestCachingMixin:
                 new_node = old_node
             else:
                 values = row[:aligned]
-                # _row checked every slot held when flatradix's allocator is attached,
-                # which implies the kernel's bound check: skip that pass then
-                limit = L.VALUES_UNCHECKED if self._vals.checks_held else self._vals.kv_bound()
+                dev = self._vals.dev
+                if dev is not None:
+                    # device values: the row's range checked on the device (debug_checks:
+                    # _row checked it on the host)
+                    limit = L.VALUES_UNCHECKED
+                    if not dev.debug:
+                        bound = self._vals.kv_bound()
+                        dev.record(values, 0, None if bound < 0 else bound,
+                                   "req row (req_to_token_pool)")
+                else:
+                    # _row checked every slot held when flatradix's allocator is
+                    # attached, which implies the kernel's bound check: skip that pass then
+                    limit = L.VALUES_UNCHECKED if self._vals.checks_held else self._vals.kv_bound()
                 plen, new_node, _, path, _, exist = self._insert_units(
                     units, values, aligned, nk, protected, inserted, priority, limit,
                     "req row (req_to_token_pool)", want_path=True, keep_own=True, cursor=cursor,
                     mamba_slot=mslot)
-                self._vals.note_kind(values)
-                # the path's value: the tree's slots for the cached prefix, ours after it
-                row[:plen] = path[:plen]
+                if dev is not None:
+                    # the tree's values of [0, plen) (one gather); the row, a view of
+                    # the table, takes them from the protected length on
+                    tree_vals = dev.resolve(path[:plen], values)
+                    if protected < plen:
+                        dev.ops.copy(row[protected:plen], tree_vals[protected:plen])
+                else:
+                    self._vals.note_kind(values)
+                    # the path's value: the tree's slots for the cached prefix, ours after it
+                    row[:plen] = path[:plen]
                 if self.components == (ComponentType.FULL,):
                     prompt_units = n_prompt - eagle
                     prompt = prompt_units - prompt_units % self.page_size
@@ -682,7 +730,7 @@ class RequestCachingMixin:
                         self._insert_units(units, values, prompt, nk, prompt, prompt,
                                            min(priority + 1, (1 << 62) - 1), L.VALUES_UNCHECKED,
                                            "req row")
-                if protected < plen:
+                if protected < plen and dev is None:
                     self._write_row(req, protected, np.ascontiguousarray(row[protected:plen]))
                 req.cache_inserted_len = max(inserted, aligned)
                 # the inserted key is the page-aligned one (SGLang aligns before insert)
@@ -711,7 +759,14 @@ class RequestCachingMixin:
                 self._take_req_lock(req, new_node)
             req.last_node = None if finished else new_node
             req.cache_protected_len = max(aligned, 0) if aligned > 0 else protected
-            req.prefix_indices = self._vals.out(np.ascontiguousarray(row[:up_to]))
+            dev = self._vals.dev
+            if dev is None:
+                req.prefix_indices = self._vals.out(np.ascontiguousarray(row[:up_to]))
+            elif aligned > 0:   # the tree's values, then the row's own (a new array)
+                req.prefix_indices = dev.cat([tree_vals, dev.ops.int64(row[plen:up_to])]
+                                             if plen < up_to else [tree_vals])
+            else:
+                req.prefix_indices = dev.ops.clone(row[:up_to])
             if branch_inserted:
                 # SGLang cleanup_after_caching_req: the branch is cached; a running
                 # request then frees the SWA slots that slid out of its window

@@ -4,13 +4,15 @@ The tree only moves spans of int64 KV indices; this module is where they meet
 the caller's world: which array kind results come back in (numpy, or torch on
 the caller's device), and how freed slots reach the attached allocator --
 flatradix's own (``flatradix.pools``: numpy, one call per batch) or SGLang's,
-duck-typed (torch tensors). A CUDA value arena would land here.
+duck-typed (torch tensors). With device values on (``device_values``), the KV
+indices live on the caller's device in ``flatradix.device.DeviceValues``'s
+arena (``dev``) and never come to the host (``docs/device_values.md``).
 """
 
 import numpy as np
 
 from ._cast import is_torch
-from .kernels.layout import VALUES_NONNEG
+from .kernels.layout import VALUES_NONNEG, VALUES_UNCHECKED
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -25,8 +27,13 @@ class ValueBridge:
     hold torch tensors), else the kind of the first inserted value.
     """
 
-    def __init__(self, allocator):
+    def __init__(self, allocator, device_values=None, debug_checks=False):
         self.allocator = allocator
+        #: ``device.DeviceValues`` once the device arena is on (None: host values)
+        self.dev = None
+        #: the constructor's choice: None (auto), True, False
+        self.device_values = device_values
+        self.debug_checks = bool(debug_checks)
         self.kind = getattr(allocator, "index_kind", None)
         if self.kind is None and allocator is not None:
             self.kind = "torch"
@@ -43,6 +50,45 @@ class ValueBridge:
         #: it is refused, frees take slots out (the façade adds adopted ones).
         self.mamba_owned = set()
 
+    # ------------------------------------------------------------------ device values
+    def device_ops(self, value=None):
+        """The op set the device arena would use for this cache: from the
+        allocator's device (a torch allocator not on the CPU; with
+        ``device_values=True`` any torch allocator), else from ``value`` (a device
+        value; with ``device_values=True`` any torch / cupy value); None when the
+        values stay on the host."""
+        from . import device as D
+
+        if self.device_values is False:
+            return None
+        forced = self.device_values is True
+        dev = getattr(self.allocator, "device", None)
+        kind = getattr(self.allocator, "index_kind", "torch")
+        if self.allocator is not None and kind != "numpy" and dev is not None:
+            try:
+                import torch
+            except ImportError:   # pragma: no cover - a torch allocator without torch
+                torch = None
+            if torch is not None:
+                try:
+                    d = torch.device(dev)
+                except (TypeError, RuntimeError):
+                    d = None
+                if d is not None and (forced or d.type != "cpu"):
+                    return D.TorchOps(d)
+        if value is not None and (D.on_device(value) or (forced and D.kind_of(value) in (
+                "torch", "cupy"))):
+            return D.ops_for(value)
+        return None
+
+    def start_device(self, ops, engine):
+        """Turn the device arena on (before any value is stored)."""
+        from .device import DeviceValues
+
+        self.dev = DeviceValues(ops, debug=self.debug_checks)
+        self.dev.bind(engine)
+        self.kind = ops.kind
+
     # ------------------------------------------------------------------ kinds
     def note_kind(self, value):
         """Record the kind (and CUDA device) of the first value seen."""
@@ -56,7 +102,8 @@ class ValueBridge:
             self.torch_device = value.device
 
     def out(self, a):
-        """``a`` (int64 numpy, owned by the caller now) in the cache's index kind."""
+        """``a`` (int64 numpy, owned by the caller now) in the cache's index kind
+        (host values; never given pool rows of the device arena)."""
         if self.kind == "torch":
             import torch
 
@@ -67,6 +114,8 @@ class ValueBridge:
         return a
 
     def empty(self):
+        if self.dev is not None:
+            return self.dev.empty()
         return self.out(_EMPTY.copy())
 
     # ------------------------------------------------------------------ bounds
@@ -137,8 +186,16 @@ class ValueBridge:
 
     # ------------------------------------------------------------------ frees
     def _arg(self, idx):
-        """``idx`` (int64 numpy) as the allocator takes it."""
+        """``idx`` (int64 numpy; or a device array with device values) as the
+        allocator takes it."""
         if self._numpy:
+            return idx
+        if type(idx) is not np.ndarray:   # a device array: as it is, or cupy as torch
+            from .device import is_cupy, to_torch
+
+            # (SGLang's allocators take torch; one declaring index_kind "cupy" gets cupy)
+            if is_cupy(idx) and getattr(self.allocator, "index_kind", None) != "cupy":
+                return to_torch(idx)
             return idx
         import torch
 
@@ -151,7 +208,7 @@ class ValueBridge:
         allocator: their SWA peers too); no-op when empty or when no allocator is
         attached."""
         alloc = self.allocator
-        if alloc is None or idx.size == 0:
+        if alloc is None or idx.shape[0] == 0:
             return
         alloc.free(self._arg(idx))
 
@@ -164,12 +221,12 @@ class ValueBridge:
         if alloc is None:
             return
         if not self.swa:
-            if full.size:
+            if full.shape[0]:
                 alloc.free(self._arg(full))
             return
-        if swa.size:
+        if swa.shape[0]:
             alloc.free_swa_segment(self._arg(swa), start_pos=0)
-        if full.size:
+        if full.shape[0]:
             alloc.free_full_segment(self._arg(full), start_pos=0)
 
     def set_mamba(self, allocator):
@@ -275,3 +332,19 @@ def is_swa_allocator(alloc):
         "free_swa_segment", "free_full_segment", "set_full_to_swa_mapping",
         "clear_full_to_swa_mapping", "translate_swa_indices_for_transfer",
         "full_available_size", "swa_available_size"))
+
+
+def check_range(host, limit, name):
+    """``debug_checks``: the insert kernel's bound check on a host copy of device
+    values (``ValueError`` naming ``name``, as the kernel's ``E_BAD_VALUE``)."""
+    if not host.shape[0] or limit == VALUES_UNCHECKED:
+        return
+    neg = np.flatnonzero(host < 0)
+    big = np.flatnonzero(host >= limit) if limit >= 0 else neg[:0]
+    if neg.size and (not big.size or neg[0] < big[0]):
+        i = int(neg[0])
+        raise ValueError(f"{name}: KV indices must be >= 0, got {int(host[i])} at {i}")
+    if big.size:
+        i = int(big[0])
+        raise ValueError(f"{name}: KV index {int(host[i])} at {i} is outside the allocator's "
+                         f"pool (indices must be < {limit})")

@@ -100,13 +100,16 @@ def sliding_window_size(self):
 
 
 def path_device_indices(self, node):
-    """KV indices on the path root -> ``node`` (int64, 1-D). ``NodeAccessError`` if stale."""
+    """KV indices on the path root -> ``node`` (int64, 1-D; with device values a
+    device array: one gather). ``NodeAccessError`` if stale."""
     nid = as_node_id(node, "node")
     eng = self._engine
     with self._mutex:
         st, n = eng.k.path_device_indices(nid)
         if st == L.E_STALE:
             raise self._stale(nid)
+        if self._vals.dev is not None:
+            return self._vals.dev.take(eng.out[:n])
         return self._vals.out(eng.out[:n].copy())
 
 
@@ -114,13 +117,18 @@ def node_info(self, node):
     """Debug view of one node: dict of its fields (key units, value, lock_ref, ...).
     O(len(node)): copies its key and value."""
     with self._mutex:
-        return inspection.node_info(self._engine, self._slot(node), as_node_id(node))
+        info = inspection.node_info(self._engine, self._slot(node), as_node_id(node))
+        if self._vals.dev is not None:   # pool rows: the device values (a gather)
+            info["value"] = self._vals.dev.take(info["value"])
+        return info
 
 
 def all_values_flatten(self):
     """Every non-root node's Full device value, concatenated in DFS order."""
     with self._mutex:
         flat = inspection.all_values_flatten(self._engine)
+        if self._vals.dev is not None:   # pool rows: one gather
+            return self._vals.dev.take(flat)
     return self._vals.out(flat)
 
 
@@ -161,3 +169,11 @@ def sanity_check(self):
                 raise CacheInvariantError(
                     "Sanity check FAILED: Mamba state slots held by two nodes, or the "
                     "tree's slots differ from the slots it is known to hold")
+        if self._vals.dev is not None:
+            # device values: every device row names itself (no tag left behind)
+            bad = inspection.device_rows_not_self(self._engine)
+            if bad is not None:
+                raise CacheInvariantError(
+                    f"Sanity check FAILED: device values: pool row {bad[1]} of node "
+                    f"{bad[0]} holds {bad[2]}, not its own row (a claim was missed)")
+            self._vals.dev.checks.surface()   # the sync point: DeviceValueError
