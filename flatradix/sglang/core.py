@@ -14,8 +14,13 @@ caller executes them -- so this class is a thin translation layer:
   ``device_frees`` / ``tracker``); KV events are built from the ``A_STORED`` /
   ``A_REMOVED`` rows by flatradix's event sink and handed out as SGLang's
   event structs;
-* values cross as torch tensors on the controller's KV device (a copy out of
-  the engine's host pool; the device value arena is a separate issue).
+* values cross as torch tensors on the controller's KV device. On a non-CPU
+  device (a Full-attention tree) they stay there: the engine's pool holds rows
+  and ``flatradix.device``'s arena the KV indices (``docs/device_values.md``),
+  so no call copies an index to the host; otherwise (the CPU, SWA / Mamba trees)
+  the engine's host pool holds them and results are copies of it.
+  ``FLATRADIX_DEVICE_VALUES=1`` turns the arena on for CPU tensors too (tests),
+  ``0`` off.
 
 Node handles are flatradix's NodeIds (``GEN << 32 | slot``): never reissued, a
 stale one raises ``KeyError`` (``flatradix.errors.NodeAccessError``).
@@ -28,6 +33,7 @@ deliberate differences and what is refused at construction are listed in
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -154,6 +160,14 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         self._insert_state = None
         self._match_out = np.empty(1024, dtype=np.int64)
         self._empty_t = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self._dev = None   # flatradix.device.DeviceValues: device values (Full trees)
+        flag = os.environ.get("FLATRADIX_DEVICE_VALUES", "")
+        if (self.tree_components == (FULL,) and flag != "0"
+                and (self.device.type != "cpu" or flag == "1")):
+            from ..device import DeviceValues, TorchOps
+
+            self._dev = DeviceValues(TorchOps(self.device))
+            self._dev.bind(self._eng)
         self._reset_state()
 
     # ------------------------------------------------------------------ helpers
@@ -183,9 +197,31 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         return (int(self._eng.st.nodes[s, L.GEN]) << 32) | int(s)
 
     def _t(self, a):
-        """A torch tensor on the core's device holding a copy of int64 array ``a``."""
+        """A torch tensor on the core's device holding a copy of int64 array ``a``
+        (device values: through the pinned staging, no host wait)."""
+        if self._dev is not None:
+            return self._dev.ops.send(np.array(a, dtype=np.int64))
         t = torch.from_numpy(np.array(a, dtype=np.int64))
         return t if self._cpu else t.to(self.device)
+
+    def _full_t(self, s):
+        """The Full device value of the node in slot ``s`` as a new tensor."""
+        if self._dev is None:
+            return self._t(self._full_np(s))
+        nodes = self._eng.st.nodes
+        return self._dev.arena.take_span(int(nodes[s, L.KEY_OFF]), int(nodes[s, L.KEY_LEN]))
+
+    def _values_t(self, a):
+        """Kernel output ``a`` (Full device values; pool rows with device values) as a
+        tensor on the device."""
+        return self._t(a) if self._dev is None else self._dev.take(a)
+
+    def _rows(self, s):
+        """The pool rows of the node in slot ``s`` (device values: what the
+        arena is gathered at)."""
+        nodes = self._eng.st.nodes
+        off = int(nodes[s, L.KEY_OFF])
+        return np.arange(off, off + int(nodes[s, L.KEY_LEN]), dtype=np.int64)
 
     def _full_np(self, s):
         nodes, pool = self._eng.st.nodes, self._eng.st.pool
@@ -208,16 +244,34 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         n -= n % self.page_size
         return units, n, (key.extra_key, key.cache_salt)
 
+    def _prepare(self, rows, out):
+        """Device values: the ``SRC_OUT`` rows' values gathered in one go (before an
+        insert's input is written into the arena); ``{(off, n): tensor}``."""
+        want = [(off, n) for kind, comp, src, off, n, aux in rows.tolist()
+                if src == A.SRC_OUT and n and kind in (A.A_FREE_KV, A.A_FREE_KV_FULL_ONLY,
+                                                        A.A_FREE_SLOT)]
+        if not want:
+            return {}
+        g = self._dev.take(np.concatenate([out[o:o + n] for o, n in want]))
+        got, at = {}, 0
+        for o, n in want:
+            got[(o, n)] = g[at:at + n]
+            at += n
+        return got
+
     def _convert(self, rows, out, value_in, *, frees=None, actions=None, adopted=None,
-                 session_id=None, removed_nk=None):
+                 session_id=None, removed_nk=None, pre=None):
         """Turn a kernel's action rows into SGLang objects, in row order.
 
         Free rows go to ``frees`` (``{ComponentType: [tensor]}``, an eviction
         result's ``device_frees``) when given, else become actions; KV events
         are queued in the sink (stores attributed to ``session_id``, removals of
         a node in namespace ``removed_nk``); ``A_ADOPTED`` reports extend
-        ``adopted``."""
+        ``adopted``. Device values: the frees are device tensors, the input's or
+        gathered (``pre``: ``_prepare``'s, made here when None)."""
         sink = self._sink
+        dev = self._dev
+        pre = self._prepare(rows, out) if dev is not None and pre is None else pre
         for kind, comp, src, off, n, aux in rows.tolist():
             if kind == A.A_STORED:
                 if sink is not None:
@@ -233,16 +287,19 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
                     _adopt(adopted, _CT[comp], off, off + n)
                 continue
             v = value_in[off:off + n] if src == A.SRC_IN else out[off:off + n]
+            if dev is not None:   # device tensors already: the input's, or gathered
+                vt = v if src == A.SRC_IN else pre.get((off, n), self._empty_t)
+            else:
+                vt = self._t(v)
             if kind == A.A_FREE_KV:
-                actions.append(FreeDeviceKV([self._t(v)]))
+                actions.append(FreeDeviceKV([vt]))
             elif kind == A.A_FREE_KV_FULL_ONLY:
-                actions.append(FreeDeviceKVFullOnly([self._t(v)]))
+                actions.append(FreeDeviceKVFullOnly([vt]))
             elif kind == A.A_FREE_SLOT:
                 if frees is not None:
-                    frees[_CT[comp]].append(self._t(v))
+                    frees[_CT[comp]].append(vt)
                 else:
-                    actions.append(FreeComponentDeviceSlot([self._t(v)],
-                                                           component_type=_CT[comp]))
+                    actions.append(FreeComponentDeviceSlot([vt], component_type=_CT[comp]))
             elif kind == A.A_SWA_RECOVER_LOCKED:
                 kept = np.array(v)
                 actions.append(RecoverSWAWithLockedFull(
@@ -428,7 +485,7 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
             # a Full-only leaf without events: one free row of its Full indices
             off, k = int(acts[0, A.ACT_OFF]), int(acts[0, A.ACT_LEN])
             result.device_frees[_CT[int(acts[0, A.ACT_COMP])]].append(
-                self._t(eng.out[off:off + k]))
+                self._values_t(eng.out[off:off + k]))
         else:
             self._convert(eng.actions(), eng.out, None, frees=result.device_frees,
                           removed_nk=nk)
@@ -518,6 +575,8 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
             st, n = eng.k.path_device_indices(from_node_id)
             if st == L.OK and (from_node_id == self._root or eng.st.nodes[
                     from_node_id & _SLOT_MASK, L.FLAGS] & L.F_HAS_FULL_DEV):
+                if self._dev is not None:   # pool rows: one gather on the device
+                    return self._dev.take(eng.out[:n]) if n else self._empty_t
                 if self._cpu:
                     return torch.from_numpy(eng.out[:n].copy()) if n else self._empty_t
                 return self._t(eng.out[:n]) if n else self._empty_t
@@ -528,12 +587,12 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         while s != until:
             assert s != L.ROOT, "collect_full_device_indices: until is not an ancestor"
             assert self._has(s, L.FULL), f"node {self._nid(s)} has no Full device value"
-            parts.append(self._full_np(s))
+            parts.append(self._full_np(s) if self._dev is None else self._rows(s))
             s = int(nodes[s, L.PARENT])
         if not parts:
             return self._empty_t
         parts.reverse()
-        return self._t(np.concatenate(parts))
+        return self._values_t(np.concatenate(parts))
 
     # ==== insert ====
     def begin_insert(self, params):
@@ -541,7 +600,14 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
             raise RuntimeError("concurrent insert walks")
         key = params.key
         units, n, nk = self._key(key)
-        if params.value is not None:
+        dev = self._dev
+        if dev is not None:   # device values: never read on the host
+            if params.value is None:   # the raw token ids (SGLang's cores store those)
+                value = dev.ops.send(np.asarray(key.raw_token_ids()[:n], dtype=np.int64))
+            else:
+                value = dev.native(params.value, "params.value")
+                value = value[:n] if value.shape[0] > n else value
+        elif params.value is not None:
             value = _np_values(params.value[:n] if len(params.value) > n else params.value,
                                "params.value", copy=False)
         else:  # SGLang's cores store the raw token ids then (the first n of them)
@@ -574,8 +640,10 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         if new_ns:
             ns = eng.ns.intern(nk)
         st, plen, target, exist = eng.k.insert(
-            units, value, n, ns, min(int(params.inserted_len), n), int(priority),
-            L.VALUES_NONNEG, min(int(params.prev_prefix_len), n), int(cursor),
+            units, value if dev is None else dev.tags(value.shape[0]), n, ns,
+            min(int(params.inserted_len), n), int(priority),
+            L.VALUES_NONNEG if dev is None else L.VALUES_UNCHECKED,
+            min(int(params.prev_prefix_len), n), int(cursor),
             _TRACK if track_k else 0, mamba_slot, 0)
         if st in (L.E_BAD_VALUE, L.E_BAD_CURSOR):  # refused before any change
             if new_ns:
@@ -589,8 +657,14 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
             eng.gc_namespaces(self._sink.forget if self._sink is not None else None)
         actions = []
         adopted = {} if track_k else None
+        pre = None
+        if dev is not None:   # the tagged rows take the input (after the frees' gathers)
+            runs = dev.claim(eng, int(target) & _SLOT_MASK)
+            pre = self._prepare(eng.actions(), eng.out)
+            dev.write(runs, value)
+            dev.record(value[:n], 0, None, "params.value")
         self._convert(eng.actions(), eng.out, value, actions=actions, adopted=adopted,
-                      session_id=params.session_id)
+                      session_id=params.session_id, pre=pre)
         if track and not track_k:  # only components that adopted something appear
             adopted = {FULL: [(int(plen), n)]} if n > plen else {}
         result = InsertResult(prefix_len=int(plen), last_device_node=int(target),
@@ -628,7 +702,7 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         if ct not in self.tree_components:
             return None
         if ct == FULL:
-            return self._t(self._full_np(s)) if self._has(s, L.FULL) else None
+            return self._full_t(s) if self._has(s, L.FULL) else None
         if ct == SWA:
             return self._swa_value(s) if self._has(s, L.SWA) else None
         if not self._has(s, L.MAMBA):
@@ -641,3 +715,5 @@ class FlatradixTreeCore(StorageHashes, TreeReads, HostTierRefusals, UnifiedTreeC
         if code:
             raise AssertionError(f"flatradix TreeCore: invariant {int(code)} broken at slot "
                                  f"{int(slot)} (flatradix/core/check.py lists the codes)")
+        if self._dev is not None:   # the sync point of the device checks
+            self._dev.checks.surface()

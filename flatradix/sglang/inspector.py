@@ -11,6 +11,8 @@ them.
 
 from __future__ import annotations
 
+import numpy as np
+
 from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
 from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import BaseEvictionResult
 from sglang.test.kits.unified_radix_cache.unified_tree_core_inspection_interface import (
@@ -152,6 +154,16 @@ class FlatradixTreeCoreInspector(FlatradixTreeCore, UnifiedTreeCoreInspectionInt
             nodes[s, L.FLAGS] &= ~bit
             if c == L.MAMBA:
                 nodes[s, L.MAMBA_SLOT] = L.NIL
+            return
+        if c == L.FULL and self._dev is not None:   # device values: into the arena rows
+            n = int(nodes[s, L.KEY_LEN])
+            v = self._dev.native(value.reshape(-1), "value")
+            if v.shape[0] != n:
+                raise ValueError(f"value: {v.shape[0]} Full values for a node of {n} units")
+            off = int(nodes[s, L.KEY_OFF])
+            self._eng.st.pool[off:off + n, L.FULL_DEV] = np.arange(off, off + n)
+            self._dev.arena.write(off, v, 0, n)
+            nodes[s, L.FLAGS] |= bit
             return
         v = _np_values(value, "value").reshape(-1)
         if c == L.FULL:

@@ -166,8 +166,9 @@ class TreeReads:
         return out
 
     def all_values_flatten(self):
-        parts = [self._full_np(s) for s in self._dfs_slots() if self._has(s, L.FULL)]
-        return self._t(np.concatenate(parts)) if parts else self._empty_t.clone()
+        get = self._full_np if self._dev is None else self._rows
+        parts = [get(s) for s in self._dfs_slots() if self._has(s, L.FULL)]
+        return self._values_t(np.concatenate(parts)) if parts else self._empty_t.clone()
 
     def all_mamba_values_flatten(self):
         nodes = self._eng.st.nodes
@@ -181,7 +182,9 @@ class TreeReads:
         while stack:
             s, depth, last = stack.pop()
             n = int(nodes[s, L.KEY_LEN])
-            vals = self._full_np(s) if self._has(s, L.FULL) else None
+            # (device values: pool rows here, gathered at the end)
+            vals = ((self._full_np if self._dev is None else self._rows)(s)
+                    if self._has(s, L.FULL) else None)
             child_last = last
             if vals is not None and n:
                 locked = any(nodes[s, L.LOCK_COL(c)] for c in (L.FULL, L.SWA, L.MAMBA))
@@ -198,6 +201,14 @@ class TreeReads:
             for c in reversed(self._children(s)):
                 stack.append((c, depth + n, child_last))
         cat = (lambda p: self._t(np.concatenate(p)) if p else self._empty_t.clone())
+        if self._dev is not None and slots:
+            rows, prow = np.concatenate(slots), np.concatenate(prev)
+            prev_t = self._dev.take(np.maximum(prow, 0))
+            none = np.flatnonzero(prow < 0)   # a path's first unit: no previous slot (-1)
+            if none.size:
+                prev_t.index_fill_(0, self._dev.ops.send(none), -1)
+            return RadixCacheWalkResult(slot_indices=self._dev.take(rows), positions=cat(pos),
+                                        prev_slot_indices=prev_t)
         return RadixCacheWalkResult(slot_indices=cat(slots), positions=cat(pos),
                                     prev_slot_indices=cat(prev))
 
