@@ -87,6 +87,10 @@ def _cache_options(r):
                         f"once each: {', '.join(options.POLICIES)} (default: lru)")
     g.add_argument("--cache-outputs", action="store_true",
                    help="also insert output tokens (fresh ids that never match)")
+    g.add_argument("--check", action="store_true",
+                   help="after each run, also check the tree's invariants (the cache's "
+                        "sanity_check; its kernels add ~10 s to a first run's compile). KV "
+                        "conservation is always checked and reported")
 
 
 def _swa_options(r):
@@ -602,7 +606,7 @@ def _replay_kwargs(args, plan, workload):
                                rate_scale=args.rate_scale or 1.0, interval_s=args.interval)
     windows, states = plan.windows, plan.states
     kw = dict(page_size=args.page_size, max_running=args.max_running,
-              cache_outputs=args.cache_outputs, arrival=arrival)
+              cache_outputs=args.cache_outputs, arrival=arrival, check=args.check)
     if windows:
         kw["swa_ratio"] = plan.ratio
     if states:

@@ -23,6 +23,7 @@ from . import _numba_env  # noqa: F401  (must precede the kernels: cache directo
 # every entry kernel module (each registers its kernels in ``_jit.SPECS``)
 from .core import (check, devvals, evict, host, host_evict, insert, lock, match,  # noqa: F401
                    pick, query, refill)
+from .components.dispatch import meta_array
 from .kernels import hashing  # noqa: F401
 from .kernels import layout as L
 from .kernels._jit import SPECS, STATE
@@ -169,7 +170,7 @@ class Engine:
         heap = np.full((L.HEAP_ROWS, ncap), -1, dtype=np.int64)
         ctab = aligned_zeros(ct_capacity_for(ncap), L.CT_NCOL)
         pool = np.zeros((max(64, pool_capacity), self.pool_ncol), dtype=np.int64)
-        meta = np.zeros(L.META_LEN, dtype=np.int64)
+        meta = meta_array(components)   # its type says whether components compile
         meta[L.M_EVENTS] = int(self.events)
         meta[L.M_BIGRAM] = int(bigram)
         meta[L.M_CLOCK] = L.TICK

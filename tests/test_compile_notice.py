@@ -74,7 +74,7 @@ def test_the_replay_warm_up_reports_through_a_phase(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(sim, "_warm", set())
     monkeypatch.setattr(sim, "_warm_up",
-                        lambda kind, swa, W: seen.append(_compile_notice._state["phase"]) or 0.5)
+                        lambda kind, swa, W, **kw: seen.append(_compile_notice._state["phase"]) or 0.5)
     assert sim.warm_up(swa=True) == 0.5
     assert seen and seen[0] is not None and "swa replay" in seen[0]["what"]
     assert capsys.readouterr().err == ""     # nothing compiled: nothing said
@@ -171,3 +171,69 @@ def test_a_hold_folds_earlier_compiles_into_the_phase_line_and_reports_late_ones
              "try:\n    with hold():\n        mod.probe(1)\n        raise ValueError\n"
              "except ValueError:\n    pass\n")
     assert r.stderr == ""
+
+
+def test_a_replay_warms_up_its_own_driver_and_check_only(monkeypatch):
+    """The warm-up compiles what the run calls: its driver, and ``sanity_check``
+    only when the run checks (issue 30: a run compiles only what it uses)."""
+    from flatradix.replay import sim
+    from flatradix.replay.config import ReplayConfig
+
+    calls = []
+    monkeypatch.setattr(sim, "_warm", set())
+    monkeypatch.setattr(sim, "_warm_up", lambda kind, swa, W, driver=None, check=True:
+                        calls.append((kind, driver, check)) or sim._warm.add((kind, driver, check))
+                        or 0.25)
+    assert sim.warm_up_for(ReplayConfig(check=False)) == 0.25
+    assert calls == [("full", "request", False)]
+    assert sim.warm_up_for(ReplayConfig(check=False)) == 0.0         # once per process
+    assert sim.warm_up_for(ReplayConfig(check=True)) == 0.25         # now with the checker
+    assert sim.warm_up_for(ReplayConfig(driver="core", check=False)) == 0.25
+    assert calls[1:] == [("full", "request", True), ("full", "core", False)]
+    calls.clear()
+    assert sim.warm_up() == 0.25                                     # both drivers, checked
+    assert sim.warm_up(driver="request", check=False) == 0.0         # covered by it
+    assert sim.warm_up_for(ReplayConfig(swa_window=64, check=False)) == 0.25
+    assert calls == [("full", None, True), ("swa", None, False)]
+
+
+def test_the_cli_replay_runs_sanity_check_only_with_check(monkeypatch, capsys):
+    from flatradix import cache
+    from flatradix.cli import main
+
+    n = []
+    real = cache.UnifiedRadixCache.sanity_check
+    monkeypatch.setattr(cache.UnifiedRadixCache, "sanity_check",
+                        lambda self: n.append(1) or real(self))
+    assert main(["replay", "--no-progress", "--limit", "40"]) == 0
+    assert n == [] and "KV conservation ok" in capsys.readouterr().out
+    assert main(["replay", "--no-progress", "--limit", "40", "--check"]) == 0
+    assert n and "KV conservation ok" in capsys.readouterr().out
+
+
+def test_a_parallel_sweep_compiles_in_the_parent_first(monkeypatch):
+    """``--sweep --jobs N`` on a cold cache: the parent warms the kernels up once
+    before the workers start (they inherit or load them), not each worker."""
+    import importlib
+
+    from flatradix.replay.trace import synthetic_workload
+
+    sweep = importlib.import_module("flatradix.replay.sweep")
+    order = []
+    monkeypatch.setattr(sweep, "warm_up_for", lambda cfg: order.append(("warm", cfg)))
+
+    def run_all(fn, shared, tasks, jobs=1, on_result=None):
+        order.append(("run", jobs))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_all", run_all)
+    w = synthetic_workload(20, seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.sweep(w, [100, 200], jobs=2, swa_windows=[8], check=False)
+    assert [o[0] for o in order] == ["warm", "run"]
+    cfg = order[0][1]
+    assert cfg.swa_window == 8 and cfg.check is False and cfg.capacity == 100
+    order.clear()
+    with pytest.raises(KeyboardInterrupt):
+        sweep.sweep(w, [100, 200], jobs=1)
+    assert order == [("run", 1)]       # one process: its first run warms up

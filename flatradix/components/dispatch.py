@@ -33,14 +33,25 @@ How a chain combines what its rules return (``hook(mode=...)``):
 reverse). The chains are built by ``numba.extending.overload`` when a kernel
 calling the stub is compiled, and cached with that kernel: a component's rule
 is compiled only into the kernels whose hook it defines.
+
+A Full-only cache compiles no auxiliary component (``docs/compile_time.md``):
+a chain is chosen from the *type* of ``meta``, which the engine makes tell
+whether the tree may hold auxiliary components (:func:`meta_array`): a
+C-contiguous ``meta`` (Full only) gets the empty chain, so Numba never types an
+SWA or Mamba rule (a branch on ``meta[M_COMPONENTS]`` alone would still be
+compiled, ~16 s of a first Full-only run); a strided ``meta`` (``'A'`` layout:
+components configured) gets the chain over every component, each guarded by its
+bit at run time. The ``always`` hooks (the sanity check: a component not
+configured must hold nothing) get the full chain from either.
 """
 
 import importlib
 import inspect
 
+import numpy as np
 from numba.extending import overload
 
-from ..kernels.layout import FULL, M_COMPONENTS, OK
+from ..kernels.layout import C_FULL, FULL, M_COMPONENTS, META_LEN, OK
 
 #: The auxiliary components' modules (``flatradix.components.<name>``), in order
 #: (SGLang's ``tree_components`` order after FULL): one entry per component.
@@ -50,6 +61,23 @@ _MODULES = tuple(importlib.import_module(f"{__package__}.{name}") for name in CO
 #: (an adapter's cascade check; the kernels ask the ``priority`` hook): Full, the
 #: backbone, 2; a component without ``PRIORITY_INTERNAL`` 0.
 PRIORITY_INTERNAL = {FULL: 2, **{m.ID: getattr(m, "PRIORITY_INTERNAL", 0) for m in _MODULES}}
+
+def meta_array(components):
+    """A zeroed ``meta`` array (int64 ``(META_LEN,)``) for a tree with the component
+    bits ``components``: C-contiguous when Full only, else a strided view (every
+    other entry of a buffer twice as long; Numba types it as an ``'A'``-layout
+    array): the hooks compile the auxiliary components' rules only for the
+    latter (module docstring). The engine is the only maker of ``meta``."""
+    if components == C_FULL:
+        return np.zeros(META_LEN, dtype=np.int64)
+    return np.zeros(2 * META_LEN, dtype=np.int64)[::2]
+
+
+def may_hold_components(meta_type):
+    """Whether a kernel typed with ``meta`` of Numba type ``meta_type`` may meet
+    auxiliary components (:func:`meta_array`'s strided ``meta``)."""
+    return getattr(meta_type, "layout", "C") != "C"
+
 
 _MODES = ("void", "sum", "and", "or", "stamp", "first", "min", "sum3", "check", "pick")
 
@@ -147,8 +175,15 @@ def hook(mode="void", reverse=False, skip=False, init=0, rule=None, always=False
         env = {f"F{i}": getattr(m, name) for i, m in enumerate(mods)}
         exec(compile(src, f"<dispatch.{name}>", "exec"), env)
         impl = env["impl"]
-        typer_env = {"impl": impl}
-        exec(f"def typer({', '.join(params)}):\n    return impl\n", typer_env)
+        bare = impl
+        if not always:      # the Full-only chain: no rule at all
+            bare_env = {}
+            exec(compile(_chain_source(name, params, [], mode, init, skip),
+                         f"<dispatch.{name}.full_only>", "exec"), bare_env)
+            bare = bare_env["impl"]
+        typer_env = {"impl": impl, "bare": bare, "aux": may_hold_components}
+        exec(f"def typer({', '.join(params)}):\n    return impl if aux(meta) else bare\n",
+             typer_env)
         overload(stub)(typer_env["typer"])
         stub.chain_source = src  # for readers and tests: what the chain compiles to
         return stub

@@ -23,9 +23,35 @@ import functools
 import inspect
 from typing import NamedTuple
 
-from numba import njit
+from numba import njit, types
 
-_njit = functools.partial(njit, cache=True, nogil=False)
+_plain_njit = functools.partial(njit, cache=True, nogil=False)
+#: every helper dispatcher (``tests/test_specialisation.py``: none compiles a
+#: literal-argument specialisation)
+HELPERS = []
+
+
+def _one_signature_per_type(dispatcher):
+    """Have calls from jitted code compile ``dispatcher`` for the non-literal
+    argument types: Numba types a constant argument (``emit(acts, meta, A_FREE_KV,
+    ...)``) as ``Literal[int](1)`` and would compile one specialisation per
+    distinct combination of constants (``emit`` 17-20 times, 74-109 literal
+    specialisations, 17-23 s of a first replay's compile: ``docs/compile_time.md``).
+    With this each helper compiles once per non-literal signature; LLVM still
+    inlines the call and folds the constants, so the machine code is the same."""
+    typed = dispatcher.get_call_template
+
+    def get_call_template(args, kws):
+        return typed(tuple(types.unliteral(a) for a in args),
+                     {k: types.unliteral(v) for k, v in kws.items()})
+
+    dispatcher.get_call_template = get_call_template
+    return dispatcher
+
+
+def _njit(fn):
+    return _one_signature_per_type(_plain_njit(fn))
+
 KERNELS = []
 #: The tree arrays an entry kernel may take first, in this order.
 STATE = ("nodes", "ctab", "pool", "heap", "meta")
@@ -77,4 +103,9 @@ def kernel(fn=None, *, scratch=(), on_capacity=None, engine_only=False):
     return k
 
 
-helper = functools.partial(njit, cache=True, nogil=False)
+def helper(fn):
+    """Compile ``fn`` as an njit helper (cached, one specialisation per non-literal
+    signature: ``_one_signature_per_type``)."""
+    d = _njit(fn)
+    HELPERS.append(d)
+    return d

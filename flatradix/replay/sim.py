@@ -294,6 +294,7 @@ KV pool never holds more slots than the workload can use
 (:func:`unbounded_pool_slots`): a larger capacity gives the same run.
 """
 
+import functools
 import time
 
 import numpy as np
@@ -472,44 +473,52 @@ def run_config(workload, cfg, cache_factory=None, progress=False):
 
 def warm_up_for(cfg, notice=False):
     """:func:`warm_up` for the mode of ``cfg`` (the Full-only kernels always, the
-    mode's too); returns seconds. One stderr line when it compiles (``notice`` is
-    kept for callers and ignored)."""
+    mode's too), its driver and its ``check`` only: a run compiles what it calls and
+    nothing else (``docs/compile_time.md``); returns seconds. One stderr line when it
+    compiles (``notice`` is kept for callers and ignored)."""
     from .._compile_notice import phase
 
     with phase(" for this replay"):
-        warmup_s = warm_up()
+        warmup_s = warm_up(driver=cfg.driver, check=cfg.check)
         if cfg.hybrid or cfg.host:
-            warmup_s += warm_up(swa=cfg.swa, mamba=cfg.mamba, extra=cfg.extra, host=cfg.host)
+            warmup_s += warm_up(swa=cfg.swa, mamba=cfg.mamba, extra=cfg.extra, host=cfg.host,
+                                check=cfg.check)
     return warmup_s
 
 
 _warm = set()
 
 
-def warm_up(swa=False, notice=False, mamba=False, extra=False, host=False):
+def warm_up(swa=False, notice=False, mamba=False, extra=False, host=False, driver=None,
+            check=True):
     """Compile (or load from Numba's cache) every kernel the replay calls, once per
     process (and once more for the SWA mode when ``swa``, for the Mamba mode when
     ``mamba``, with the extra buffer when ``extra`` too, for the SWA + Mamba mode
     when both, for the host tier mode when ``host``), so the timed loop measures the
-    cache and not the JIT. When it compiles, one line on stderr says so and how long
-    it took (``flatradix._compile_notice``; ``notice`` is kept for callers and
-    ignored). Returns seconds."""
+    cache and not the JIT. ``driver``: the Full-only mode's driver (``None``: both);
+    ``check``: the warm-up runs call ``sanity_check`` too (compiling its kernels).
+    When it compiles, one line on stderr says so and how long it took
+    (``flatradix._compile_notice``; ``notice`` is kept for callers and ignored).
+    Returns seconds."""
     kind = ("swa+mamba" if swa and mamba else "swa" if swa else
             ("mamba+extra" if extra else "mamba") if mamba else "full")
     if host:
         kind = "host" if kind == "full" else "host+" + kind
-    if kind in _warm:
+    if kind != "full":
+        driver = None
+    if any((kind, d, c) in _warm for d in {driver, None} for c in {bool(check), True}):
         return 0.0
     from .._compile_notice import phase
     from .trace import Workload
 
     with phase(f" for the {kind.replace('+', ' + ')} replay"):
-        return _warm_up(kind, swa, Workload)
+        return _warm_up(kind, swa, Workload, driver=driver, check=bool(check))
 
 
-def _warm_up(kind, swa, Workload):
+def _warm_up(kind, swa, Workload, driver=None, check=True):
     t = time.perf_counter()
-    _warm.add(kind)
+    _warm.add((kind, driver, check))
+    run = functools.partial(replay, check=check)
     tiny = Workload("warm-up", 4, np.zeros(4), np.array([8, 10, 7, 4], dtype=np.int64),
                     np.full(4, 2, dtype=np.int64), np.array([0, 2, 5, 7, 8], dtype=np.int64),
                     np.array([0, 1, 0, 1, 2, 0, 3, 4], dtype=np.int64))
@@ -521,7 +530,7 @@ def _warm_up(kind, swa, Workload):
                        np.ones(3, dtype=np.int64), np.array([0, 2, 4, 6], dtype=np.int64),
                        np.array([0, 1, 2, 3, 0, 1], dtype=np.int64))
         for h in (16, 12):
-            replay(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1)
+            run(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1)
     elif kind.startswith("host+"):
         # the same over the hybrid model: loads restore the windows / states too
         two = Workload("warm-up", 4, np.zeros(3), np.full(3, 8, dtype=np.int64),
@@ -534,21 +543,21 @@ def _warm_up(kind, swa, Workload):
             kw.update(mamba_states=2)
         for h in (16, 12):
             for policy in ("write_through", "write_back"):
-                replay(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1,
+                run(two, capacity=10, page_size=1, host_capacity=h, load_back_threshold=1,
                        write_policy=policy, **kw)
     elif kind == "swa+mamba":
-        replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
+        run(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
                swa_eviction_interval=1, mamba_states=1)
     elif kind == "swa":
-        replay(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
+        run(tiny, capacity=16, page_size=1, max_running=2, swa_window=2, swa_ratio=0.5,
                swa_eviction_interval=1)
     elif kind == "mamba":
-        replay(tiny, capacity=16, page_size=1, max_running=2, mamba_states=1)
+        run(tiny, capacity=16, page_size=1, max_running=2, mamba_states=1)
     elif kind == "mamba+extra":
         # chunk 2: the prefills track, checkpoints donate, decodes track
-        replay(tiny, capacity=16, page_size=1, max_running=2, mamba_states=8, mamba_chunk=2,
+        run(tiny, capacity=16, page_size=1, max_running=2, mamba_states=8, mamba_chunk=2,
                mamba_extra_buffer=True)
     else:
-        for driver in ("request", "core"):
-            replay(tiny, capacity=16, page_size=1, max_running=2, driver=driver)
+        for d in ("request", "core") if driver is None else (driver,):
+            run(tiny, capacity=16, page_size=1, max_running=2, driver=d)
     return time.perf_counter() - t

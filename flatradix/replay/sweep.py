@@ -6,7 +6,7 @@ import math
 
 from ._progress import progress_bar
 from .result import HOST_MODE, MAMBA_MODE, SWA_MAMBA_MODE, SWA_MODE, hybrid_mode
-from .sim import replay
+from .sim import ReplayConfig, replay, warm_up_for
 from .parallel import Interrupted, run_all
 from .units import _count, _n, format_tokens
 
@@ -208,6 +208,8 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     # in this process, each run shows its own bar too
     each = dict(kwargs, progress=progress) if jobs == 1 else kwargs
     work = [(p, c, dict(each, **runs[j])) for p, c, j in tasks]
+    if jobs > 1 and len(work) > 1:
+        _warm_up_here(work)
     try:
         results = run_all(_run_point, workload, work, jobs,
                           on_result=lambda k, r: _tick(bar, r))
@@ -223,6 +225,15 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
             bar.close()
     return _curve(workload, policies, capacities, results, nu, mode, axis, swa_windows,
                   mamba_states, host_capacities, bytes_per_token, swa_bytes_per_token, kwargs)
+
+
+def _warm_up_here(work):
+    """Compile (or load) the sweep's kernels in this process before the workers
+    start, so a cold Numba cache is filled once, not by every worker at once
+    (forked workers inherit the compiled kernels; spawned ones load them)."""
+    p, c, kw = work[0]
+    kw = {k: v for k, v in kw.items() if k not in ("progress", "cache_factory")}
+    warm_up_for(ReplayConfig(capacity=c, policy=p, **kw))
 
 
 def _curve(workload, policies, capacities, results, nu, mode, axis, swa_windows, mamba_states,
