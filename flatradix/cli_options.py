@@ -13,7 +13,9 @@ import re
 import sys
 
 #: Eviction policies the replay takes (the cache's ``eviction_policy`` names).
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru", "opt")
+#: Fleet routers (``--router``).
+ROUTERS = ("kv", "prefix-hash", "least-loaded", "round-robin", "random")
 
 
 def int_at_least(lo):
@@ -56,6 +58,17 @@ def positive_float(text):
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not (0 < v < float("inf")):
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+def nonnegative_float(text):
+    """A finite number >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 <= v < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return v
 
 
@@ -212,16 +225,46 @@ def swa_ratio(text):
     return v
 
 
-def policies(text):
-    """``lru,LFU`` -> ["lru", "lfu"]: eviction policies, any case."""
+def _choices(text, allowed):
+    """``text`` split at commas, each lowered and one of ``allowed``."""
     out = []
     for t in text.split(","):
-        p = t.strip().lower()
-        if p not in POLICIES:
+        v = t.strip().lower()
+        if v not in allowed:
             raise argparse.ArgumentTypeError(f"invalid choice {t.strip()!r} (choose from "
-                                             f"{', '.join(POLICIES)}; any case)")
-        out.append(p)
+                                             f"{', '.join(allowed)}; any case)")
+        out.append(v)
     return out
+
+
+def routers(text):
+    """``kv,round-robin`` -> ["kv", "round-robin"]: fleet routers, any case."""
+    return list(dict.fromkeys(_choices(text, ROUTERS)))
+
+
+def instance_counts(text):
+    """``2,4,8`` -> [2, 4, 8]: fleet sizes, integers in [1, 4096]."""
+    return int_list(text, "instance count", "a number of instances", "2,4,8", 4096)
+
+
+#: ``--backend`` names: joblib's process backend, Dask's distributed scheduler, Ray.
+BACKENDS = ("loky", "dask", "ray")
+
+
+def backend(text):
+    """``dask:tcp://10.0.0.5:8786`` -> ("dask", "tcp://10.0.0.5:8786"); ``loky`` ->
+    ("loky", None)."""
+    name, _, address = text.strip().partition(":")
+    name = name.lower()
+    if name not in BACKENDS or (name == "loky" and address):
+        raise argparse.ArgumentTypeError(f"expected one of loky, dask[:ADDRESS], ray[:ADDRESS], "
+                                         f"got {text!r}")
+    return name, address or None
+
+
+def policies(text):
+    """``lru,LFU`` -> ["lru", "lfu"]: eviction policies, any case."""
+    return _choices(text, POLICIES)
 
 
 class UsageError(Exception):

@@ -7,12 +7,12 @@ exit status 2, reported by :func:`flatradix.cli.main`); output paths are
 checked before anything runs.
 """
 
-import json
 import os
-import sys
 
 from . import cli_options as options
+from .cli_fleet import check_fleet, fleet_options
 from .cli_options import UsageError
+from .cli_output import Outputs, emit_runs, keep_partial
 
 
 def add_parser(sub):
@@ -31,7 +31,7 @@ def add_parser(sub):
                 "--json prints JSON instead. --out/--csv/--per-request/--plot write files, "
                 "checked before anything runs."))
     for add in (_workload_options, _cache_options, _swa_options, _mamba_options, _host_options,
-                _scheduling_options, _sweep_options, _output_options):
+                _scheduling_options, fleet_options, _sweep_options, _output_options):
         add(r)
     r.set_defaults(subparser=r)
     return r
@@ -84,7 +84,11 @@ def _cache_options(r):
     g.add_argument("--policy", type=options.policies, action="append", default=None,
                    metavar="P[,P...]",
                    help=f"eviction policy, any case; several (comma-separated or repeated) run "
-                        f"once each: {', '.join(options.POLICIES)} (default: lru)")
+                        f"once each: {', '.join(options.POLICIES)} (default: lru). opt: Belady's "
+                        f"offline optimum (evict the page used farthest ahead; proven optimal "
+                        f"one request at a time, docs/replay.md; Full attention only); with "
+                        f"--sweep, the gap to the unbounded ceiling is split into capacity "
+                        f"and policy")
     g.add_argument("--cache-outputs", action="store_true",
                    help="also insert output tokens (fresh ids that never match)")
     g.add_argument("--check", action="store_true",
@@ -222,6 +226,14 @@ def _sweep_options(r):
                    help="with --sweep: run N replays at once, in processes (same results; "
                         "default: 1). Ctrl-C stops at once, keeping the runs that finished "
                         "(printed and written, marked partial; exit status 130)")
+    g.add_argument("--backend", type=options.backend, default=None,
+                   metavar="loky|dask[:ADDRESS]|ray[:ADDRESS]",
+                   help="with --sweep: run the points through joblib on this backend instead of "
+                        "the local process pool (needs flatradix[cluster]: joblib; dask: "
+                        "dask.distributed and a running scheduler, ADDRESS tcp://host:8786, else "
+                        "$DASK_SCHEDULER_ADDRESS; ray: a running Ray cluster, ray.init(ADDRESS), "
+                        "default 'auto'); --jobs: the tasks in flight at once. Same results as "
+                        "the process pool")
 
 
 def _output_options(r):
@@ -263,6 +275,22 @@ def _check_options(args):
     def need(cond, msg):
         if not cond:
             raise UsageError(msg)
+
+    check_fleet(args, need)
+    if args.backend is not None:
+        import importlib.util
+
+        name = args.backend[0]
+        for module, extra in (("joblib", "cluster"),) + (
+                (("distributed", "dask"),) if name == "dask" else
+                (("ray", "ray"),) if name == "ray" else ()):
+            need(importlib.util.find_spec(module) is not None,
+                 f"--backend {name} needs {module}: pip install 'flatradix[{extra}]'")
+        if name == "dask" and args.sweep:
+            from .replay.parallel import DASK_ADDRESS
+
+            need(args.backend[1] or os.environ.get("DASK_SCHEDULER_ADDRESS"),
+                 f"--backend dask: {DASK_ADDRESS.replace('the dask backend ', '', 1)}")
 
     if args.mamba_extra_buffer:
         from .replay.config import EXTRA_BUFFER_MIN_STATES
@@ -351,6 +379,7 @@ def _check_options(args):
     else:
         need(args.plot is None, "--plot needs --sweep C1,C2,...")
         need(args.jobs == 1, "--jobs runs sweep points in parallel: it needs --sweep")
+        need(args.backend is None, "--backend runs sweep points: it needs --sweep")
     if args.describe:
         for opt, v in (("--sweep", args.sweep), ("--plot", args.plot), ("--csv", args.csv),
                        ("--per-request", args.per_request), ("--arrival", args.arrival)):
@@ -447,62 +476,6 @@ def _load(args, progress):
         if isinstance(e, OSError):
             msg = f"{args.trace}: {msg}"
         raise UsageError(f"--trace: {msg}") from None
-
-
-class Outputs:
-    """The files and stdout a run ends with. A write that fails (a full disk, a
-    path that passed the early check but cannot be written) costs nothing else:
-    the other outputs are still written and the results still printed; each
-    failure is one line on stderr and the exit status 2 (:meth:`finish`)."""
-
-    def __init__(self, args):
-        self.args = args
-        self.errors = []
-
-    def write(self, option, path, fn):
-        """``fn()`` writes ``path`` (given as ``option``); a failure is noted."""
-        if not path:
-            return
-        try:
-            fn()
-        except (OSError, ValueError, RuntimeError) as e:
-            # (ValueError / RuntimeError: matplotlib's own refusals of a plot file)
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            self.errors.append(f"{option}: cannot write {path}: {why}")
-
-    def emit(self, data, text):
-        """``data`` as JSON to ``--out`` (if given), and to stdout with ``--json``;
-        else ``text`` (a string, or a function making it) to stdout."""
-        args = self.args
-        js = json.dumps(data, indent=2)
-
-        def out():
-            with open(args.out, "w") as f:
-                f.write(js + "\n")
-
-        self.write("--out", args.out, out)
-        try:
-            print(js if args.json else (text() if callable(text) else text))
-            sys.stdout.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            # stdout itself cannot be written (e.g. redirected to a full disk)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            self.errors.append(f"stdout: cannot write the results: {e.strerror or e}")
-
-    def finish(self, interrupted=None):
-        """The exit status: 130 when ``interrupted`` (``(finished, runs)``: what
-        the outputs hold, said on stderr), else 2 after a failed write, else 0."""
-        for e in self.errors:
-            print(f"flatradix replay: error: {e}", file=sys.stderr)
-        if interrupted is not None:
-            done, runs = interrupted
-            print(f"flatradix replay: interrupted: {done:,} of {runs:,} runs finished; the "
-                  f"results above and the files written hold those (marked partial)",
-                  file=sys.stderr)
-            return 130
-        return 2 if self.errors else 0
 
 
 class Plan:
@@ -653,7 +626,6 @@ def _sweep_title(args, plan, workload, curve):
 def _run_sweep(args, plan, workload, kw):
     """``--sweep``: the curve, its CSV and plot, and the table (or JSON)."""
     from .replay import report as rep
-    from .replay.parallel import Interrupted
 
     swa_kw = dict(swa_windows=plan.windows, swa_bytes_per_token=plan.swa_bpt) \
         if plan.windows else {}
@@ -662,15 +634,10 @@ def _run_sweep(args, plan, workload, kw):
     if plan.hosts:
         swa_kw["host_capacities"] = plan.hosts
     skw = {k: v for k, v in kw.items() if k not in ("swa_window", "mamba_states")}
-    interrupted = None
-    try:
-        curve = rep.sweep(workload, plan.sweep_caps, policies=plan.policies, jobs=args.jobs,
-                          progress=plan.progress, bytes_per_token=plan.bpt, **swa_kw, **skw)
-    except Interrupted as e:
-        if e.partial is None:
-            raise
-        curve = e.partial
-        interrupted = (e.finished, len(e.results))
+    curve, interrupted = keep_partial(lambda: rep.sweep(
+        workload, plan.sweep_caps, policies=plan.policies, jobs=args.jobs,
+        progress=plan.progress, bytes_per_token=plan.bpt, backend=args.backend, **swa_kw,
+        **skw))
     if plan.kv:
         curve["kv"] = plan.kv
     out = Outputs(args)
@@ -699,30 +666,13 @@ def _run_single(args, plan, workload, kw):
         if not results:
             raise
         interrupted = (len(results), len(runs))
-    dicts = []
-    for r in results:
-        d = r.to_dict()
-        if plan.kv:
-            d["kv"] = plan.kv
-        if interrupted:
-            d["partial"] = {"finished_runs": interrupted[0], "runs": interrupted[1]}
-        dicts.append(d)
     out = Outputs(args)
     out.write("--csv", args.csv,
               lambda: rep.write_runs_csv(results, args.csv, plan.bpt, plan.swa_bpt))
     out.write("--per-request", args.per_request,
               lambda: rep.write_per_request_csv(results, args.per_request))
-
-    def text():
-        t = "\n\n".join(rep.format_report(r, kv=plan.kv_lines(r)) for r in results)
-        if interrupted:
-            t += (f"\n\npartial: interrupted, {interrupted[0]:,} of {interrupted[1]:,} runs "
-                  f"finished")
-        return t
-
-    # (the shape of the whole run: a list when several runs were asked for)
-    out.emit(dicts[0] if len(runs) == 1 else dicts, text)
-    return out.finish(interrupted)
+    return emit_runs(out, plan, results, len(runs), interrupted,
+                     lambda r: rep.format_report(r, kv=plan.kv_lines(r)))
 
 
 def run(args):
@@ -738,7 +688,8 @@ def run(args):
         # a cache the options cannot build (e.g. a page size beyond the pool) is a
         # usage error, reported like one
         for pol in plan.policies:
-            UnifiedRadixCache(page_size=args.page_size, eviction_policy=pol)
+            if pol != "opt":
+                UnifiedRadixCache(page_size=args.page_size, eviction_policy=pol)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     if args.describe:
@@ -751,6 +702,10 @@ def run(args):
         return out.finish()
     kw = _replay_kwargs(args, plan, workload)
     try:
+        if args.instances:
+            from .cli_fleet import run_fleet
+
+            return run_fleet(args, plan, workload, kw)
         if args.sweep:
             return _run_sweep(args, plan, workload, kw)
         return _run_single(args, plan, workload, kw)

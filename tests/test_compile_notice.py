@@ -222,7 +222,7 @@ def test_a_parallel_sweep_compiles_in_the_parent_first(monkeypatch):
     order = []
     monkeypatch.setattr(sweep, "warm_up_for", lambda cfg: order.append(("warm", cfg)))
 
-    def run_all(fn, shared, tasks, jobs=1, on_result=None):
+    def run_all(fn, shared, tasks, jobs=1, on_result=None, backend=None):
         order.append(("run", jobs))
         raise KeyboardInterrupt
 

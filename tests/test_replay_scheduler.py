@@ -96,3 +96,20 @@ def test_scheduler_run_is_replay():
     assert np.array_equal(mine.hits, theirs.hits)
     assert (mine.hit_tokens, mine.evicted_tokens, mine.waits) == \
         (theirs.hit_tokens, theirs.evicted_tokens, theirs.waits)
+
+
+@pytest.mark.parametrize("max_running", [1, 3])
+def test_core_driver_with_cached_outputs_matches_the_reference(max_running):
+    """The core driver caching outputs with requests in flight: an insert that finds
+    part of the prompt already cached frees those slots as duplicates, and the
+    prompt's second insert (priority + 1) passes the tree's slots (it passed the
+    freed ones: 'KV slot ... is free in the allocator')."""
+    from .test_replay import reference_factory
+
+    w = synthetic_workload(300, seed=3)
+    kw = dict(capacity=9_000, driver="core", max_running=max_running, cache_outputs=True,
+              record_hits=True)
+    mine = replay(w, **kw)
+    ref = replay(w, cache_factory=reference_factory, **kw)
+    assert np.array_equal(mine.hits, ref.hits) and mine.kv_conserved
+    assert (mine.evicted_tokens, mine.waits) == (ref.evicted_tokens, ref.waits)

@@ -298,3 +298,73 @@ def test_dynamo_router_predicts_match_prefix_for_every_query_and_instance(seed, 
         for inst in insts:
             inst.pub.close()
     assert pairs > 0
+
+
+# ---------------------------------------------------------------- the fleet's kv router
+def test_fleet_kv_router_sees_what_dynamo_indexer_sees(indexers):
+    """A fleet replay (3 instances, the kv router, page 4, pools small enough to
+    evict) publishes each instance's KV events to Dynamo's indexer as its router
+    reads them. At every 4th routing decision, once the indexer holds the same
+    blocks as the router's index: for each instance, the overlap the router saw
+    (pages x page size) equals the tokens Dynamo's indexer predicts for the same
+    prompt, and the tokens the instance's cache matches."""
+    from flatradix.replay import synthetic_workload
+    from flatradix.replay.config import ReplayConfig
+    from flatradix.replay.fleet import Fleet
+    from flatradix.replay.sim import warm_up_for
+
+    w = synthetic_workload(160, seed=7)
+    cfg = ReplayConfig(capacity=9_000, page_size=PAGE, max_running=2)
+    warm_up_for(cfg)
+    fleet = Fleet(w, [cfg] * 3, "kv", seed=1)
+    ix = indexers("fleet")
+    model = "flatradix-fleet"
+    pubs = [ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+            for _ in fleet.instances]
+    iids = [101, 102, 103]
+    for iid, pub in zip(iids, pubs):
+        ix.register(iid, pub, model)
+    for pub in pubs:
+        pub.publish([])     # seq 0: the indexer has seen each publisher
+    apply = fleet.index.apply
+
+    def apply_and_publish(k, events):
+        apply(k, events)
+        pubs[k].publish(events)
+
+    fleet.index.apply = apply_and_publish
+    route = fleet.router.route
+    checked = removed = seen = 0
+
+    def checking_route(f, i, toks):
+        nonlocal checked, seen
+        k = route(f, i, toks)
+        if i % 4:
+            return k
+        want = {iid: set(f.index.digests[j]) for j, iid in enumerate(iids)}
+        deadline = time.time() + SYNC_DEADLINE_S
+        while ix.blocks(model, iids) != want:
+            assert time.time() < deadline, f"the indexer never held the router's blocks\n{ix.tail()}"
+            time.sleep(0.05)
+        got = ix.overlap(model, [int(t) for t in toks], None, None)
+        for j, iid in enumerate(iids):
+            mine = f.last_overlaps[j] * PAGE
+            assert got.get(iid, 0) == mine, (i, j, got, f.last_overlaps)
+            seen += mine > 0
+            cache = f.instances[j].cache
+            assert len(cache.match_prefix(MatchPrefixParams(key=RadixKey(toks))).device_indices) \
+                == mine, (i, j)
+            checked += 1
+        return k
+
+    fleet.router.route = checking_route
+    try:
+        for i in range(len(w)):
+            fleet.step(i)
+            removed += sum(s.c.evicted for s in fleet.instances) > 0
+    finally:
+        for pub in pubs:
+            pub.close()
+    assert checked == 3 * len(range(0, len(w), 4))
+    # the checks saw cached prefixes, and evictions (removals) happened before them
+    assert seen > 10 and removed > 20 and sum(s.c.hit_tokens for s in fleet.instances) > 0

@@ -47,6 +47,9 @@ EXTRA_BUFFER_REQ_STATES = 3
 #: fresh slot its checkpoint after the prefill swaps in.
 EXTRA_BUFFER_MIN_STATES = EXTRA_BUFFER_REQ_STATES + 1
 
+#: The offline optimal policy (Belady's rule on the prefix tree: ``replay/opt.py``).
+OPT_POLICY = "opt"
+
 #: ``max_running`` of the arrival mode when none is given (a serving engine's
 #: running-request cap; SGLang derives its own, typically 2048-4096, from memory).
 ARRIVAL_MAX_RUNNING = 1024
@@ -214,6 +217,12 @@ def _check(o):
     cap = o["capacity"]
     if not (cap is None or cap == float("inf")) and int(cap) < 1:
         raise ValueError(f"capacity must be >= 1 token, got {cap}")
+    if o["policy"] == OPT_POLICY:
+        for what in ("swa_window", "mamba_states", "host_capacity"):
+            if o[what] is not None:
+                raise ValueError(f"policy 'opt' (Belady's offline optimum) models Full "
+                                 f"attention without a host tier: not with {what}")
+        o["driver"] = "core"     # the optimal cache is driven through the core calls
     return o
 
 

@@ -283,16 +283,25 @@ def format_sweep(curve):
     if _curve_series(curve):
         return _format_hybrid_sweep(curve)
     mem = curve.get("kv_bytes_per_token")
+    gaps = any("opt_hit_ratio" in p for p in curve["points"])
     head = f"{'policy':>8}{'capacity':>15}" + (f"{'KV memory':>12}" if mem else "")
-    lines = [head + f"{'hit ratio':>11}{'evicted':>16}{'rejected':>10}"]
+    lines = [head + f"{'hit ratio':>11}{'evicted':>16}{'rejected':>10}"
+             + (f"{'capacity gap':>14}{'policy gap':>12}" if gaps else "")]
     for p in curve["points"] + _finished([curve["unbounded"]]):
         cap = "inf" if p["capacity"] == "inf" else _n(p["capacity"])
         pol = p["policy"] if p is not curve["unbounded"] else "any"
         row = f"{pol:>8}{cap:>15}"
         if mem:
             row += f"{format_bytes(p['kv_bytes']) if p['kv_bytes'] else 'inf':>12}"
-        lines.append(row + f"{100 * p['token_hit_ratio']:>10.2f}%"
-                     f"{_n(p['evicted_tokens']):>16}{_n(p['rejected_requests']):>10}")
+        row += (f"{100 * p['token_hit_ratio']:>10.2f}%"
+                f"{_n(p['evicted_tokens']):>16}{_n(p['rejected_requests']):>10}")
+        if gaps and "policy_gap" in p:
+            row += (f"{100 * p['capacity_gap']:>13.2f}%" if "capacity_gap" in p else f"{'-':>14}")
+            row += f"{100 * p['policy_gap']:>11.2f}%"
+        lines.append(row)
+    if gaps:
+        lines.append("gap to the unbounded ceiling = capacity gap (unbounded - opt: only more "
+                     "memory closes it) + policy gap (opt - the policy)")
     return _partial("\n".join(lines), curve)
 
 
@@ -407,6 +416,9 @@ SWEEP_COLUMNS = ("policy", "capacity", "kv_bytes", "token_hit_ratio", "hit_token
                  "evicted_tokens", "rejected_requests", "waits", "peak_tree_tokens", "wall_s",
                  "peak_running", "mean_running", "waited_requests", "wait_ms_p99")
 
+#: Columns a sweep with ``opt`` among its policies appends (``sweep``'s gap split).
+GAP_COLUMNS = ("opt_hit_ratio", "capacity_gap", "policy_gap")
+
 RUN_COLUMNS = ("policy", "capacity", "pool_slots", "page_size", "max_running", "mode",
                "requests", "served_requests", "rejected_requests", "prompt_tokens",
                "output_tokens", "hit_tokens", "token_hit_ratio", "evicted_tokens", "evict_calls",
@@ -450,6 +462,8 @@ def write_sweep_csv(curve, path):
     interrupted sweep (``curve["partial"]``) has the rows of the runs that finished."""
     series = _curve_series(curve)
     cols = SWEEP_COLUMNS + (series[0].fields if series else ())
+    if any("opt_hit_ratio" in p for p in curve["points"]):
+        cols += GAP_COLUMNS
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)

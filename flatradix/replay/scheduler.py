@@ -34,7 +34,8 @@ from .modes import (ArrivalClock, ExtraBufferStates, FullKV, HostTier, HybridHos
 
 def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator,
                           req_to_token_pool, sliding_window_size=None,
-                          mamba_cache_chunk_size=None, enable_mamba_extra_buffer=False):
+                          mamba_cache_chunk_size=None, enable_mamba_extra_buffer=False,
+                          enable_kv_cache_events=False):
     """``flatradix.UnifiedRadixCache`` wired to the replay's pools.
 
     ``sliding_window_size``: the SWA mode's window (tokens); the cache then has
@@ -45,7 +46,8 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
     ``HybridReqToTokenPool`` (passed only in that mode). Both: the SWA + Mamba
     mode's ``(FULL, SWA, MAMBA)`` cache. ``enable_mamba_extra_buffer``: the
     Mamba mode with the extra buffer (passed only in that mode, with a request
-    pool built with it).
+    pool built with it). ``enable_kv_cache_events``: the cache queues KV events (a
+    fleet's kv router reads them).
 
     The token pool starts at up to 4x the KV pool: evicted spans leave dead rows
     that the cache compacts away when the pool is full, so headroom makes those
@@ -64,6 +66,8 @@ def default_cache_factory(page_size, eviction_policy, token_to_kv_pool_allocator
         kw["enable_mamba_extra_buffer"] = True
     if len(components) > 1:
         kw["components"] = tuple(components)
+    if enable_kv_cache_events:
+        kw["enable_kv_cache_events"] = True
     return UnifiedRadixCache(page_size=page_size, eviction_policy=eviction_policy,
                              token_to_kv_pool_allocator=token_to_kv_pool_allocator,
                              req_to_token_pool=req_to_token_pool,
@@ -126,6 +130,8 @@ class Scheduler:
         self.sizes = sizes = sizes if sizes is not None else pool_sizes(cfg, workload)
         self.notes = list(sizes.notes)
         self.c = Counters()
+        #: prompt pages of the running requests (a router's load term)
+        self.active_blocks = 0
         self.pc = time.perf_counter_ns
         self._build_pools(cache_factory)
         self._bind()
@@ -396,12 +402,14 @@ class Scheduler:
             c.lost_c += full_hit - s_hit
         self.states.start(a, req)
         self.kv.start(a, req)
+        self.active_blocks += -(-n // cfg.page_size)
         self.running.start(a, (req, row, a.toks, a.node, hit, n, o))
 
     def complete(self, r):
         """A running request finishes: its prompt (and outputs with
         ``cache_outputs``) is cached, the rest of its slots freed."""
         req, row, toks, node, hit, n, o = r
+        self.active_blocks -= -(-n // self.cfg.page_size)
         pc = self.pc
         t = pc()
         if self.use_req:
@@ -421,12 +429,18 @@ class Scheduler:
         vals = self.table[row, :n + o].copy()
         insert = self.cache.insert
         if aligned > 0:
-            insert(InsertParams(key=RadixKey(toks[:aligned]), value=vals[:aligned],
-                                prev_prefix_len=hit))
+            res = insert(InsertParams(key=RadixKey(toks[:aligned]), value=vals[:aligned],
+                                      prev_prefix_len=hit))
             pa = n - n % page
             if cfg.cache_outputs and 0 < pa < aligned:
-                # what checkpoint does on a Full-only tree: the prompt again, priority + 1
-                insert(InsertParams(key=RadixKey(toks[:pa]), value=vals[:pa],
+                # what checkpoint does on a Full-only tree: the prompt again, priority + 1,
+                # with the tree's slots (ours past the hit that the tree already held were
+                # duplicates, freed by the insert)
+                prompt = vals[:pa]
+                if res.prefix_len > hit:
+                    prompt = np.asarray(self.cache.path_device_indices(
+                        res.last_device_node))[:pa]
+                insert(InsertParams(key=RadixKey(toks[:pa]), value=prompt,
                                     prev_prefix_len=pa, inserted_len=pa, priority=1))
         self.unlock(node)
         if aligned < n + o:

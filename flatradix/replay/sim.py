@@ -302,7 +302,7 @@ import numpy as np
 from .config import (  # noqa: F401  (the replay's options and sizes, importable from here)
     ARRIVAL_MAX_RUNNING, DEFAULT_LOAD_BACK_THRESHOLD, DEFAULT_MAMBA_CHUNK, DEFAULT_SWA_RATIO,
     DEFAULT_WRITE_POLICY, EXTRA_BUFFER_MIN_STATES, EXTRA_BUFFER_REQ_STATES, HOST_WRITE_POLICIES,
-    MAX_HOST_AUX, MAX_LOAD_BACK_THRESHOLD, MAX_MAMBA_CHUNK, MAX_SWA_WINDOW,
+    MAX_HOST_AUX, MAX_LOAD_BACK_THRESHOLD, MAX_MAMBA_CHUNK, MAX_SWA_WINDOW, OPT_POLICY,
     SWA_EVICTION_INTERVAL, ArrivalModel, PoolSizes, ReplayConfig, host_aux_slots, pool_sizes,
     swa_pool_slots, unbounded_pool_slots)
 from .outcome import build_result
@@ -330,7 +330,10 @@ def replay(workload, capacity=None, page_size=16, max_running=None, policy="lru"
         The pool gets ``min(capacity, unbounded_pool_slots(...))`` slots: more
         than the workload can use changes nothing (``pool_slots`` says what
         was allocated).
-    page_size, policy : the cache's ``page_size`` and ``eviction_policy``.
+    page_size, policy : the cache's ``page_size`` and ``eviction_policy``; ``policy="opt"``:
+        Belady's offline optimum on the prefix tree (``replay/opt.py``: what is proven
+        optimal and what is not), Full attention without a host tier, run through
+        the ``"core"`` calls.
     max_running : int >= 1 or None
         Requests in flight at once. ``None``: 1 in the order mode,
         :data:`ARRIVAL_MAX_RUNNING` in the arrival mode.
@@ -466,6 +469,10 @@ def run_config(workload, cfg, cache_factory=None, progress=False):
                          f"has none")
     sizes = pool_sizes(cfg, workload)
     warmup_s = warm_up_for(cfg, notice=bool(progress))
+    if cfg.policy == OPT_POLICY:
+        from .opt import Future, opt_factory
+
+        cache_factory = opt_factory(Future(workload, cfg.page_size))
     sched = Scheduler(workload, cfg, cache_factory=cache_factory, sizes=sizes)
     wall, cpu = sched.run(progress)
     return build_result(sched, wall, cpu, warmup_s)

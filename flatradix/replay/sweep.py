@@ -7,6 +7,7 @@ import math
 from ._progress import progress_bar
 from .result import HOST_MODE, MAMBA_MODE, SWA_MAMBA_MODE, SWA_MODE, hybrid_mode
 from .sim import ReplayConfig, replay, warm_up_for
+from .config import OPT_POLICY
 from .parallel import Interrupted, run_all
 from .units import _count, _n, format_tokens
 
@@ -109,7 +110,7 @@ def _series_runs(swa_windows, mamba_states, host_capacities=None):
 
 def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
           bytes_per_token=None, swa_windows=None, swa_bytes_per_token=None, mamba_states=None,
-          host_capacities=None, **kwargs):
+          host_capacities=None, backend=None, **kwargs):
     """Replay once per (policy, capacity), plus once unbounded; in the SWA mode
     once per (window, policy, capacity), plus once unbounded per window; in the
     Mamba mode the same per state pool; in the SWA + Mamba mode (both given) the
@@ -124,6 +125,10 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     jobs : int >= 1
         Processes to run the replays in (:func:`~flatradix.replay.parallel.run_all`);
         the figures are the same as ``jobs=1``'s (only ``wall_s`` differs).
+    backend : (name, address) or None
+        Run the points through joblib on a cluster instead (``run_all``'s
+        ``backend``: ``("dask", "tcp://host:8786")``, ``("ray", None)``,
+        ``("loky", None)``); the same figures.
     progress : bool
         A bar per finished run on a terminal (and each run's own bar when
         ``jobs == 1``).
@@ -206,13 +211,13 @@ def sweep(workload, capacities, policies=("lru",), jobs=1, progress=False,
     # a refresh per finished run (runs take seconds: no need to rate-limit)
     bar = progress_bar(len(tasks), progress, unit="run", desc="sweep", mininterval=0)
     # in this process, each run shows its own bar too
-    each = dict(kwargs, progress=progress) if jobs == 1 else kwargs
+    each = dict(kwargs, progress=progress) if jobs == 1 and backend is None else kwargs
     work = [(p, c, dict(each, **runs[j])) for p, c, j in tasks]
     if jobs > 1 and len(work) > 1:
         _warm_up_here(work)
     try:
         results = run_all(_run_point, workload, work, jobs,
-                          on_result=lambda k, r: _tick(bar, r))
+                          on_result=lambda k, r: _tick(bar, r), backend=backend)
     except Interrupted as e:
         if not e.finished:
             raise
@@ -265,6 +270,8 @@ def _curve(workload, policies, capacities, results, nu, mode, axis, swa_windows,
     }
     if len(done) < len(results):
         curve["partial"] = {"finished_runs": len(done), "runs": len(results)}
+    if OPT_POLICY in policies and mode is None:
+        _gaps(curve)
     if mode is not None and mode.host:
         curve["host"] = {"capacities": [("inf" if h == math.inf else h)
                                         for h in host_capacities],
@@ -291,6 +298,24 @@ def _curve(workload, policies, capacities, results, nu, mode, axis, swa_windows,
                           "extra_buffer": meta.mamba_extra_buffer,
                           "unbounded": [point(r) for r in unbs]}
     return curve
+
+
+def _gaps(curve):
+    """With ``opt`` among the policies, each point's gap to the unbounded ceiling,
+    split: ``capacity_gap`` = unbounded - opt at that capacity (only more memory
+    closes it), ``policy_gap`` = opt - the point's policy (a better policy could
+    close it); ``opt_hit_ratio`` beside them."""
+    opt = {p["capacity"]: p["token_hit_ratio"] for p in curve["points"]
+           if p["policy"] == OPT_POLICY}
+    ceiling = curve["unbounded_hit_ratio"]
+    for p in curve["points"]:
+        o = opt.get(p["capacity"])
+        if o is None:
+            continue
+        p["opt_hit_ratio"] = o
+        p["policy_gap"] = o - p["token_hit_ratio"]
+        if ceiling is not None:
+            p["capacity_gap"] = ceiling - o
 
 
 def _host_key(h):
