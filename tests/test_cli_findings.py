@@ -237,12 +237,13 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _interrupt(tmp_path, slow, args, finished, group):
-    """Run the driver, wait for ``finished`` runs, SIGINT it (its process group with
-    ``group``: a terminal's Ctrl-C), and return (process, stdout, stderr, seconds
-    from the signal to its exit)."""
+def _interrupt(tmp_path, slow, args, finished, group, driver_source=DRIVER):
+    """Run the driver (``driver_source``: a script that makes the runs of ``slow``
+    hang and says "DONE" on stderr for each finished run), wait for ``finished``
+    runs, SIGINT it (its process group with ``group``: a terminal's Ctrl-C), and
+    return (process, stdout, stderr, seconds from the signal to its exit)."""
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
+    driver.write_text(driver_source)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, str(driver), str(slow), "replay", *map(str, args)],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -6,15 +6,12 @@ and the results still printed; a user's mistake is one line, no traceback."""
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import pytest
 
-from .test_cli import ROOT, assert_clean_error, run_cli
+from . import test_cli_findings as findings
+from .test_cli import assert_clean_error, run_cli
 from .test_cli_findings import EXIT_WITHIN_S
 
 DRIVER = textwrap.dedent("""
@@ -51,31 +48,9 @@ DRIVER = textwrap.dedent("""
 
 
 def _interrupt(tmp_path, slow, args, finished):
-    """Run the driver, wait for ``finished`` runs, send its process group SIGINT (a
-    terminal's Ctrl-C); (process, stdout, stderr, seconds from the signal to the
-    exit)."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, str(driver), slow, "replay", *map(str, args)],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    done, seen = 0, []
-    try:
-        while done < finished:
-            line = p.stderr.readline()
-            seen.append(line)
-            assert line, f"the run ended before {finished} runs finished: {''.join(seen)}"
-            done += line.startswith("DONE")
-        time.sleep(0.2)     # the signal lands while the slow runs are going
-        t = time.monotonic()
-        os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=60)
-        return p, out, "".join(seen) + err, time.monotonic() - t
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    """test_cli_findings' interrupt runner over this file's fleet driver, the
+    signal sent to the process group (a terminal's Ctrl-C)."""
+    return findings._interrupt(tmp_path, slow, args, finished, True, driver_source=DRIVER)
 
 
 def test_interrupted_fleet_runs_keep_the_finished_ones(tmp_path):
