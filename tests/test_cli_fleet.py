@@ -5,14 +5,13 @@ exit status 130); a write that fails at the end is one line with exit status 2
 and the results still printed; a user's mistake is one line, no traceback."""
 
 import json
-import os
 import textwrap
 
 import pytest
 
 from . import test_cli_findings as findings
 from .test_cli import assert_clean_error, run_cli
-from .test_cli_findings import EXIT_WITHIN_S
+from .test_cli_findings import EXIT_WITHIN_S, full  # noqa: F401 (full: the /dev/full fixture)
 
 DRIVER = textwrap.dedent("""
     # flatradix replay with the fleet runs of router SLOW made to hang and each
@@ -88,20 +87,6 @@ def test_an_interrupted_parallel_fleet_sweep_keeps_its_points(tmp_path):
         ("round-robin", 4_000), ("round-robin", 8_000)]
     assert curve["unbounded"] == []
     assert len(csv.read_text().splitlines()) == 3
-
-
-@pytest.fixture()
-def full(tmp_path):
-    """``name`` -> a path that passes the early output check and fails when written
-    (a link to /dev/full)."""
-    if not os.path.exists("/dev/full"):
-        pytest.skip("needs /dev/full")
-
-    def make(name):
-        p = tmp_path / name
-        p.symlink_to("/dev/full")
-        return p
-    return make
 
 
 @pytest.mark.parametrize("opt,name,sweep", [
